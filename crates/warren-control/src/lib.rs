@@ -1,0 +1,1 @@
+//! control plane (placeholder)

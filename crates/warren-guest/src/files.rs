@@ -1,0 +1,176 @@
+//! File operations, performed with the acting user's file system identity.
+//!
+//! Each operation runs on a blocking thread that switches its fsuid/fsgid to the user
+//! ([`warren_sys::creds::ActAs`]) for the duration: files it creates belong to that user, and
+//! permission checks are theirs, so a path that a sandbox process planted (a symlink to
+//! somewhere the user may not write) gives the user no more than they already had.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use warren_types::api::{FileEntry, FileKind};
+use warren_types::path;
+
+use crate::users::{self, User};
+use crate::wire::OpError;
+
+/// Checks a user-supplied path and resolves it against the user's home.
+pub fn resolve(user: &User, p: &str) -> Result<String, OpError> {
+    path::check_user_path(p).map_err(OpError::invalid)?;
+    Ok(path::resolve(&user.home, p))
+}
+
+/// Runs `f` on a blocking thread as `user`.
+pub async fn as_user<T: Send + 'static>(
+    who: String,
+    f: impl FnOnce(&User) -> Result<T, OpError> + Send + 'static,
+) -> Result<T, OpError> {
+    tokio::task::spawn_blocking(move || {
+        let user = users::lookup(&who)?;
+        let _as = warren_sys::creds::ActAs::new(user.uid, user.gid)
+            .map_err(|e| OpError::io(&e, "switching to user", &who))?;
+        f(&user)
+    })
+    .await
+    .map_err(|e| OpError::new(warren_types::ErrorCode::Internal, format!("file task failed: {e}")))?
+}
+
+/// Describes `path` without following a final symlink.
+pub fn entry(path: &str) -> Result<FileEntry, OpError> {
+    let md = fs::symlink_metadata(path).map_err(|e| OpError::io(&e, "stat", path))?;
+    Ok(entry_from(path, &md))
+}
+
+fn entry_from(path: &str, md: &fs::Metadata) -> FileEntry {
+    let ft = md.file_type();
+    let kind = if ft.is_file() {
+        FileKind::File
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_symlink() {
+        FileKind::Symlink
+    } else {
+        FileKind::Other
+    };
+    let link_target = ft
+        .is_symlink()
+        .then(|| fs::read_link(path).ok().map(|t| t.to_string_lossy().into_owned()))
+        .flatten();
+    let name = Path::new(path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "/".to_string());
+    FileEntry {
+        name,
+        path: path.to_string(),
+        kind,
+        size: md.len(),
+        mode: md.mode() & 0o7777,
+        uid: md.uid(),
+        gid: md.gid(),
+        modified: md.mtime(),
+        link_target,
+    }
+}
+
+/// Opens a regular file for reading.
+pub fn open_read(path: &str) -> Result<(fs::File, FileEntry), OpError> {
+    let f = fs::File::open(path).map_err(|e| OpError::io(&e, "open", path))?;
+    let md = f.metadata().map_err(|e| OpError::io(&e, "stat", path))?;
+    if md.is_dir() {
+        return Err(OpError::invalid(format!(
+            "{path} is a directory: list it, or download a file inside it"
+        )));
+    }
+    Ok((f, entry_from(path, &md)))
+}
+
+/// Opens (creating or truncating) a file for writing, making missing parent directories.
+pub fn open_write(path: &str, mode: Option<u32>) -> Result<fs::File, OpError> {
+    if let Some(parent) = Path::new(path).parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .map_err(|e| OpError::io(&e, "creating parent directories of", path))?;
+    }
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode.unwrap_or(0o644))
+        .open(path)
+        .map_err(|e| OpError::io(&e, "open for writing", path))?;
+    if let Some(m) = mode {
+        // An existing file keeps its mode on open; apply the requested one.
+        f.set_permissions(fs::Permissions::from_mode(m))
+            .map_err(|e| OpError::io(&e, "chmod", path))?;
+    }
+    Ok(f)
+}
+
+/// Lists a directory, sorted by name.
+pub fn list(path: &str) -> Result<Vec<FileEntry>, OpError> {
+    let rd = fs::read_dir(path).map_err(|e| OpError::io(&e, "list", path))?;
+    let mut out = Vec::new();
+    for de in rd {
+        let de = de.map_err(|e| OpError::io(&e, "list", path))?;
+        let child = format!("{}/{}", path.trim_end_matches('/'), de.file_name().to_string_lossy());
+        if let Ok(md) = fs::symlink_metadata(&child) {
+            out.push(entry_from(&child, &md));
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Removes a file, a symlink, or (with `recursive`) a directory tree.
+pub fn remove(path: &str, recursive: bool) -> Result<(), OpError> {
+    if path == "/" {
+        return Err(OpError::invalid("refusing to remove /"));
+    }
+    let md = fs::symlink_metadata(path).map_err(|e| OpError::io(&e, "remove", path))?;
+    let r = if md.is_dir() {
+        if recursive {
+            fs::remove_dir_all(path)
+        } else {
+            fs::remove_dir(path)
+        }
+    } else {
+        fs::remove_file(path)
+    };
+    r.map_err(|e| match e.kind() {
+        io::ErrorKind::DirectoryNotEmpty => OpError::new(
+            warren_types::ErrorCode::Conflict,
+            format!("{path} is a directory that is not empty: pass recursive=true to remove it and its contents"),
+        ),
+        _ => OpError::io(&e, "remove", path),
+    })
+}
+
+/// Makes a directory (and its parents with `parents`).
+pub fn mkdir(path: &str, parents: bool) -> Result<FileEntry, OpError> {
+    let r = fs::DirBuilder::new().recursive(parents).mode(0o755).create(path);
+    match r {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && fs::metadata(path).is_ok_and(|m| m.is_dir()) => {}
+        Err(e) => return Err(OpError::io(&e, "mkdir", path)),
+    }
+    entry(path)
+}
+
+/// Renames `from` to `to`, making missing parents of `to`.
+pub fn rename(from: &str, to: &str) -> Result<FileEntry, OpError> {
+    fs::symlink_metadata(from).map_err(|e| OpError::io(&e, "rename", from))?;
+    if let Some(parent) = Path::new(to).parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .map_err(|e| OpError::io(&e, "creating parent directories of", to))?;
+    }
+    fs::rename(from, to).map_err(|e| OpError::io(&e, &format!("rename {from} to"), to))?;
+    entry(to)
+}

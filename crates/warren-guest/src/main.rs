@@ -1,0 +1,100 @@
+//! `warren-guest`: the guest agent, PID 1 of every sandbox.
+//!
+//! ```text
+//! warren-guest init              PID 1 of a container sandbox: reads its InitConfig from fd 4,
+//!                                builds the root file system, serves the listening socket on fd 3
+//! warren-guest serve SOCKET      serve on a new unix socket, no set-up (development)
+//! warren-guest --version
+//! ```
+//!
+//! Its control channel is a socket the node bound on the host before the sandbox's root was
+//! pivoted away: nothing inside the sandbox can reach it, see its path, or read the guest's
+//! log (stderr, a host file).
+
+mod files;
+mod procs;
+mod server;
+mod setup;
+mod users;
+mod wire;
+
+use std::io::Read;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::net::UnixListener;
+use warren_types::guest::InitConfig;
+
+use server::Guest;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let code = match args.get(1).map(String::as_str) {
+        Some("init") => init(),
+        Some("serve") if args.len() == 3 => serve_path(&args[2]),
+        Some("--version") => {
+            println!("warren-guest {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        _ => Err("usage: warren-guest init | warren-guest serve SOCKET | warren-guest --version".to_string()),
+    };
+    if let Err(e) = code {
+        eprintln!("warren-guest: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn init() -> Result<(), String> {
+    let started = Instant::now();
+    let listener = warren_sys::process::inherited_fd(3).map_err(|e| format!("control socket: {e}"))?;
+    let cfg_fd = warren_sys::process::inherited_fd(4).map_err(|e| format!("config pipe: {e}"))?;
+    let mut raw = Vec::new();
+    std::fs::File::from(cfg_fd)
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("reading config: {e}"))?;
+    let cfg: InitConfig = serde_json::from_slice(&raw).map_err(|e| format!("config: {e}"))?;
+    setup::rootfs(&cfg).map_err(|e| format!("setting up the root file system: {e}"))?;
+    setup::lock_down().map_err(|e| format!("dropping privileges: {e}"))?;
+    let listener = std::os::unix::net::UnixListener::from(listener);
+    run(listener, cfg.env, started)
+}
+
+fn serve_path(path: &str) -> Result<(), String> {
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("bind {path}: {e}"))?;
+    run(listener, Vec::new(), Instant::now())
+}
+
+fn run(listener: std::os::unix::net::UnixListener, env: Vec<(String, String)>, started: Instant) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(8)
+        .thread_keep_alive(std::time::Duration::from_secs(2))
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    rt.block_on(async move {
+        listener.set_nonblocking(true).map_err(|e| format!("listener: {e}"))?;
+        let listener = UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
+        let guest = Arc::new(Guest {
+            table: procs::Table::default(),
+            env,
+            started,
+        });
+        // Reap every child, ours or orphaned into us; report ours to the process table.
+        let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+            .map_err(|e| format!("SIGCHLD handler: {e}"))?;
+        let reaper = guest.clone();
+        tokio::spawn(async move {
+            loop {
+                while let Some((pid, how)) = warren_sys::process::reap_any() {
+                    reaper.table.on_exit(pid, how);
+                }
+                if sigchld.recv().await.is_none() {
+                    break;
+                }
+            }
+        });
+        server::serve(listener, guest).await;
+        Ok(())
+    })
+}

@@ -1,0 +1,392 @@
+//! The process table: commands the guest started, their output, and how they ended.
+//!
+//! The guest, not the node, owns running commands. Each keeps its output (up to a cap per
+//! stream) so that a client or node that reconnects can re-attach by process id and read what
+//! it missed; the exit status is kept until someone collects it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use warren_sys::process::Exit;
+use warren_types::api::{ExitStatus, ProcessInfo};
+use warren_types::error::ErrorCode;
+use warren_types::guest::{ExecSpec, FrameKind, StdinMode};
+
+use crate::users::User;
+use crate::wire::OpError;
+
+/// After the main process exits, how long to keep reading output that its descendants still
+/// write to the inherited pipes before the status is final.
+const DRAIN_GRACE: Duration = Duration::from_millis(100);
+
+/// Finished processes kept for collection; the oldest are forgotten past this.
+const KEEP_FINISHED: usize = 256;
+
+const READ_CHUNK: usize = 64 * 1024;
+
+/// One command.
+pub struct Proc {
+    pub id: u64,
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub user: String,
+    started: Instant,
+    state: Mutex<State>,
+    changed: watch::Sender<()>,
+}
+
+#[derive(Default)]
+struct State {
+    chunks: Vec<(FrameKind, Vec<u8>)>,
+    kept: [u64; 2],
+    total: [u64; 2],
+    truncated: [bool; 2],
+    max: u64,
+    eof: [bool; 2],
+    exited: Option<Exit>,
+    ended_at: Option<Instant>,
+    timed_out: bool,
+    status: Option<ExitStatus>,
+    pumps: Vec<AbortHandle>,
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn stream_index(kind: FrameKind) -> usize {
+    if kind == FrameKind::Stderr { 1 } else { 0 }
+}
+
+impl Proc {
+    fn new(id: u64, pid: i32, spec: &ExecSpec, user: &User) -> Arc<Proc> {
+        let (changed, _) = watch::channel(());
+        Arc::new(Proc {
+            id,
+            pid,
+            argv: spec.argv.clone(),
+            user: user.name.clone(),
+            started: Instant::now(),
+            state: Mutex::new(State {
+                max: spec.max_output,
+                ..State::default()
+            }),
+            changed,
+        })
+    }
+
+    /// A receiver that wakes on every change (output, exit).
+    pub fn subscribe(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
+    }
+
+    /// Output chunks from index `from` on, and the final status if the process is done.
+    pub fn read_from(&self, from: usize) -> (Vec<(FrameKind, Vec<u8>)>, Option<ExitStatus>) {
+        let st = lock(&self.state);
+        let chunks = st.chunks.get(from..).map(<[_]>::to_vec).unwrap_or_default();
+        (chunks, st.status.clone())
+    }
+
+    pub fn status(&self) -> Option<ExitStatus> {
+        lock(&self.state).status.clone()
+    }
+
+    pub fn info(&self) -> ProcessInfo {
+        let status = self.status();
+        ProcessInfo {
+            process_id: self.id,
+            pid: self.pid,
+            argv: self.argv.clone(),
+            user: self.user.clone(),
+            running: status.is_none(),
+            exit: status,
+        }
+    }
+
+    fn append(&self, kind: FrameKind, data: &[u8]) {
+        let mut st = lock(&self.state);
+        if st.status.is_some() {
+            return;
+        }
+        let i = stream_index(kind);
+        st.total[i] += data.len() as u64;
+        let room = st.max.saturating_sub(st.kept[i]) as usize;
+        if data.len() > room {
+            st.truncated[i] = true;
+        }
+        let keep = &data[..data.len().min(room)];
+        if !keep.is_empty() {
+            st.kept[i] += keep.len() as u64;
+            st.chunks.push((kind, keep.to_vec()));
+        }
+        drop(st);
+        self.changed.send_replace(());
+    }
+
+    fn stream_ended(&self, kind: FrameKind) {
+        let mut st = lock(&self.state);
+        st.eof[stream_index(kind)] = true;
+        let done = st.exited.is_some() && st.eof[0] && st.eof[1];
+        drop(st);
+        if done {
+            self.finish();
+        }
+    }
+
+    fn exited(self: &Arc<Self>, how: Exit) {
+        let mut st = lock(&self.state);
+        st.exited = Some(how);
+        st.ended_at = Some(Instant::now());
+        let done = st.eof[0] && st.eof[1];
+        drop(st);
+        if done {
+            self.finish();
+        } else {
+            let me = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(DRAIN_GRACE).await;
+                me.finish();
+            });
+        }
+    }
+
+    /// Makes the status final and stops reading output.
+    fn finish(&self) {
+        let mut st = lock(&self.state);
+        if st.status.is_some() {
+            return;
+        }
+        let Some(how) = st.exited else { return };
+        let (exit_code, signal) = match how {
+            Exit::Code(c) => (c, None),
+            Exit::Signal(s) => (128 + s, Some(s)),
+        };
+        let ended = st.ended_at.unwrap_or_else(Instant::now);
+        st.status = Some(ExitStatus {
+            exit_code,
+            signal,
+            timed_out: st.timed_out,
+            stdout_bytes: st.total[0],
+            stderr_bytes: st.total[1],
+            stdout_truncated: st.truncated[0],
+            stderr_truncated: st.truncated[1],
+            duration_ms: ended.duration_since(self.started).as_millis() as u64,
+        });
+        for p in st.pumps.drain(..) {
+            p.abort();
+        }
+        drop(st);
+        self.changed.send_replace(());
+    }
+}
+
+/// All processes of this sandbox.
+#[derive(Default)]
+pub struct Table {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    next_id: u64,
+    procs: BTreeMap<u64, Arc<Proc>>,
+    by_pid: HashMap<i32, u64>,
+}
+
+impl Table {
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, id: u64) -> Result<Arc<Proc>, OpError> {
+        self.inner().procs.get(&id).cloned().ok_or_else(|| {
+            OpError::new(
+                ErrorCode::ProcessNotFound,
+                format!("process {id} not found: it never existed or was already collected; list processes to see the ones kept"),
+            )
+        })
+    }
+
+    pub fn list(&self) -> Vec<ProcessInfo> {
+        self.inner().procs.values().map(|p| p.info()).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner().procs.len()
+    }
+
+    /// Forgets a process (its output and status). A running process keeps running.
+    pub fn forget(&self, id: u64) {
+        let mut inner = self.inner();
+        if let Some(p) = inner.procs.remove(&id) {
+            inner.by_pid.remove(&p.pid);
+        }
+    }
+
+    /// Called by the reaper for every child that exited.
+    pub fn on_exit(&self, pid: i32, how: Exit) {
+        let mut inner = self.inner();
+        let Some(id) = inner.by_pid.remove(&pid) else {
+            return; // an orphan that was reparented to us, or a process already forgotten
+        };
+        let p = inner.procs.get(&id).cloned();
+        drop(inner);
+        if let Some(p) = p {
+            p.exited(how);
+        }
+    }
+
+    fn evict_finished(inner: &mut Inner) {
+        let finished: Vec<u64> = inner
+            .procs
+            .iter()
+            .filter(|(_, p)| p.status().is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        if finished.len() > KEEP_FINISHED {
+            for id in &finished[..finished.len() - KEEP_FINISHED] {
+                if let Some(p) = inner.procs.remove(id) {
+                    inner.by_pid.remove(&p.pid);
+                }
+            }
+        }
+    }
+
+    /// Starts a command. Returns the process and, for [`StdinMode::Frames`], its stdin pipe.
+    ///
+    /// A program that cannot be found or executed still yields a finished process (exit code
+    /// 127 or 126 with the reason on stderr), as a shell would report it.
+    pub fn start(
+        &self,
+        spec: &ExecSpec,
+        user: &User,
+        base_env: &[(String, String)],
+    ) -> Result<(Arc<Proc>, Option<pipe::Sender>), OpError> {
+        let Some(program) = spec.argv.first() else {
+            return Err(OpError::invalid("empty command: give argv with at least a program, or cmd"));
+        };
+        let cwd = match &spec.cwd {
+            Some(c) => warren_types::path::resolve(&user.home, c),
+            None => user.home.clone(),
+        };
+        let cwd_ok = {
+            let _as = warren_sys::creds::ActAs::new(user.uid, user.gid);
+            std::fs::metadata(&cwd).map(|m| m.is_dir())
+        };
+        match cwd_ok {
+            Ok(true) => {}
+            Ok(false) => return Err(OpError::invalid(format!("working directory {cwd} is not a directory"))),
+            Err(e) => return Err(OpError::io(&e, "working directory", &cwd)),
+        }
+
+        let mut cmd = Command::new(program);
+        cmd.args(&spec.argv[1..])
+            .env_clear()
+            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("HOME", &user.home)
+            .env("USER", &user.name)
+            .env("LOGNAME", &user.name)
+            .env("SHELL", &user.shell)
+            .env("LANG", "C.UTF-8");
+        for (k, v) in base_env.iter().chain(spec.env.iter()) {
+            cmd.env(k, v);
+        }
+        cmd.current_dir(&cwd)
+            .uid(user.uid)
+            .gid(user.gid)
+            .process_group(0)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(match spec.stdin {
+                StdinMode::Null => Stdio::null(),
+                StdinMode::Frames => Stdio::piped(),
+            });
+
+        let mut inner = self.inner();
+        inner.next_id += 1;
+        let id = inner.next_id;
+        match cmd.spawn() {
+            Ok(mut child) => {
+                let pid = child.id() as i32;
+                let proc = Proc::new(id, pid, spec, user);
+                inner.procs.insert(id, proc.clone());
+                inner.by_pid.insert(pid, id);
+                Self::evict_finished(&mut inner);
+                drop(inner);
+                let stdin = child
+                    .stdin
+                    .take()
+                    .map(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)))
+                    .transpose()
+                    .map_err(|e| OpError::io(&e, "stdin pipe of", program))?;
+                let out = child.stdout.take().map(OwnedFd::from);
+                let err = child.stderr.take().map(OwnedFd::from);
+                // The reaper collects the child; dropping the std handle neither waits nor kills.
+                drop(child);
+                let mut pumps = Vec::new();
+                for (fd, kind) in [(out, FrameKind::Stdout), (err, FrameKind::Stderr)] {
+                    match fd.map(pipe::Receiver::from_owned_fd) {
+                        Some(Ok(rx)) => pumps.push(tokio::spawn(pump(proc.clone(), rx, kind)).abort_handle()),
+                        _ => proc.stream_ended(kind),
+                    }
+                }
+                lock(&proc.state).pumps = pumps;
+                if let Some(ms) = spec.timeout_ms {
+                    tokio::spawn(enforce_timeout(proc.clone(), Duration::from_millis(ms)));
+                }
+                Ok((proc, stdin))
+            }
+            Err(e) => {
+                let (code, why) = match e.kind() {
+                    std::io::ErrorKind::NotFound => (127, "command not found".to_string()),
+                    std::io::ErrorKind::PermissionDenied => (126, "permission denied".to_string()),
+                    _ => (126, e.to_string()),
+                };
+                let proc = Proc::new(id, 0, spec, user);
+                inner.procs.insert(id, proc.clone());
+                Self::evict_finished(&mut inner);
+                drop(inner);
+                proc.append(FrameKind::Stderr, format!("warren: {program}: {why}\n").as_bytes());
+                proc.stream_ended(FrameKind::Stdout);
+                proc.stream_ended(FrameKind::Stderr);
+                proc.exited(Exit::Code(code));
+                Ok((proc, None))
+            }
+        }
+    }
+}
+
+async fn pump(proc: Arc<Proc>, mut rx: pipe::Receiver, kind: FrameKind) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => proc.append(kind, &buf[..n]),
+        }
+    }
+    proc.stream_ended(kind);
+}
+
+async fn enforce_timeout(proc: Arc<Proc>, after: Duration) {
+    tokio::time::sleep(after).await;
+    let mut st = lock(&proc.state);
+    if st.exited.is_some() {
+        return;
+    }
+    st.timed_out = true;
+    drop(st);
+    let _ = warren_sys::process::kill_group(proc.pid, libc_sigkill());
+    let _ = warren_sys::process::kill(proc.pid, libc_sigkill());
+}
+
+const fn libc_sigkill() -> i32 {
+    9
+}

@@ -1,0 +1,286 @@
+//! The control channel: one operation per connection, dispatched to processes or files.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use warren_types::error::ErrorCode;
+use warren_types::guest::{FrameKind, Hello, Op, PROTOCOL_VERSION, Reply, Request};
+
+use crate::files;
+use crate::procs::{Proc, Table};
+use crate::users;
+use crate::wire::{OpError, read_frame, write_frame, write_msg};
+
+const FILE_CHUNK: usize = 256 * 1024;
+
+/// The guest's state, shared by all connections.
+pub struct Guest {
+    pub table: Table,
+    pub env: Vec<(String, String)>,
+    pub started: Instant,
+}
+
+/// Accepts connections until the listener fails.
+pub async fn serve(listener: UnixListener, guest: Arc<Guest>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(handle(stream, guest.clone()));
+            }
+            Err(e) => {
+                eprintln!("warren-guest: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+async fn handle(stream: UnixStream, g: Arc<Guest>) {
+    let (mut r, mut w) = stream.into_split();
+    let hello = Hello {
+        protocol: PROTOCOL_VERSION,
+        agent: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    if write_msg(&mut w, &hello).await.is_err() {
+        return;
+    }
+    let req = match read_frame(&mut r).await {
+        Ok(Some((FrameKind::Message, payload))) => serde_json::from_slice::<Request>(&payload)
+            .map_err(|e| OpError::invalid(format!("malformed request: {e}"))),
+        Ok(Some(_)) => Err(OpError::invalid("expected a request message first")),
+        Ok(None) | Err(_) => return,
+    };
+    let result = match req {
+        Ok(req) if req.protocol != PROTOCOL_VERSION => Err(OpError::invalid(format!(
+            "host speaks guest protocol {}, this agent speaks {PROTOCOL_VERSION}: upgrade the node or recreate the sandbox",
+            req.protocol
+        ))),
+        Ok(req) => dispatch(req.op, &g, &mut r, &mut w).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        let _ = write_msg(&mut w, &e.reply()).await;
+    }
+    let _ = w.shutdown().await;
+}
+
+async fn dispatch(
+    op: Op,
+    g: &Guest,
+    r: &mut OwnedReadHalf,
+    w: &mut OwnedWriteHalf,
+) -> Result<(), OpError> {
+    let io = |e: std::io::Error| OpError::new(ErrorCode::Unavailable, format!("connection: {e}"));
+    match op {
+        Op::Ping => {
+            let reply = Reply::Pong {
+                uptime_ms: g.started.elapsed().as_millis() as u64,
+                processes: g.table.len() as u32,
+            };
+            write_msg(w, &reply).await.map_err(io)
+        }
+        Op::Exec(spec) | Op::Spawn(spec) if spec.argv.is_empty() => {
+            let _ = spec;
+            Err(OpError::invalid("empty command: give argv with at least a program, or cmd"))
+        }
+        Op::Exec(spec) => {
+            let user = users::lookup(&spec.user)?;
+            let (proc, stdin) = g.table.start(&spec, &user, &g.env)?;
+            write_msg(w, &Reply::Started { process: proc.id, pid: proc.pid }).await.map_err(io)?;
+            if let Some(stdin) = stdin {
+                feed_stdin(r, stdin).await;
+            }
+            stream_output(w, &proc).await.map_err(io)?;
+            // Delivered: nobody needs to re-attach to it.
+            g.table.forget(proc.id);
+            Ok(())
+        }
+        Op::Spawn(spec) => {
+            let user = users::lookup(&spec.user)?;
+            let (proc, stdin) = g.table.start(&spec, &user, &g.env)?;
+            write_msg(w, &Reply::Started { process: proc.id, pid: proc.pid }).await.map_err(io)?;
+            if let Some(stdin) = stdin {
+                feed_stdin(r, stdin).await;
+            }
+            Ok(())
+        }
+        Op::Attach { process } => {
+            let proc = g.table.get(process)?;
+            stream_output(w, &proc).await.map_err(io)
+        }
+        Op::Wait { process, timeout_ms } => {
+            let proc = g.table.get(process)?;
+            let mut rx = proc.subscribe();
+            let wait = async {
+                loop {
+                    rx.borrow_and_update();
+                    if proc.status().is_some() || rx.changed().await.is_err() {
+                        break;
+                    }
+                }
+            };
+            match timeout_ms {
+                Some(ms) => {
+                    let _ = tokio::time::timeout(Duration::from_millis(ms), wait).await;
+                }
+                None => wait.await,
+            }
+            write_msg(w, &Reply::Process(proc.info())).await.map_err(io)
+        }
+        Op::Signal { process, signal } => {
+            let proc = g.table.get(process)?;
+            if proc.status().is_none() && proc.pid > 0 {
+                if warren_sys::process::kill_group(proc.pid, signal).is_err() {
+                    warren_sys::process::kill(proc.pid, signal)
+                        .map_err(|e| OpError::invalid(format!("signal {signal}: {e}")))?;
+                }
+            }
+            write_msg(w, &Reply::Done).await.map_err(io)
+        }
+        Op::Forget { process } => {
+            g.table.get(process)?;
+            g.table.forget(process);
+            write_msg(w, &Reply::Done).await.map_err(io)
+        }
+        Op::Processes => {
+            let processes = g.table.list();
+            write_msg(w, &Reply::Processes { processes }).await.map_err(io)
+        }
+        Op::ReadFile { path, user } => {
+            let (file, entry) =
+                files::as_user(user, move |u| files::open_read(&files::resolve(u, &path)?)).await?;
+            write_msg(w, &Reply::Entry(entry)).await.map_err(io)?;
+            let mut file = tokio::fs::File::from_std(file);
+            let mut buf = vec![0u8; FILE_CHUNK];
+            loop {
+                let n = file.read(&mut buf).await.map_err(io)?;
+                write_frame(w, FrameKind::Data, &buf[..n]).await.map_err(io)?;
+                if n == 0 {
+                    return Ok(());
+                }
+            }
+        }
+        Op::WriteFile { path, user, mode } => write_file(path, user, mode, r, w).await,
+        Op::List { path, user } => {
+            let entries = files::as_user(user, move |u| files::list(&files::resolve(u, &path)?)).await?;
+            write_msg(w, &Reply::Entries { entries }).await.map_err(io)
+        }
+        Op::Stat { path, user } => {
+            let entry = files::as_user(user, move |u| files::entry(&files::resolve(u, &path)?)).await?;
+            write_msg(w, &Reply::Entry(entry)).await.map_err(io)
+        }
+        Op::Remove { path, user, recursive } => {
+            files::as_user(user, move |u| files::remove(&files::resolve(u, &path)?, recursive)).await?;
+            write_msg(w, &Reply::Done).await.map_err(io)
+        }
+        Op::Mkdir { path, user, parents } => {
+            let entry = files::as_user(user, move |u| files::mkdir(&files::resolve(u, &path)?, parents)).await?;
+            write_msg(w, &Reply::Entry(entry)).await.map_err(io)
+        }
+        Op::Rename { from, to, user } => {
+            let entry = files::as_user(user, move |u| {
+                files::rename(&files::resolve(u, &from)?, &files::resolve(u, &to)?)
+            })
+            .await?;
+            write_msg(w, &Reply::Entry(entry)).await.map_err(io)
+        }
+    }
+}
+
+/// Copies stdin frames from the connection into the process until an empty frame or the end
+/// of the connection, then closes its stdin.
+async fn feed_stdin(r: &mut OwnedReadHalf, mut stdin: tokio::net::unix::pipe::Sender) {
+    while let Ok(Some((FrameKind::Stdin, data))) = read_frame(r).await {
+        if data.is_empty() || stdin.write_all(&data).await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Sends a process's output from the start (what is kept), follows it, and ends with its exit.
+async fn stream_output(w: &mut OwnedWriteHalf, proc: &Proc) -> std::io::Result<()> {
+    let mut rx = proc.subscribe();
+    let mut cursor = 0;
+    loop {
+        rx.borrow_and_update();
+        let (chunks, status) = proc.read_from(cursor);
+        cursor += chunks.len();
+        for (kind, data) in chunks {
+            write_frame(w, kind, &data).await?;
+        }
+        if let Some(status) = status {
+            return write_msg(w, &Reply::Exit(status)).await;
+        }
+        if rx.changed().await.is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// Receives a file into a temporary name beside the target and renames it into place when
+/// complete, so an interrupted upload never leaves a half-written file under the real name.
+async fn write_file(
+    path: String,
+    user: String,
+    mode: Option<u32>,
+    r: &mut OwnedReadHalf,
+    w: &mut OwnedWriteHalf,
+) -> Result<(), OpError> {
+    let io = |e: std::io::Error| OpError::new(ErrorCode::Unavailable, format!("connection: {e}"));
+    let tmp_suffix = format!(".warren-upload-{}", std::process::id() as u64 ^ nanos());
+    let (file, target, tmp) = files::as_user(user.clone(), move |u| {
+        let target = files::resolve(u, &path)?;
+        let existing_mode = std::fs::metadata(&target).ok().map(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.permissions().mode() & 0o7777
+        });
+        let tmp = format!("{target}{tmp_suffix}");
+        let file = files::open_write(&tmp, mode.or(existing_mode))?;
+        Ok((file, target, tmp))
+    })
+    .await?;
+    let mut file = tokio::fs::File::from_std(file);
+    let mut complete = false;
+    let mut failure = None;
+    while let Ok(Some((FrameKind::Data, data))) = read_frame(r).await {
+        if data.is_empty() {
+            complete = true;
+            break;
+        }
+        if let Err(e) = file.write_all(&data).await {
+            failure = Some(OpError::io(&e, "write", &target));
+            break;
+        }
+    }
+    if failure.is_none() {
+        if let Err(e) = file.flush().await {
+            failure = Some(OpError::io(&e, "write", &target));
+        }
+    }
+    drop(file);
+    let entry = files::as_user(user, move |_| {
+        if !complete || failure.is_some() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(failure.unwrap_or_else(|| {
+                OpError::new(ErrorCode::Unavailable, format!("upload of {target} ended early; the file was not changed"))
+            }));
+        }
+        std::fs::rename(&tmp, &target).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            OpError::io(&e, "rename into place", &target)
+        })?;
+        files::entry(&target)
+    })
+    .await?;
+    write_msg(w, &Reply::Entry(entry)).await.map_err(io)
+}
+
+fn nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}

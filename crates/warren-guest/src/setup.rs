@@ -1,0 +1,162 @@
+//! Turning a freshly cloned process into a sandbox's PID 1: root file system, /proc, /dev,
+//! host name, loopback, and the capability lock-down.
+//!
+//! Runs before the guest serves anything, in the new mount, pid, uts, ipc and network
+//! namespaces the node cloned it into.
+
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, symlink};
+use std::path::Path;
+
+use warren_sys::mount::{self, flags};
+use warren_types::guest::InitConfig;
+
+/// Files hidden behind /dev/null: kernel internals a sandbox has no business reading
+/// (the same list the usual OCI runtimes mask).
+const MASKED_FILES: &[&str] = &[
+    "proc/kcore",
+    "proc/keys",
+    "proc/latency_stats",
+    "proc/timer_list",
+    "proc/timer_stats",
+    "proc/sched_debug",
+];
+
+/// Directories hidden behind an empty read-only tmpfs.
+const MASKED_DIRS: &[&str] = &[
+    "proc/acpi",
+    "proc/asound",
+    "proc/scsi",
+    "sys/firmware",
+    "sys/devices/virtual/powercap",
+];
+
+/// Paths made read-only.
+const READONLY: &[&str] = &["proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger"];
+
+/// Character devices in the sandbox's /dev: (name, major, minor).
+const DEVICES: &[(&str, u32, u32)] = &[
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+];
+
+fn ctx(e: io::Error, what: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// Builds the sandbox's root and moves into it.
+pub fn rootfs(cfg: &InitConfig) -> io::Result<()> {
+    mount::unshare_cgroup_namespace().map_err(|e| ctx(e, "new cgroup namespace"))?;
+    std::env::set_current_dir(&cfg.sandbox_dir).map_err(|e| ctx(e, "entering the sandbox directory"))?;
+    mount::make_all_private()?;
+
+    let fs = &cfg.rootfs;
+    std::fs::create_dir_all("rootfs")?;
+    let lowers: Vec<&str> = fs.lowers.iter().map(String::as_str).collect();
+    mount::mount_overlay(Path::new("rootfs"), &lowers, &fs.upper, &fs.work)?;
+    std::env::set_current_dir("rootfs")?;
+
+    for b in &fs.binds {
+        let target = Path::new(b.target.trim_start_matches('/'));
+        let f = if b.readonly {
+            flags::RDONLY | flags::NOSUID | flags::NODEV
+        } else {
+            0
+        };
+        mount::bind(Path::new(&b.source), target, true, f)?;
+    }
+
+    mount::mount_fs("proc", Path::new("proc"), flags::NOSUID | flags::NODEV | flags::NOEXEC, None)?;
+    mount::mount_fs(
+        "sysfs",
+        Path::new("sys"),
+        flags::RDONLY | flags::NOSUID | flags::NODEV | flags::NOEXEC,
+        None,
+    )?;
+    dev()?;
+    mask()?;
+
+    mount::pivot_root_here()?;
+    mount::set_hostname(&cfg.hostname).map_err(|e| ctx(e, "sethostname"))?;
+    warren_sys::net::loopback_up().map_err(|e| ctx(e, "bringing up lo"))?;
+    Ok(())
+}
+
+/// A minimal /dev: a few character devices, a private devpts, /dev/shm.
+fn dev() -> io::Result<()> {
+    let dev = Path::new("dev");
+    mount::mount_fs("tmpfs", dev, flags::NOSUID | flags::NOEXEC, Some("mode=755,size=65536"))?;
+    for (name, major, minor) in DEVICES {
+        mount::mknod_char(&dev.join(name), 0o666, *major, *minor)?;
+    }
+    // mknod applies the umask; make the modes exact.
+    for (name, _, _) in DEVICES {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dev.join(name), std::fs::Permissions::from_mode(0o666))?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+        ("core", "/proc/kcore"),
+    ] {
+        symlink(target, dev.join(link))?;
+    }
+    let mut db = std::fs::DirBuilder::new();
+    db.mode(0o755);
+    db.create(dev.join("pts"))?;
+    db.mode(0o1777);
+    db.create(dev.join("shm"))?;
+    mount::mount_fs(
+        "devpts",
+        &dev.join("pts"),
+        flags::NOSUID | flags::NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+    )?;
+    mount::mount_fs(
+        "tmpfs",
+        &dev.join("shm"),
+        flags::NOSUID | flags::NODEV,
+        Some("mode=1777,size=67108864"),
+    )?;
+    Ok(())
+}
+
+fn mask() -> io::Result<()> {
+    for f in MASKED_FILES {
+        let p = Path::new(f);
+        if p.exists() {
+            mount::bind(Path::new("dev/null"), p, false, flags::RDONLY)?;
+        }
+    }
+    for d in MASKED_DIRS {
+        let p = Path::new(d);
+        if p.is_dir() {
+            mount::mount_fs("tmpfs", p, flags::RDONLY | flags::NOSUID | flags::NODEV | flags::NOEXEC, Some("size=0"))?;
+        }
+    }
+    for r in READONLY {
+        let p = Path::new(r);
+        if p.exists() {
+            mount::remount_readonly(p)?;
+        }
+    }
+    Ok(())
+}
+
+/// Drops what the guest does not need and locks the sandbox's processes out of privilege:
+/// not dumpable (its /proc entries are closed to them), no capabilities for anything it
+/// execs (root included), no_new_privs.
+pub fn lock_down() -> io::Result<()> {
+    warren_sys::creds::set_not_dumpable().map_err(|e| ctx(e, "PR_SET_DUMPABLE"))?;
+    warren_sys::creds::lock_out_exec_capabilities().map_err(|e| ctx(e, "securebits/bounding set"))?;
+    warren_sys::creds::keep_only_agent_capabilities().map_err(|e| ctx(e, "capset"))?;
+    warren_sys::creds::set_no_new_privs().map_err(|e| ctx(e, "no_new_privs"))?;
+    Ok(())
+}

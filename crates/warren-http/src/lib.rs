@@ -1,0 +1,163 @@
+//! HTTP plumbing shared by the control plane and the node daemon.
+//!
+//! - [`Error`]: the one place where an [`ApiError`] becomes a status code and a JSON body.
+//! - [`Json`]: like axum's extractor, but a malformed body is a Warren `invalid_argument` error
+//!   that says what was wrong, not a plain-text 422.
+//! - [`ndjson`]: streaming bodies of newline-delimited JSON.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use warren_types::error::{ApiError, ErrorCode};
+
+/// Content type of streaming exec output.
+pub const NDJSON: &str = "application/x-ndjson";
+
+/// An API error as an axum response.
+#[derive(Debug)]
+pub struct Error(pub ApiError);
+
+impl From<ApiError> for Error {
+    fn from(e: ApiError) -> Self {
+        Error(e)
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.0.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() {
+            tracing::error!(code = %self.0.code, "{}", self.0.message);
+        }
+        let retry = self.0.retry_after_secs;
+        let mut resp = (status, axum::Json(self.0.into_body())).into_response();
+        if let Some(secs) = retry {
+            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}
+
+/// Result type for handlers.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// A JSON body whose rejection is a Warren error.
+pub struct Json<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
+    type Rejection = Error;
+
+    async fn from_request(req: Request, state: &S) -> std::result::Result<Self, Error> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Json(v)),
+            Err(rej) => Err(Error(json_rejection(rej))),
+        }
+    }
+}
+
+impl<T: Serialize> IntoResponse for Json<T> {
+    fn into_response(self) -> Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+fn json_rejection(rej: JsonRejection) -> ApiError {
+    match rej {
+        JsonRejection::MissingJsonContentType(_) => ApiError::invalid(
+            "the body must be JSON: send the header Content-Type: application/json",
+        ),
+        JsonRejection::JsonSyntaxError(e) => ApiError::invalid(format!(
+            "the body is not valid JSON: {}",
+            source_text(&e)
+        )),
+        JsonRejection::JsonDataError(e) => ApiError::invalid(format!(
+            "the JSON body does not fit this request: {}",
+            source_text(&e)
+        )),
+        JsonRejection::BytesRejection(e) => {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(ErrorCode::PayloadTooLarge, "the request body is too large")
+            } else {
+                ApiError::invalid(format!("could not read the body: {e}"))
+            }
+        }
+        other => ApiError::invalid(other.body_text()),
+    }
+}
+
+/// The innermost message of an error chain (serde's, without axum's wrapping).
+fn source_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// Query parameters whose rejection is a Warren error.
+pub struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> std::result::Result<Self, Error> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Query(v)),
+            Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(Error(ApiError::invalid(
+                format!("bad query parameters: {}", source_text(&e)),
+            ))),
+            Err(other) => Err(Error(ApiError::invalid(other.body_text()))),
+        }
+    }
+}
+
+/// Streaming newline-delimited JSON bodies.
+pub mod ndjson {
+    use bytes::Bytes;
+    use futures_util::StreamExt;
+    use serde::Serialize;
+    use tokio::sync::mpsc;
+
+    /// Sends values as NDJSON lines into a response body.
+    #[derive(Clone)]
+    pub struct Sender(mpsc::Sender<Bytes>);
+
+    impl Sender {
+        /// Sends one value as a line; `false` when the client has gone.
+        pub async fn send<T: Serialize>(&self, v: &T) -> bool {
+            let mut line = serde_json::to_vec(v).unwrap_or_default();
+            line.push(b'\n');
+            self.0.send(Bytes::from(line)).await.is_ok()
+        }
+    }
+
+    /// A channel whose receiving end is a response body.
+    pub fn channel() -> (Sender, axum::response::Response) {
+        let (tx, rx) = mpsc::channel::<Bytes>(64);
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|b| (b, rx))
+        })
+        .map(Ok::<_, std::io::Error>);
+        let body = axum::body::Body::from_stream(stream);
+        let resp = axum::response::Response::builder()
+            .header(axum::http::header::CONTENT_TYPE, super::NDJSON)
+            .body(body)
+            .unwrap_or_default();
+        (Sender(tx), resp)
+    }
+}
+
+/// The fallback for unknown routes: a JSON 404 that says where to look.
+pub async fn not_found(uri: axum::http::Uri) -> Error {
+    Error(ApiError::new(
+        ErrorCode::NotFound,
+        format!("no such route {uri}: see /v1/openapi.json for the API"),
+    ))
+}

@@ -1,0 +1,163 @@
+//! Re-adopting sandboxes after a daemon restart, and collecting what a crash left half-made.
+//!
+//! Sandboxes outlive the daemon: their init is not tied to it (no shared pipes, no parent-death
+//! signal, cgroups of their own). On start the node reads each record, checks that the pid
+//! still names the same process (pid *and* start time: pids get reused), opens a pidfd to watch
+//! it, and asks its guest agent for a ping. Whatever fails the check is torn down, as is every
+//! cgroup, socket or directory without a live sandbox.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use warren_types::guest::{Op, Reply};
+use warren_types::id::SandboxId;
+
+use crate::guest_client::GuestConn;
+use crate::node::{IdemSlot, Node, Phase, Sandbox, blocking, teardown};
+use crate::state;
+
+/// What a start found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AdoptReport {
+    /// Sandboxes running again under this daemon.
+    pub adopted: usize,
+    /// Records whose sandbox was dead or half-made, torn down.
+    pub removed: usize,
+    /// cgroups, sockets and directories without a sandbox, removed.
+    pub leftovers: usize,
+}
+
+impl Node {
+    /// Adopts every live sandbox in the state directory and removes the rest.
+    pub async fn adopt(self: &Arc<Self>) -> AdoptReport {
+        let mut report = AdoptReport::default();
+        let entries: Vec<_> = std::fs::read_dir(&self.dirs.sandboxes)
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        let checks = entries.into_iter().map(|dir| {
+            let node = self.clone();
+            async move { (dir.clone(), node.try_adopt(&dir).await) }
+        });
+        for (dir, result) in futures_util::future::join_all(checks).await {
+            match result {
+                Ok(sb) => {
+                    self.admission.add(sb.record.resources.memory.bytes());
+                    if let Some(key) = &sb.record.idempotency_key {
+                        self.idempotency
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(key.clone(), IdemSlot::Done(sb.record.id.clone()));
+                    }
+                    self.sandboxes.write().unwrap_or_else(|p| p.into_inner()).insert(sb.record.id.clone(), sb.clone());
+                    self.watch(&sb);
+                    report.adopted += 1;
+                }
+                Err(why) => {
+                    tracing::warn!(dir = %dir.display(), "not adopting: {why}; removing it");
+                    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let cg = self.cgroups.sandbox(&name);
+                    let socket = self.dirs.sockets.join(format!("{name}.sock"));
+                    let dirs = self.dirs.clone();
+                    let _ = blocking(move || {
+                        if cg.exists() {
+                            cg.kill_all();
+                        }
+                        teardown(None, &cg, &dir, &socket, &dirs);
+                        Ok(())
+                    })
+                    .await;
+                    report.removed += 1;
+                }
+            }
+        }
+        report.leftovers = self.collect_leftovers().await;
+        report
+    }
+
+    async fn try_adopt(&self, dir: &std::path::Path) -> Result<Arc<Sandbox>, String> {
+        let record = state::load(dir).map_err(|e| format!("no readable state.json ({e})"))?;
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if record.id.as_str() != name {
+            return Err(format!("state.json names {} but the directory is {name}", record.id));
+        }
+        if record.id.node() != self.id {
+            return Err(format!("sandbox {} belongs to node {}, this is node {}", record.id, record.id.node(), self.id));
+        }
+        let same_process = |pid| warren_sys::process::start_time(pid) == Some(record.start_time);
+        if record.pid <= 0 || !same_process(record.pid) {
+            return Err(format!("its init (pid {}) is gone", record.pid));
+        }
+        let pidfd = warren_sys::process::pidfd_open(record.pid).map_err(|e| format!("pidfd_open: {e}"))?;
+        // The pid could have been reused between the check and the open: check again.
+        if !same_process(record.pid) {
+            return Err(format!("its init (pid {}) is gone", record.pid));
+        }
+        let cgroup = self.cgroups.sandbox(record.id.as_str());
+        let socket = self.dirs.sockets.join(format!("{}.sock", record.id));
+        let phase = if cgroup.is_frozen() {
+            Phase::Paused
+        } else {
+            let ping = async {
+                let mut c = GuestConn::open(&socket, Op::Ping).await?;
+                c.reply().await
+            };
+            match tokio::time::timeout(Duration::from_secs(10), ping).await {
+                Ok(Ok(Reply::Pong { .. })) => Phase::Running,
+                Ok(Ok(other)) => return Err(format!("its guest agent answered {other:?}")),
+                Ok(Err(e)) => return Err(format!("its guest agent does not answer: {e}")),
+                Err(_) => return Err("its guest agent did not answer within 10 s".into()),
+            }
+        };
+        Ok(Arc::new(Sandbox {
+            dir: dir.to_path_buf(),
+            socket,
+            cgroup,
+            pidfd,
+            phase: Mutex::new(phase),
+            lifecycle: tokio::sync::Mutex::new(()),
+            tasks: Mutex::new(Vec::new()),
+            record,
+        }))
+    }
+
+    /// Removes cgroups, sockets and trash that no live sandbox owns. Returns how many.
+    async fn collect_leftovers(&self) -> usize {
+        let live: HashSet<String> = self
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .map(SandboxId::to_string)
+            .collect();
+        let cgroups = self.cgroups.clone();
+        let dirs = self.dirs.clone();
+        blocking(move || {
+            let mut n = 0;
+            for name in cgroups.existing() {
+                if !live.contains(&name) {
+                    let cg = cgroups.sandbox(&name);
+                    cg.kill_all();
+                    match cg.remove(Duration::from_secs(5)) {
+                        Ok(()) => n += 1,
+                        Err(e) => tracing::error!("leftover cgroup {name}: {e}"),
+                    }
+                }
+            }
+            for e in std::fs::read_dir(&dirs.sockets).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !live.contains(name.trim_end_matches(".sock")) {
+                    let _ = std::fs::remove_file(e.path());
+                    n += 1;
+                }
+            }
+            for e in std::fs::read_dir(&dirs.trash).into_iter().flatten().flatten() {
+                let _ = std::fs::remove_dir_all(e.path());
+                n += 1;
+            }
+            Ok(n)
+        })
+        .await
+        .unwrap_or(0)
+    }
+}

@@ -1,0 +1,300 @@
+//! The node's HTTP API: the same `/v1/sandboxes/...` routes as the control plane's, without
+//! authentication of users (the control plane does that) and only for this node's sandboxes.
+//! Served on a unix socket the control plane reaches (and, for remote control planes, TCP with
+//! a cluster token).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+use warren_http::{Error, Json, Query};
+use warren_types::api::{
+    CreateSandbox, ExecRequest, FileList, MkdirRequest, NodeInfo, ProcessInfo, ProcessList, RenameRequest,
+    Sandbox as SandboxView, SandboxList, SandboxState, SignalRequest,
+};
+use warren_types::error::{ApiError, ErrorCode};
+use warren_types::id::SandboxId;
+
+use crate::exec::{self, DEFAULT_EXEC_TIMEOUT};
+use crate::node::{ListFilter, Node};
+
+type S = State<Arc<Node>>;
+
+/// The node API router. With a `token`, every request must carry `Authorization: Bearer <token>`.
+pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
+    let r = Router::new()
+        .route("/v1/node", get(node_info))
+        .route("/v1/sandboxes", post(create).get(list))
+        .route("/v1/sandboxes/{id}", get(get_one).delete(kill))
+        .route("/v1/sandboxes/{id}/pause", post(pause))
+        .route("/v1/sandboxes/{id}/resume", post(resume))
+        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/processes", post(spawn).get(processes))
+        .route("/v1/sandboxes/{id}/processes/{pid}", get(process).delete(forget))
+        .route("/v1/sandboxes/{id}/processes/{pid}/wait", post(wait))
+        .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(signal))
+        .route("/v1/sandboxes/{id}/processes/{pid}/output", get(output))
+        .route("/v1/sandboxes/{id}/files", get(read_file).put(write_file).delete(remove))
+        .route("/v1/sandboxes/{id}/files/list", get(list_dir))
+        .route("/v1/sandboxes/{id}/files/stat", get(stat))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(mkdir))
+        .route("/v1/sandboxes/{id}/files/rename", post(rename))
+        .fallback(warren_http::not_found)
+        .with_state(node);
+    match token {
+        Some(t) => r.layer(axum::middleware::from_fn(move |req: Request, next: Next| {
+            let t = t.clone();
+            async move {
+                let ok = req
+                    .headers()
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .is_some_and(|v| v == t);
+                if ok {
+                    next.run(req).await
+                } else {
+                    Error(ApiError::new(ErrorCode::Unauthenticated, "this node API needs the cluster token")).into_response()
+                }
+            }
+        })),
+        None => r,
+    }
+}
+
+/// Parses a sandbox id from a path and checks it is this node's.
+pub fn parse_id(node: &Node, raw: &str) -> Result<SandboxId, Error> {
+    let id: SandboxId = raw.parse().map_err(|e| {
+        Error(ApiError::invalid(format!("{e}; sandbox ids are what create returned")))
+    })?;
+    if id.node() != node.id {
+        return Err(Error(ApiError::new(
+            ErrorCode::SandboxNotFound,
+            format!("sandbox {id} belongs to node {}, not this node ({})", id.node(), node.id),
+        )));
+    }
+    Ok(id)
+}
+
+async fn node_info(State(n): S) -> Json<NodeInfo> {
+    Json(n.info())
+}
+
+async fn create(State(n): S, headers: HeaderMap, Json(req): Json<CreateSandbox>) -> Result<Response, Error> {
+    let key = headers.get("idempotency-key").map(|v| {
+        v.to_str().map(str::to_string).map_err(|_| Error(ApiError::invalid("Idempotency-Key must be ASCII")))
+    });
+    let key = key.transpose()?;
+    let (sb, created) = n.create(req, key).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(sb)).into_response())
+}
+
+/// `GET /v1/sandboxes` filters.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only this task's sandboxes.
+    pub task: Option<String>,
+    /// Only sandboxes with all these labels: `k=v,k2=v2`.
+    pub label: Option<String>,
+    /// Only sandboxes in this state.
+    pub state: Option<SandboxState>,
+}
+
+/// Parses `k=v,k2=v2`.
+pub fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, Error> {
+    s.split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| Error(ApiError::invalid(format!("label filter {p:?} must be key=value"))))
+        })
+        .collect()
+}
+
+async fn list(State(n): S, Query(q): Query<ListQuery>) -> Result<Json<SandboxList>, Error> {
+    let labels = q.label.as_deref().map(parse_labels).transpose()?.unwrap_or_default();
+    let f = ListFilter { task: q.task, labels, state: q.state };
+    Ok(Json(SandboxList { sandboxes: n.list(&f) }))
+}
+
+async fn get_one(State(n): S, Path(id): Path<String>) -> Result<Json<SandboxView>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(n.get(&id)?.view(&n.id)))
+}
+
+async fn kill(State(n): S, Path(id): Path<String>) -> Result<StatusCode, Error> {
+    let id = parse_id(&n, &id)?;
+    n.kill(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn pause(State(n): S, Path(id): Path<String>) -> Result<Json<SandboxView>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(n.pause(&id).await?))
+}
+
+async fn resume(State(n): S, Path(id): Path<String>) -> Result<Json<SandboxView>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(n.resume(&id).await?))
+}
+
+fn wants_stream(headers: &HeaderMap, req: &ExecRequest) -> bool {
+    req.stream
+        || headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains(warren_http::NDJSON))
+}
+
+async fn exec(State(n): S, Path(id): Path<String>, headers: HeaderMap, Json(req): Json<ExecRequest>) -> Result<Response, Error> {
+    let id = parse_id(&n, &id)?;
+    let p = exec::prepare(&req, Some(DEFAULT_EXEC_TIMEOUT))?;
+    if wants_stream(&headers, &req) {
+        n.get(&id)?;
+        let (tx, resp) = warren_http::ndjson::channel();
+        tokio::spawn(async move { n.exec_stream(&id, p, tx).await });
+        return Ok(resp);
+    }
+    Ok(Json(n.exec(&id, p).await?).into_response())
+}
+
+async fn spawn(State(n): S, Path(id): Path<String>, Json(req): Json<ExecRequest>) -> Result<(StatusCode, Json<ProcessInfo>), Error> {
+    let id = parse_id(&n, &id)?;
+    let p = exec::prepare(&req, None)?;
+    Ok((StatusCode::CREATED, Json(n.spawn_process(&id, p).await?)))
+}
+
+async fn processes(State(n): S, Path(id): Path<String>) -> Result<Json<ProcessList>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(ProcessList { processes: n.processes(&id).await? }))
+}
+
+async fn process(State(n): S, Path((id, pid)): Path<(String, u64)>) -> Result<Json<ProcessInfo>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(n.wait_process(&id, pid, Some(0)).await?))
+}
+
+async fn forget(State(n): S, Path((id, pid)): Path<(String, u64)>) -> Result<StatusCode, Error> {
+    let id = parse_id(&n, &id)?;
+    n.forget_process(&id, pid).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST .../processes/{pid}/wait` parameters.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitQuery {
+    /// Seconds to wait at most (default: until it exits).
+    pub timeout: Option<f64>,
+}
+
+async fn wait(State(n): S, Path((id, pid)): Path<(String, u64)>, Query(q): Query<WaitQuery>) -> Result<Json<ProcessInfo>, Error> {
+    let id = parse_id(&n, &id)?;
+    let ms = match q.timeout {
+        Some(t) if !t.is_finite() || t < 0.0 => return Err(Error(ApiError::invalid("timeout must be a positive number of seconds"))),
+        Some(t) => Some((t * 1000.0) as u64),
+        None => None,
+    };
+    Ok(Json(n.wait_process(&id, pid, ms).await?))
+}
+
+async fn signal(State(n): S, Path((id, pid)): Path<(String, u64)>, Json(req): Json<SignalRequest>) -> Result<StatusCode, Error> {
+    let id = parse_id(&n, &id)?;
+    n.signal_process(&id, pid, &req.signal).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn output(State(n): S, Path((id, pid)): Path<(String, u64)>) -> Result<Response, Error> {
+    let id = parse_id(&n, &id)?;
+    n.get(&id)?;
+    let (tx, resp) = warren_http::ndjson::channel();
+    tokio::spawn(async move { n.attach(&id, pid, tx).await });
+    Ok(resp)
+}
+
+/// File operation parameters.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileQuery {
+    /// Path in the sandbox (absolute, or relative to the user's home).
+    pub path: String,
+    /// Acting user (default `user`).
+    pub user: Option<String>,
+    /// For uploads: permission bits in octal, e.g. `755`.
+    pub mode: Option<String>,
+    /// For removal: remove directories and their contents.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+async fn read_file(State(n): S, Path(id): Path<String>, Query(q): Query<FileQuery>) -> Result<Response, Error> {
+    let id = parse_id(&n, &id)?;
+    let (entry, stream) = n.read_file(&id, q.path, q.user).await?;
+    Ok(Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header("x-warren-file-size", entry.size)
+        .header("x-warren-file-mode", format!("{:o}", entry.mode))
+        .body(Body::from_stream(stream))
+        .unwrap_or_default())
+}
+
+/// Parses an octal mode such as `755` or `0o644`.
+pub fn parse_mode(m: &str) -> Result<u32, Error> {
+    let digits = m.trim_start_matches("0o");
+    u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|v| *v <= 0o7777)
+        .ok_or_else(|| Error(ApiError::invalid(format!("mode {m:?} must be octal permission bits such as 644 or 755"))))
+}
+
+async fn write_file(State(n): S, Path(id): Path<String>, Query(q): Query<FileQuery>, headers: HeaderMap, body: Body) -> Result<Json<warren_types::api::FileEntry>, Error> {
+    let id = parse_id(&n, &id)?;
+    let mode = q.mode.as_deref().map(parse_mode).transpose()?;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > n.cfg.max_upload.bytes()) {
+        return Err(Error(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("the upload is larger than the {} allowed (max_upload)", n.cfg.max_upload),
+        )));
+    }
+    Ok(Json(n.write_file(&id, q.path, q.user, mode, body.into_data_stream()).await?))
+}
+
+async fn remove(State(n): S, Path(id): Path<String>, Query(q): Query<FileQuery>) -> Result<StatusCode, Error> {
+    let id = parse_id(&n, &id)?;
+    n.remove(&id, q.path, q.user, q.recursive).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list_dir(State(n): S, Path(id): Path<String>, Query(q): Query<FileQuery>) -> Result<Json<FileList>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(FileList { entries: n.list_dir(&id, q.path, q.user).await? }))
+}
+
+async fn stat(State(n): S, Path(id): Path<String>, Query(q): Query<FileQuery>) -> Result<Json<warren_types::api::FileEntry>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(n.stat(&id, q.path, q.user).await?))
+}
+
+async fn mkdir(State(n): S, Path(id): Path<String>, Json(req): Json<MkdirRequest>) -> Result<Json<warren_types::api::FileEntry>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(n.mkdir(&id, req.path, req.user, req.parents).await?))
+}
+
+async fn rename(State(n): S, Path(id): Path<String>, Json(req): Json<RenameRequest>) -> Result<Json<warren_types::api::FileEntry>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(n.rename(&id, req.from, req.to, req.user).await?))
+}

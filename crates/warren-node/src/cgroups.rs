@@ -1,0 +1,397 @@
+//! cgroups for sandboxes, v1 and v2, detected at run time.
+//!
+//! Warren creates one parent of its own in each hierarchy it uses (`<mount>/<parent>`, default
+//! `warren`) and every sandbox's cgroup under it. It never writes to, freezes or removes a
+//! cgroup it did not create.
+//!
+//! - **v2** (unified, most production hosts): one directory; `cpu.max`, `memory.max`,
+//!   `pids.max`, `cgroup.freeze`, `cgroup.kill`. A new init starts inside it through
+//!   `CLONE_INTO_CGROUP`.
+//! - **v1** (and hybrid, like the development machines): a directory per controller (cpu,
+//!   memory, pids, freezer, and the `name=systemd` hierarchy when present, so a service
+//!   manager stopping the daemon's unit cannot take sandboxes with it). A new init joins them
+//!   by writing to each `cgroup.procs` before it execs.
+
+use std::fs;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use warren_types::api::Resources;
+
+/// CFS period used for CPU limits, microseconds.
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// Which cgroup layout the host has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// Everything on the unified hierarchy.
+    V2 {
+        /// Where cgroup2 is mounted.
+        root: PathBuf,
+    },
+    /// Controllers on v1 hierarchies (possibly with a cgroup2 mount for others: hybrid).
+    V1 {
+        cpu: PathBuf,
+        memory: PathBuf,
+        pids: PathBuf,
+        freezer: PathBuf,
+        /// The `name=systemd` hierarchy, if mounted.
+        systemd: Option<PathBuf>,
+        /// Whether a cgroup2 hierarchy is also mounted.
+        hybrid: bool,
+    },
+}
+
+impl Layout {
+    /// `v1`, `v2` or `hybrid`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Layout::V2 { .. } => "v2",
+            Layout::V1 { hybrid: true, .. } => "hybrid",
+            Layout::V1 { .. } => "v1",
+        }
+    }
+
+    /// Detects the layout from `/proc/self/mountinfo`.
+    pub fn detect() -> io::Result<Layout> {
+        let info = fs::read_to_string("/proc/self/mountinfo")?;
+        Self::from_mountinfo(&info, |p| fs::read_to_string(p.join("cgroup.controllers")).ok())
+    }
+
+    fn from_mountinfo(info: &str, controllers: impl Fn(&Path) -> Option<String>) -> io::Result<Layout> {
+        let mut v1: Vec<(PathBuf, Vec<String>)> = Vec::new();
+        let mut v2: Option<PathBuf> = None;
+        for line in info.lines() {
+            let Some((left, right)) = line.split_once(" - ") else { continue };
+            let mount_point = left.split(' ').nth(4).unwrap_or_default();
+            let mut r = right.split(' ');
+            let fstype = r.next().unwrap_or_default();
+            let _source = r.next();
+            let opts = r.next().unwrap_or_default();
+            match fstype {
+                "cgroup2" => v2 = Some(PathBuf::from(mount_point)),
+                "cgroup" => v1.push((
+                    PathBuf::from(mount_point),
+                    opts.split(',').map(str::to_string).collect(),
+                )),
+                _ => {}
+            }
+        }
+        if let Some(root) = &v2 {
+            let ctrls = controllers(root).unwrap_or_default();
+            let has = |c: &str| ctrls.split_whitespace().any(|x| x == c);
+            if has("memory") && has("pids") && has("cpu") {
+                return Ok(Layout::V2 { root: root.clone() });
+            }
+        }
+        let find = |name: &str| {
+            v1.iter()
+                .find(|(_, opts)| opts.iter().any(|o| o == name))
+                .map(|(p, _)| p.clone())
+        };
+        let missing = |c: &str| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no usable cgroup {c} controller: mount cgroup2 with cpu, memory and pids, or the v1 {c} hierarchy"),
+            )
+        };
+        Ok(Layout::V1 {
+            cpu: find("cpu").ok_or_else(|| missing("cpu"))?,
+            memory: find("memory").ok_or_else(|| missing("memory"))?,
+            pids: find("pids").ok_or_else(|| missing("pids"))?,
+            freezer: find("freezer").ok_or_else(|| missing("freezer"))?,
+            systemd: find("name=systemd"),
+            hybrid: v2.is_some(),
+        })
+    }
+
+    /// Every directory that makes up the cgroup of sandbox `name` under `parent`.
+    fn dirs(&self, parent: &str, name: &str) -> Vec<PathBuf> {
+        self.parents(parent).into_iter().map(|p| p.join(name)).collect()
+    }
+
+    /// Warren's parent directory in every hierarchy it uses.
+    fn parents(&self, parent: &str) -> Vec<PathBuf> {
+        match self {
+            Layout::V2 { root } => vec![root.join(parent)],
+            Layout::V1 { cpu, memory, pids, freezer, systemd, .. } => {
+                let mut v = vec![cpu.join(parent), memory.join(parent), pids.join(parent), freezer.join(parent)];
+                if let Some(s) = systemd {
+                    v.push(s.join(parent));
+                }
+                v
+            }
+        }
+    }
+}
+
+/// Warren's cgroups on this host.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    pub layout: Layout,
+    parent: String,
+}
+
+/// A sandbox's cgroup (one directory per hierarchy).
+#[derive(Debug, Clone)]
+pub struct SandboxCgroup {
+    layout: Layout,
+    dirs: Vec<PathBuf>,
+}
+
+/// What a new init needs to start inside its cgroup.
+pub enum JoinFds {
+    /// v1: `cgroup.procs` of each hierarchy, to write "0" into.
+    Procs(Vec<OwnedFd>),
+    /// v2: the directory, for `CLONE_INTO_CGROUP`.
+    Dir(OwnedFd),
+}
+
+fn write(path: &Path, value: &str) -> io::Result<()> {
+    fs::write(path, value).map_err(|e| io::Error::new(e.kind(), format!("writing {value:?} to {}: {e}", path.display())))
+}
+
+impl Cgroups {
+    /// Detects the layout and makes Warren's parent directories.
+    pub fn new(parent: &str) -> io::Result<Cgroups> {
+        let layout = Layout::detect()?;
+        let cg = Cgroups {
+            layout,
+            parent: parent.to_string(),
+        };
+        for p in cg.layout.parents(parent) {
+            fs::create_dir_all(&p).map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", p.display())))?;
+        }
+        if let Layout::V2 { .. } = &cg.layout {
+            let p = &cg.layout.parents(parent)[0];
+            // Let sandboxes below the parent use the controllers; the parent's own parent must
+            // have delegated them (the root cgroup does on every systemd host).
+            write(&p.join("cgroup.subtree_control"), "+cpu +memory +pids")?;
+        }
+        Ok(cg)
+    }
+
+    /// The cgroup of sandbox `name` (not created).
+    pub fn sandbox(&self, name: &str) -> SandboxCgroup {
+        SandboxCgroup {
+            layout: self.layout.clone(),
+            dirs: self.layout.dirs(&self.parent, name),
+        }
+    }
+
+    /// Names of sandbox cgroups that exist under Warren's parent (for garbage collection).
+    pub fn existing(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for p in self.layout.parents(&self.parent) {
+            if let Ok(rd) = fs::read_dir(&p) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        if !names.contains(&n) {
+                            names.push(n);
+                        }
+                    }
+                }
+            }
+        }
+        names
+    }
+}
+
+impl SandboxCgroup {
+    /// Creates the cgroup with its limits and returns what the init needs to join it.
+    pub fn create(&self, r: &Resources) -> io::Result<JoinFds> {
+        for d in &self.dirs {
+            match fs::create_dir(d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io::Error::new(e.kind(), format!("creating {}: {e}", d.display()))),
+            }
+        }
+        let quota = (r.cpu as u64 * CPU_PERIOD_US / 1000).max(1000);
+        let mem = r.memory.bytes();
+        match &self.layout {
+            Layout::V2 { .. } => {
+                let d = &self.dirs[0];
+                write(&d.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+                write(&d.join("memory.max"), &mem.to_string())?;
+                let _ = write(&d.join("memory.swap.max"), "0");
+                write(&d.join("pids.max"), &r.pids.to_string())?;
+                let dir = fs::File::open(d)?;
+                Ok(JoinFds::Dir(dir.into()))
+            }
+            Layout::V1 { .. } => {
+                let [cpu, memory, pids, ..] = &self.dirs[..] else {
+                    return Err(io::Error::other("v1 layout without its hierarchies"));
+                };
+                write(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                let shares = (r.cpu as u64 * 1024 / 1000).max(2);
+                write(&cpu.join("cpu.shares"), &shares.to_string())?;
+                write(&memory.join("memory.limit_in_bytes"), &mem.to_string())?;
+                let memsw = memory.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write(&memsw, &mem.to_string())?;
+                }
+                write(&pids.join("pids.max"), &r.pids.to_string())?;
+                let mut fds = Vec::new();
+                for d in &self.dirs {
+                    let f = fs::OpenOptions::new().write(true).open(d.join("cgroup.procs"))?;
+                    fds.push(f.into());
+                }
+                Ok(JoinFds::Procs(fds))
+            }
+        }
+    }
+
+    fn freezer_dir(&self) -> &Path {
+        match &self.layout {
+            Layout::V2 { .. } => &self.dirs[0],
+            Layout::V1 { .. } => &self.dirs[3],
+        }
+    }
+
+    /// Freezes (`true`) or thaws every process, and waits until the kernel says it is done.
+    pub fn set_frozen(&self, frozen: bool) -> io::Result<()> {
+        let d = self.freezer_dir();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        match &self.layout {
+            Layout::V2 { .. } => {
+                write(&d.join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
+                let want = if frozen { "frozen 1" } else { "frozen 0" };
+                loop {
+                    let ev = fs::read_to_string(d.join("cgroup.events"))?;
+                    if ev.lines().any(|l| l == want) {
+                        return Ok(());
+                    }
+                    if Instant::now() > deadline {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, "cgroup did not freeze in 10 s"));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+            Layout::V1 { .. } => {
+                let want = if frozen { "FROZEN" } else { "THAWED" };
+                loop {
+                    // Writing FROZEN again makes the kernel retry tasks that were busy.
+                    write(&d.join("freezer.state"), want)?;
+                    if fs::read_to_string(d.join("freezer.state"))?.trim() == want {
+                        return Ok(());
+                    }
+                    if Instant::now() > deadline {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, "cgroup did not freeze in 10 s"));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+        }
+    }
+
+    /// Whether the cgroup is frozen (or freezing).
+    pub fn is_frozen(&self) -> bool {
+        let d = self.freezer_dir();
+        match &self.layout {
+            Layout::V2 { .. } => fs::read_to_string(d.join("cgroup.freeze")).is_ok_and(|s| s.trim() == "1"),
+            Layout::V1 { .. } => fs::read_to_string(d.join("freezer.state")).is_ok_and(|s| s.trim() != "THAWED"),
+        }
+    }
+
+    /// Pids in the cgroup.
+    pub fn pids(&self) -> Vec<i32> {
+        let d = &self.dirs[match &self.layout {
+            Layout::V2 { .. } => 0,
+            Layout::V1 { .. } => 2, // pids hierarchy: every task is in it
+        }];
+        fs::read_to_string(d.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Kills every process in the cgroup (used for leftovers with no init to kill).
+    pub fn kill_all(&self) {
+        if let Layout::V2 { .. } = &self.layout {
+            let _ = write(&self.dirs[0].join("cgroup.kill"), "1");
+        } else {
+            for pid in self.pids() {
+                let _ = warren_sys::process::kill(pid, 9);
+            }
+            let _ = self.set_frozen(false);
+        }
+    }
+
+    /// Memory in use, bytes.
+    pub fn memory_usage(&self) -> u64 {
+        let (d, file) = match &self.layout {
+            Layout::V2 { .. } => (&self.dirs[0], "memory.current"),
+            Layout::V1 { .. } => (&self.dirs[1], "memory.usage_in_bytes"),
+        };
+        fs::read_to_string(d.join(file)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+    }
+
+    /// Removes the cgroup, waiting (up to `wait`) for its processes to be gone.
+    pub fn remove(&self, wait: Duration) -> io::Result<()> {
+        let deadline = Instant::now() + wait;
+        for d in &self.dirs {
+            loop {
+                match fs::remove_dir(d) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) if e.raw_os_error() == Some(16) && Instant::now() < deadline => {
+                        // EBUSY: processes still exiting.
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => return Err(io::Error::new(e.kind(), format!("removing {}: {e}", d.display()))),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any of its directories still exists.
+    pub fn exists(&self) -> bool {
+        self.dirs.iter().any(|d| d.exists())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+30 23 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755
+31 30 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+32 30 0:28 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+33 30 0:29 / /sys/fs/cgroup/cpuacct rw - cgroup cgroup rw,cpuacct
+34 30 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+35 30 0:31 / /sys/fs/cgroup/freezer rw - cgroup cgroup rw,freezer
+36 30 0:32 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids
+37 30 0:33 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd
+";
+
+    #[test]
+    fn detects_hybrid_as_v1_controllers() {
+        let l = Layout::from_mountinfo(HYBRID, |_| Some("hugetlb".into())).unwrap();
+        assert_eq!(l.name(), "hybrid");
+        let dirs = l.dirs("warren", "abc");
+        assert_eq!(dirs[0], PathBuf::from("/sys/fs/cgroup/cpu/warren/abc"));
+        assert_eq!(dirs.len(), 5, "cpu, memory, pids, freezer, name=systemd");
+    }
+
+    #[test]
+    fn detects_unified_v2() {
+        let info = "31 30 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        let l = Layout::from_mountinfo(info, |_| Some("cpuset cpu io memory pids".into())).unwrap();
+        assert_eq!(l, Layout::V2 { root: "/sys/fs/cgroup".into() });
+        assert_eq!(l.dirs("warren", "abc"), vec![PathBuf::from("/sys/fs/cgroup/warren/abc")]);
+    }
+
+    #[test]
+    fn missing_controllers_are_named() {
+        let err = Layout::from_mountinfo("", |_| None).unwrap_err().to_string();
+        assert!(err.contains("cpu"), "{err}");
+    }
+}

@@ -1,0 +1,62 @@
+//! The node daemon's configuration, with its defaults.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use warren_types::ByteSize;
+
+/// How a node runs. Every field has a default; see [`NodeConfig::default`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Where the node keeps its state (sandbox records, writable layers, sockets).
+    /// Default `/var/lib/warren/node`.
+    pub state_dir: PathBuf,
+    /// Name of Warren's parent cgroup in each hierarchy. Default `warren`.
+    pub cgroup_parent: String,
+    /// The guest agent binary. Default: `warren-guest` beside the running executable.
+    pub guest_binary: Option<PathBuf>,
+    /// Most sandboxes this node runs at once. Default 5000.
+    pub max_sandboxes: u32,
+    /// Sum of sandboxes' memory limits allowed, as a multiple of physical memory (sandboxes are
+    /// mostly idle, so promising more than there is pays). Default 4.0.
+    pub memory_overcommit: f64,
+    /// Refuse new sandboxes when the kernel reports less memory available than this.
+    /// Default 256Mi.
+    pub min_free_memory: ByteSize,
+    /// Refuse new sandboxes when fewer than this many pids are left below `kernel.pid_max`.
+    /// Default 512.
+    pub pid_headroom: u32,
+    /// CPU limit when a request gives none, millicores. Default 1000.
+    pub default_cpu: u32,
+    /// Memory limit when a request gives none. Default 512Mi.
+    pub default_memory: ByteSize,
+    /// Process limit when a request gives none. Default 1024.
+    pub default_pids: u32,
+    /// Lifetime when a request gives none, seconds. Default 3600.
+    pub default_timeout: u64,
+    /// Longest lifetime a request may ask for, seconds. Default 7 days.
+    pub max_timeout: u64,
+    /// Largest file upload, bytes. Default 1Gi.
+    pub max_upload: ByteSize,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            state_dir: PathBuf::from("/var/lib/warren/node"),
+            cgroup_parent: "warren".into(),
+            guest_binary: None,
+            max_sandboxes: 5000,
+            memory_overcommit: 4.0,
+            min_free_memory: ByteSize(256 << 20),
+            pid_headroom: 512,
+            default_cpu: 1000,
+            default_memory: ByteSize(512 << 20),
+            default_pids: 1024,
+            default_timeout: 3600,
+            max_timeout: 7 * 24 * 3600,
+            max_upload: ByteSize(1 << 30),
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! Creating a container sandbox.
+//!
+//! The path: validate → admission → directories and cgroup → bind the guest's control socket
+//! on the host → one clone3 into new namespaces, exec of the guest agent (no Rust runs in the
+//! child before exec) → the agent builds the root (overlay, /proc, /dev, pivot_root) → its
+//! hello on the control socket. Anything that fails on the way is undone.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use warren_types::api::{CreateSandbox, Resources, Sandbox as SandboxView};
+use warren_types::guest::{InitConfig, Op, Reply, RootfsSpec};
+use warren_types::id::SandboxId;
+use warren_types::ByteSize;
+
+use crate::admission::HostLoad;
+use crate::cgroups::{JoinFds, SandboxCgroup};
+use crate::error::NodeError;
+use crate::guest_client::GuestConn;
+use crate::images::Rootfs;
+use crate::node::{IdemSlot, Node, Phase, Sandbox, blocking, teardown};
+use crate::state::{self, RECORD_VERSION, Record};
+
+/// How long a new sandbox's init may take to answer.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Most labels, environment variables, and their sizes.
+const MAX_LABELS: usize = 64;
+const MAX_ENV: usize = 256;
+const MAX_ENV_BYTES: usize = 32 * 1024;
+
+/// Checks a create request against this node's limits and fills in defaults.
+pub fn validate(node: &Node, req: &CreateSandbox, mem_total: u64) -> Result<(Resources, u64), NodeError> {
+    let cfg = &node.cfg;
+    let bad = |m: String| Err(NodeError::Invalid(m));
+    let ncpu = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    let cpu = req.cpu.unwrap_or(cfg.default_cpu);
+    if !(10..=ncpu * 1000).contains(&cpu) {
+        return bad(format!(
+            "cpu {cpu} millicores is out of range: give 10 to {} (this node has {ncpu} cores; 1000 = one core)",
+            ncpu * 1000
+        ));
+    }
+    let memory = req.memory.unwrap_or(cfg.default_memory);
+    if memory.bytes() < 16 << 20 || memory.bytes() > mem_total {
+        return bad(format!(
+            "memory {memory} is out of range: give 16Mi to {} (this node's physical memory)",
+            ByteSize(mem_total)
+        ));
+    }
+    let pids = req.pids.unwrap_or(cfg.default_pids);
+    if !(16..=1 << 22).contains(&pids) {
+        return bad(format!("pids {pids} is out of range: give 16 to 4194304"));
+    }
+    let timeout = req.timeout.unwrap_or(cfg.default_timeout);
+    if timeout == 0 || timeout > cfg.max_timeout {
+        return bad(format!("timeout {timeout} s is out of range: give 1 to {} seconds", cfg.max_timeout));
+    }
+    if let Some(task) = &req.task {
+        check_name("task", task, 128)?;
+    }
+    if req.labels.len() > MAX_LABELS {
+        return bad(format!("{} labels; at most {MAX_LABELS} are allowed", req.labels.len()));
+    }
+    for (k, v) in &req.labels {
+        check_name("label key", k, 63)?;
+        if v.len() > 256 || v.contains('\0') {
+            return bad(format!("label {k:?}: the value must be at most 256 bytes without NUL"));
+        }
+    }
+    check_env(&req.env)?;
+    Ok((Resources { cpu, memory, pids }, timeout))
+}
+
+fn check_name(what: &str, s: &str, max: usize) -> Result<(), NodeError> {
+    let ok = !s.is_empty()
+        && s.len() <= max
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-:/".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(NodeError::Invalid(format!(
+            "{what} {s:?} is not valid: use 1 to {max} letters, digits and . _ - : /"
+        )))
+    }
+}
+
+/// Checks environment variables (names like shell variables, no NUL, bounded size).
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), NodeError> {
+    if env.len() > MAX_ENV {
+        return Err(NodeError::Invalid(format!("{} environment variables; at most {MAX_ENV}", env.len())));
+    }
+    let mut total = 0;
+    for (k, v) in env {
+        let name_ok = !k.is_empty()
+            && !k.as_bytes()[0].is_ascii_digit()
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !name_ok {
+            return Err(NodeError::Invalid(format!(
+                "environment variable name {k:?} is not valid: use letters, digits and _, not starting with a digit"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(NodeError::Invalid(format!("environment variable {k} contains a NUL byte")));
+        }
+        total += k.len() + v.len() + 2;
+    }
+    if total > MAX_ENV_BYTES {
+        return Err(NodeError::Invalid(format!(
+            "environment is {total} bytes; at most {MAX_ENV_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+/// Releases an admission reservation unless the create went through.
+struct Reservation<'a> {
+    node: &'a Node,
+    memory: u64,
+    kept: bool,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.node.admission.release(self.memory);
+        }
+    }
+}
+
+/// Clears an in-flight idempotency slot if the create fails.
+struct IdemGuard<'a> {
+    node: &'a Node,
+    key: Option<String>,
+    notify: Option<Arc<tokio::sync::Notify>>,
+}
+
+impl Drop for IdemGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = &self.key {
+            let mut map = self.node.idempotency.lock().unwrap_or_else(|p| p.into_inner());
+            if matches!(map.get(key), Some(IdemSlot::InFlight(_))) {
+                map.remove(key);
+            }
+        }
+        if let Some(n) = &self.notify {
+            n.notify_waiters();
+        }
+    }
+}
+
+impl Node {
+    /// Creates a sandbox. With an idempotency key, a retry returns the sandbox the first
+    /// request made (`created` is then false).
+    pub async fn create(
+        self: &Arc<Self>,
+        req: CreateSandbox,
+        idempotency_key: Option<String>,
+    ) -> Result<(SandboxView, bool), NodeError> {
+        let mut idem = IdemGuard { node: self, key: None, notify: None };
+        if let Some(key) = idempotency_key.clone() {
+            if key.is_empty() || key.len() > 256 {
+                return Err(NodeError::Invalid("Idempotency-Key must be 1 to 256 characters".into()));
+            }
+            loop {
+                let wait = {
+                    let mut map = self.idempotency.lock().unwrap_or_else(|p| p.into_inner());
+                    match map.get(&key) {
+                        Some(IdemSlot::Done(id)) => {
+                            let id = id.clone();
+                            drop(map);
+                            if let Ok(sb) = self.get(&id) {
+                                return Ok((sb.view(&self.id), false));
+                            }
+                            // Killed since: the key is free again.
+                            self.idempotency.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                            continue;
+                        }
+                        Some(IdemSlot::InFlight(n)) => n.clone(),
+                        None => {
+                            let n = Arc::new(tokio::sync::Notify::new());
+                            map.insert(key.clone(), IdemSlot::InFlight(n.clone()));
+                            idem.key = Some(key.clone());
+                            idem.notify = Some(n);
+                            break;
+                        }
+                    }
+                };
+                let notified = wait.notified();
+                // Re-check after registering, so a completion in between is not missed.
+                if !matches!(
+                    self.idempotency.lock().unwrap_or_else(|p| p.into_inner()).get(&key),
+                    Some(IdemSlot::InFlight(_))
+                ) {
+                    continue;
+                }
+                notified.await;
+            }
+        }
+
+        let load = HostLoad::read().map_err(|e| NodeError::host("reading host load", e))?;
+        let (resources, timeout) = validate(self, &req, load.mem_total)?;
+        let rootfs = self.images.resolve(&req.image).map_err(NodeError::ImageNotFound)?;
+        self.admission.reserve(&self.cfg, &load, resources.memory.bytes())?;
+        let mut reservation = Reservation { node: self, memory: resources.memory.bytes(), kept: false };
+
+        let id = SandboxId::new(&self.id, rand::random());
+        let now = state::now_ms();
+        let record = Record {
+            version: RECORD_VERSION,
+            id: id.clone(),
+            image: req.image.clone(),
+            task: req.task.clone(),
+            labels: req.labels.clone(),
+            env: req.env.clone(),
+            resources,
+            created_ms: now,
+            expires_ms: now + timeout * 1000,
+            pid: 0,
+            start_time: 0,
+            idempotency_key: idempotency_key.clone(),
+        };
+        let sb = self.launch(record, rootfs).await?;
+        reservation.kept = true;
+        self.sandboxes.write().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), sb.clone());
+        self.watch(&sb);
+        if let Some(key) = &idempotency_key {
+            self.idempotency.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), IdemSlot::Done(id.clone()));
+        }
+        tracing::info!(sandbox_id = %id, image = %req.image, task = ?req.task, "created");
+        Ok((sb.view(&self.id), true))
+    }
+
+    /// Starts the sandbox's init and waits for its guest agent to answer.
+    async fn launch(&self, mut record: Record, rootfs: Rootfs) -> Result<Arc<Sandbox>, NodeError> {
+        let dir = self.dirs.sandboxes.join(record.id.as_str());
+        let socket = self.dirs.sockets.join(format!("{}.sock", record.id));
+        let cgroup = self.cgroups.sandbox(record.id.as_str());
+        let guest_bin = self.guest_bin.clone();
+        let (d, s, c, dirs) = (dir.clone(), socket.clone(), cgroup.clone(), self.dirs.clone());
+        let rec = record.clone();
+        let started = blocking(move || {
+            let r = spawn_init(&rec, &rootfs, &d, &s, &c, &guest_bin);
+            if r.is_err() {
+                teardown(None, &c, &d, &s, &dirs);
+            }
+            r
+        })
+        .await
+        .map_err(|e| NodeError::host("starting the sandbox", e))?;
+        record.pid = started.pid;
+        record.start_time = started.start_time;
+        let sb = Arc::new(Sandbox {
+            record,
+            dir,
+            socket,
+            cgroup,
+            pidfd: started.pidfd,
+            phase: Mutex::new(Phase::Running),
+            lifecycle: tokio::sync::Mutex::new(()),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let ready = async {
+            state::save(&sb.dir, &sb.record).map_err(|e| NodeError::host("saving the sandbox's state", e))?;
+            wait_ready(&sb).await
+        };
+        if let Err(e) = ready.await {
+            let log = std::fs::read_to_string(sb.dir.join("guest.log")).unwrap_or_default();
+            let dirs = self.dirs.clone();
+            let sb2 = sb.clone();
+            let _ = blocking(move || {
+                teardown(Some(&sb2.pidfd), &sb2.cgroup, &sb2.dir, &sb2.socket, &dirs);
+                Ok(())
+            })
+            .await;
+            let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("; ");
+            let msg = if tail.is_empty() { e.to_string() } else { format!("{e}; the guest agent said: {tail}") };
+            return Err(NodeError::host("the sandbox did not start", std::io::Error::other(msg)));
+        }
+        Ok(sb)
+    }
+}
+
+struct Started {
+    pid: i32,
+    start_time: u64,
+    pidfd: std::os::fd::OwnedFd,
+}
+
+/// Prepares directories, cgroup and socket, and clones the init. Blocking.
+fn spawn_init(
+    record: &Record,
+    rootfs: &Rootfs,
+    dir: &Path,
+    socket: &Path,
+    cgroup: &SandboxCgroup,
+    guest_bin: &Path,
+) -> std::io::Result<Started> {
+    std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+    for sub in ["upper", "work"] {
+        std::fs::DirBuilder::new().mode(0o755).create(dir.join(sub))?;
+    }
+    let mut lowers = Vec::new();
+    for (i, layer) in rootfs.layers.iter().enumerate() {
+        let name = format!("l{i}");
+        std::os::unix::fs::symlink(layer, dir.join(&name))?;
+        lowers.push(name);
+    }
+    let join = cgroup.create(&record.resources)?;
+
+    let _ = std::fs::remove_file(socket);
+    let listener = std::os::unix::net::UnixListener::bind(socket)?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("guest.log"))?;
+    let null = std::fs::File::open("/dev/null")?;
+    let (cfg_r, mut cfg_w) = std::io::pipe()?;
+
+    let config = InitConfig {
+        sandbox_dir: dir.to_string_lossy().into_owned(),
+        hostname: "sandbox".into(),
+        rootfs: RootfsSpec {
+            lowers,
+            upper: "upper".into(),
+            work: "work".into(),
+            binds: rootfs.binds.clone(),
+        },
+        env: record.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+    };
+    let program: PathBuf = guest_bin.to_path_buf();
+    let (procs, dirfd) = match &join {
+        JoinFds::Procs(v) => (v.iter().map(|f| f.as_fd()).collect::<Vec<_>>(), None),
+        JoinFds::Dir(d) => (Vec::new(), Some(d.as_fd())),
+    };
+    let fds = [
+        (null.as_fd(), 0),
+        (log.as_fd(), 1),
+        (log.as_fd(), 2),
+        (listener.as_fd(), 3),
+        (cfg_r.as_fd(), 4),
+    ];
+    let spawned = warren_sys::spawn::spawn(&warren_sys::spawn::SpawnSpec {
+        program: &program,
+        args: &["warren-guest", "init"],
+        env: &[("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")],
+        namespaces: warren_sys::spawn::Namespaces::container(),
+        join_cgroups: &procs,
+        into_cgroup: dirfd,
+        fds: &fds,
+    })?;
+    drop(cfg_r);
+    let json = serde_json::to_vec(&config).map_err(std::io::Error::other)?;
+    let wrote = cfg_w.write_all(&json);
+    drop(cfg_w);
+    let start_time = warren_sys::process::start_time(spawned.pid);
+    if let Err(e) = wrote {
+        let _ = warren_sys::process::pidfd_kill(&spawned.pidfd);
+        return Err(e);
+    }
+    Ok(Started {
+        pid: spawned.pid,
+        start_time: start_time.unwrap_or(0),
+        pidfd: spawned.pidfd,
+    })
+}
+
+/// Waits for the guest's answer on its control socket, or for its init to die.
+async fn wait_ready(sb: &Sandbox) -> Result<(), NodeError> {
+    let exited = async {
+        if let Ok(fd) = sb.pidfd.try_clone() {
+            let _ = warren_sys::process::exited(fd).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let ping = async {
+        let mut conn = GuestConn::open(&sb.socket, Op::Ping).await?;
+        conn.reply().await
+    };
+    tokio::select! {
+        r = tokio::time::timeout(READY_TIMEOUT, ping) => match r {
+            Ok(Ok(Reply::Pong { .. })) => Ok(()),
+            Ok(Ok(other)) => Err(NodeError::host("guest hello", std::io::Error::other(format!("unexpected reply {other:?}")))),
+            Ok(Err(e)) => Err(NodeError::host("guest hello", std::io::Error::other(e.to_string()))),
+            Err(_) => Err(NodeError::host("guest hello", std::io::Error::other("no answer within 20 s"))),
+        },
+        _ = exited => Err(NodeError::host("guest hello", std::io::Error::other("the sandbox's init exited during set-up"))),
+    }
+}

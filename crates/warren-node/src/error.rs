@@ -1,0 +1,81 @@
+//! The node's errors, and their one mapping to API errors.
+
+use std::io;
+
+use warren_types::error::{ApiError, ErrorCode};
+use warren_types::id::SandboxId;
+
+/// Why a node operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// No such sandbox on this node.
+    #[error("sandbox {0} not found: it was killed, timed out, or never existed; list sandboxes with GET /v1/sandboxes")]
+    NotFound(SandboxId),
+    /// The request was wrong; the message says how.
+    #[error("{0}")]
+    Invalid(String),
+    /// The image does not exist.
+    #[error("{0}")]
+    ImageNotFound(String),
+    /// The node has no room.
+    #[error("{message}")]
+    Capacity {
+        /// Why, and what to do.
+        message: String,
+        /// Seconds after which a retry may succeed.
+        retry_after: u32,
+    },
+    /// The sandbox ended while the request ran.
+    #[error("sandbox {0} stopped while the request ran (killed, timed out, or its init died)")]
+    Gone(SandboxId),
+    /// The guest agent refused or failed the operation; code and message are its own.
+    #[error("{message}")]
+    Guest {
+        /// Stable code from the guest.
+        code: ErrorCode,
+        /// Its message.
+        message: String,
+    },
+    /// A request body was larger than allowed.
+    #[error("{0}")]
+    TooLarge(String),
+    /// The host failed us: a bug or a broken machine. Logged at error level.
+    #[error("{op}: {source}")]
+    Host {
+        /// What was being done.
+        op: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl NodeError {
+    /// A host failure while doing `op`.
+    pub fn host(op: impl Into<String>, source: io::Error) -> Self {
+        NodeError::Host { op: op.into(), source }
+    }
+
+    /// The error as the API reports it.
+    pub fn to_api(&self) -> ApiError {
+        let code = match self {
+            NodeError::NotFound(_) => ErrorCode::SandboxNotFound,
+            NodeError::Invalid(_) => ErrorCode::InvalidArgument,
+            NodeError::ImageNotFound(_) => ErrorCode::ImageNotFound,
+            NodeError::Capacity { message, retry_after } => {
+                return ApiError::capacity(message.clone(), *retry_after);
+            }
+            NodeError::Gone(_) => ErrorCode::SandboxGone,
+            NodeError::Guest { code, .. } => *code,
+            NodeError::TooLarge(_) => ErrorCode::PayloadTooLarge,
+            NodeError::Host { .. } => ErrorCode::Internal,
+        };
+        ApiError::new(code, self.to_string())
+    }
+}
+
+impl From<NodeError> for warren_http::Error {
+    fn from(e: NodeError) -> Self {
+        warren_http::Error(e.to_api())
+    }
+}

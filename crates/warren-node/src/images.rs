@@ -1,0 +1,241 @@
+//! Images a sandbox's root file system is built from.
+//!
+//! For now there is one built-in image, `host`: the host's own `/usr` (and `/bin`, `/lib*`
+//! where they are not symlinks into it) read-only, over a small skeleton with a minimal `/etc`
+//! (an unprivileged `user`, uid 1000, home `/home/user`) and what common tools need from the
+//! host's `/etc` (alternatives, the ld.so cache, CA certificates), read-only. It needs no
+//! network and runs bash, coreutils and python3 on any Debian machine.
+//!
+//! A root file system is described as [`Rootfs`]: read-only layers (top first) stacked under a
+//! per-sandbox writable layer, plus host bind mounts. Layered EROFS images slot in as more
+//! layers.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use warren_types::guest::BindMount;
+
+/// How a sandbox's root is made.
+#[derive(Debug, Clone)]
+pub struct Rootfs {
+    /// Read-only layer directories on the host, top first.
+    pub layers: Vec<PathBuf>,
+    /// Host paths bound in after the overlay is mounted.
+    pub binds: Vec<BindMount>,
+}
+
+/// Version of the skeleton's contents; a new version gets a new directory, so running
+/// sandboxes keep the lower layer they were started with.
+const HOST_SKELETON_VERSION: u32 = 1;
+
+const PASSWD: &str = "\
+root:x:0:0:root:/root:/bin/bash
+user:x:1000:1000:user:/home/user:/bin/bash
+nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
+";
+
+const GROUP: &str = "\
+root:x:0:
+tty:x:5:
+users:x:100:user
+user:x:1000:
+nogroup:x:65534:
+";
+
+const HOSTS: &str = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+
+const NSSWITCH: &str = "\
+passwd:         files
+group:          files
+shadow:         files
+hosts:          files dns
+networks:       files
+protocols:      files
+services:       files
+";
+
+/// Directories at the top of `/` that may be real directories on the host (non-merged /usr)
+/// or symlinks into /usr (merged /usr, Debian 12).
+const TOP_LEVEL_SYSTEM: &[&str] = &["bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// Parts of the host's /etc bound read-only into the `host` image when they exist.
+const HOST_ETC: &[&str] = &[
+    "etc/alternatives",
+    "etc/ld.so.cache",
+    "etc/ssl",
+    "etc/ca-certificates",
+];
+
+/// The images this node knows.
+#[derive(Debug)]
+pub struct Images {
+    host: Rootfs,
+}
+
+impl Images {
+    /// Prepares the built-in images under `dir`.
+    pub fn prepare(dir: &Path) -> io::Result<Images> {
+        let host = prepare_host(dir, Path::new("/"))?;
+        Ok(Images { host })
+    }
+
+    /// The root file system for `name`, or an error that lists the images there are.
+    pub fn resolve(&self, name: &str) -> Result<Rootfs, String> {
+        match name {
+            "host" => Ok(self.host.clone()),
+            _ => Err(format!("image {name:?} not found (known: {})", self.names().join(", "))),
+        }
+    }
+
+    /// Names of known images.
+    pub fn names(&self) -> Vec<String> {
+        vec!["host".to_string()]
+    }
+}
+
+fn prepare_host(dir: &Path, host_root: &Path) -> io::Result<Rootfs> {
+    let skel = dir.join(format!("host-v{HOST_SKELETON_VERSION}"));
+    let mut binds = vec![BindMount {
+        source: host_root.join("usr").to_string_lossy().into_owned(),
+        target: "/usr".into(),
+        readonly: true,
+    }];
+    let mut real_dirs = Vec::new();
+    for name in TOP_LEVEL_SYSTEM {
+        let p = host_root.join(name);
+        match fs::symlink_metadata(&p) {
+            Ok(md) if md.is_dir() => {
+                real_dirs.push(*name);
+                binds.push(BindMount {
+                    source: p.to_string_lossy().into_owned(),
+                    target: format!("/{name}"),
+                    readonly: true,
+                });
+            }
+            _ => {}
+        }
+    }
+    let etc: Vec<&str> = HOST_ETC.iter().copied().filter(|p| host_root.join(p).exists()).collect();
+    for p in &etc {
+        binds.push(BindMount {
+            source: host_root.join(p).to_string_lossy().into_owned(),
+            target: format!("/{p}"),
+            readonly: true,
+        });
+    }
+    if !skel.join(".complete").exists() {
+        // Build in a temporary directory and rename, so a crash never leaves half a skeleton
+        // under the real name.
+        let tmp = dir.join(format!(".host-v{HOST_SKELETON_VERSION}.tmp"));
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir_all(&tmp)?;
+        build_skeleton(&tmp, host_root, &real_dirs, &etc)?;
+        fs::write(tmp.join(".complete"), b"")?;
+        let _ = fs::remove_dir_all(&skel);
+        fs::rename(&tmp, &skel)?;
+    }
+    Ok(Rootfs {
+        layers: vec![skel],
+        binds,
+    })
+}
+
+fn mkdir(root: &Path, p: &str, mode: u32) -> io::Result<()> {
+    let path = root.join(p);
+    fs::DirBuilder::new().recursive(true).mode(mode).create(&path)?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+}
+
+fn build_skeleton(root: &Path, host_root: &Path, real_dirs: &[&str], etc: &[&str]) -> io::Result<()> {
+    for (d, mode) in [
+        ("usr", 0o755),
+        ("etc", 0o755),
+        ("home", 0o755),
+        ("home/user", 0o755),
+        ("root", 0o700),
+        ("tmp", 0o1777),
+        ("var", 0o755),
+        ("var/tmp", 0o1777),
+        ("var/lib", 0o755),
+        ("var/cache", 0o755),
+        ("var/log", 0o755),
+        ("run", 0o755),
+        ("proc", 0o555),
+        ("sys", 0o555),
+        ("dev", 0o755),
+        ("mnt", 0o755),
+        ("opt", 0o755),
+        ("srv", 0o755),
+    ] {
+        mkdir(root, d, mode)?;
+    }
+    std::os::unix::fs::chown(root.join("home/user"), Some(1000), Some(1000))?;
+    for name in TOP_LEVEL_SYSTEM {
+        let hp = host_root.join(name);
+        if real_dirs.contains(name) {
+            mkdir(root, name, 0o755)?;
+        } else if let Ok(target) = fs::read_link(&hp) {
+            symlink(target, root.join(name))?;
+        }
+    }
+    for (f, content) in [
+        ("etc/passwd", PASSWD),
+        ("etc/group", GROUP),
+        ("etc/hosts", HOSTS),
+        ("etc/hostname", "sandbox\n"),
+        ("etc/nsswitch.conf", NSSWITCH),
+        ("etc/resolv.conf", ""),
+        ("etc/shells", "/bin/sh\n/bin/bash\n/usr/bin/bash\n"),
+    ] {
+        fs::write(root.join(f), content)?;
+        fs::set_permissions(root.join(f), fs::Permissions::from_mode(0o644))?;
+    }
+    // os-release and localtime are symlinks into /usr on Debian; keep them so.
+    for link in ["etc/os-release", "etc/localtime"] {
+        if let Ok(target) = fs::read_link(host_root.join(link)) {
+            symlink(target, root.join(link))?;
+        }
+    }
+    // Mount points for the host's /etc parts: same kind (file or directory) as on the host.
+    for p in etc {
+        if host_root.join(p).is_dir() {
+            mkdir(root, p, 0o755)?;
+        } else {
+            fs::write(root.join(p), b"")?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_skeleton_has_an_unprivileged_user_and_mount_points() {
+        let dir = tempfile::tempdir().unwrap();
+        let images = Images::prepare(dir.path()).unwrap();
+        let root = images.resolve("host").unwrap();
+        let skel = &root.layers[0];
+        let passwd = fs::read_to_string(skel.join("etc/passwd")).unwrap();
+        assert!(passwd.contains("user:x:1000:1000:user:/home/user:/bin/bash"));
+        assert!(skel.join("home/user").is_dir());
+        assert!(root.binds.iter().any(|b| b.target == "/usr" && b.readonly));
+        for b in &root.binds {
+            let inside = skel.join(b.target.trim_start_matches('/'));
+            assert!(inside.exists() || inside.is_symlink(), "no mount point for {}", b.target);
+        }
+        // Preparing again reuses the skeleton.
+        Images::prepare(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn unknown_images_list_the_known_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let images = Images::prepare(dir.path()).unwrap();
+        let err = images.resolve("py312").unwrap_err();
+        assert_eq!(err, "image \"py312\" not found (known: host)");
+    }
+}

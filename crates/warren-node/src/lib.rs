@@ -1,0 +1,133 @@
+//! Warren's node daemon: runs sandboxes on one host.
+//!
+//! - [`Node::start`] prepares the host (directories, cgroups, built-in images), re-adopts the
+//!   sandboxes a previous daemon left running and removes what it left half-made.
+//! - [`api::router`] serves the node API the control plane talks to.
+//!
+//! Sandboxes never depend on the daemon staying alive: see [`adopt`].
+
+pub mod adopt;
+pub mod admission;
+pub mod api;
+pub mod cgroups;
+pub mod config;
+pub mod create;
+pub mod error;
+pub mod exec;
+pub mod files;
+pub mod guest_client;
+pub mod images;
+pub mod node;
+pub mod state;
+
+use std::collections::HashMap;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+pub use adopt::AdoptReport;
+pub use config::NodeConfig;
+pub use error::NodeError;
+pub use node::Node;
+use warren_types::id::NodeId;
+
+use crate::admission::Admission;
+use crate::cgroups::Cgroups;
+use crate::images::Images;
+use crate::node::Dirs;
+
+/// Why the node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A directory or file of the state directory.
+    #[error("state directory {path}: {source}")]
+    State {
+        /// The path.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// cgroups are missing or not writable.
+    #[error("cgroups: {0}")]
+    Cgroups(#[source] std::io::Error),
+    /// The guest agent binary is missing.
+    #[error("guest agent binary {0} not found: build it (cargo build -p warren-guest) or set guest_binary")]
+    Guest(PathBuf),
+}
+
+impl Node {
+    /// Prepares the host and re-adopts surviving sandboxes.
+    pub async fn start(cfg: NodeConfig) -> Result<(Arc<Node>, AdoptReport), StartError> {
+        let root = cfg.state_dir.clone();
+        let state_err = |path: PathBuf| move |source| StartError::State { path, source };
+        let dirs = Dirs {
+            sandboxes: root.join("sandboxes"),
+            sockets: root.join("sockets"),
+            images: root.join("images"),
+            trash: root.join("trash"),
+        };
+        for d in [&root, &dirs.sandboxes, &dirs.sockets, &dirs.images, &dirs.trash] {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(d)
+                .map_err(state_err(d.clone()))?;
+        }
+        let id = node_id(&root).map_err(state_err(root.join("node.id")))?;
+        let cgroups = Cgroups::new(&cfg.cgroup_parent).map_err(StartError::Cgroups)?;
+        let images = Images::prepare(&dirs.images).map_err(state_err(dirs.images.clone()))?;
+        let guest_bin = match &cfg.guest_binary {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(|d| d.join("warren-guest")))
+                .unwrap_or_else(|| PathBuf::from("warren-guest")),
+        };
+        if !guest_bin.is_file() {
+            return Err(StartError::Guest(guest_bin));
+        }
+        let node = Arc::new(Node {
+            id,
+            cfg,
+            cgroups,
+            images,
+            guest_bin,
+            dirs,
+            sandboxes: RwLock::new(HashMap::new()),
+            admission: Admission::default(),
+            idempotency: Mutex::new(HashMap::new()),
+        });
+        let report = node.adopt().await;
+        tracing::info!(
+            node_id = %node.id,
+            cgroups = node.cgroups.layout.name(),
+            adopted = report.adopted,
+            removed = report.removed,
+            leftovers = report.leftovers,
+            "node started"
+        );
+        Ok((node, report))
+    }
+
+    /// Kills every sandbox (for `warren up --stop-sandboxes` and tests).
+    pub async fn kill_all(&self) -> usize {
+        let ids: Vec<_> = self.sandboxes.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let kills = ids.iter().map(|id| self.kill(id));
+        futures_util::future::join_all(kills).await.into_iter().filter(Result::is_ok).count()
+    }
+}
+
+/// Reads this node's id, making one on first start.
+fn node_id(root: &std::path::Path) -> std::io::Result<NodeId> {
+    let path = root.join("node.id");
+    match std::fs::read_to_string(&path) {
+        Ok(s) => s.trim().parse().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = NodeId::from_random(rand::random());
+            std::fs::write(&path, format!("{id}\n"))?;
+            Ok(id)
+        }
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,112 @@
+//! What the node keeps on disk about each sandbox, so a restarted daemon can find it again.
+//!
+//! ```text
+//! <state-dir>/
+//!   node.id                        this node's id
+//!   sandboxes/<id>/state.json      the record below (written atomically)
+//!   sandboxes/<id>/upper, work     the sandbox's writable layer
+//!   sandboxes/<id>/l0, l1, ...     symlinks to its read-only layers
+//!   sandboxes/<id>/guest.log       the guest agent's stderr (host-only)
+//!   sockets/<id>.sock              the guest's control socket (host-only)
+//!   images/                        built-in image skeletons
+//!   trash/                         directories of killed sandboxes being deleted
+//! ```
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use warren_types::api::Resources;
+use warren_types::id::SandboxId;
+
+/// Current record format.
+pub const RECORD_VERSION: u32 = 1;
+
+/// A sandbox as the node remembers it across restarts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Record format.
+    pub version: u32,
+    /// The sandbox id.
+    pub id: SandboxId,
+    /// Image it was made from.
+    pub image: String,
+    /// Training task.
+    pub task: Option<String>,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Environment for every command.
+    pub env: BTreeMap<String, String>,
+    /// Limits.
+    pub resources: Resources,
+    /// Creation, ms since the epoch.
+    pub created_ms: u64,
+    /// When the absolute timeout kills it, ms since the epoch.
+    pub expires_ms: u64,
+    /// Its init's pid.
+    pub pid: i32,
+    /// Its init's start time (clock ticks after boot): with the pid, its identity.
+    pub start_time: u64,
+    /// The `Idempotency-Key` it was created with.
+    pub idempotency_key: Option<String>,
+}
+
+/// Writes `record` to `dir/state.json` atomically (temp file, fsync, rename).
+pub fn save(dir: &Path, record: &Record) -> io::Result<()> {
+    let tmp = dir.join("state.json.tmp");
+    let mut f = fs::File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(record).map_err(io::Error::other)?)?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join("state.json"))
+}
+
+/// Reads `dir/state.json`.
+pub fn load(dir: &Path) -> io::Result<Record> {
+    let raw = fs::read(dir.join("state.json"))?;
+    serde_json::from_slice(&raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// RFC 3339 for ms since the epoch.
+pub fn rfc3339(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_types::ByteSize;
+
+    #[test]
+    fn records_round_trip_through_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Record {
+            version: RECORD_VERSION,
+            id: "abcdef0123456789wxyz".parse().unwrap(),
+            image: "host".into(),
+            task: Some("t".into()),
+            labels: [("a".to_string(), "b".to_string())].into(),
+            env: BTreeMap::new(),
+            resources: Resources { cpu: 1000, memory: ByteSize(1 << 29), pids: 64 },
+            created_ms: 1,
+            expires_ms: 2,
+            pid: 42,
+            start_time: 7,
+            idempotency_key: None,
+        };
+        save(dir.path(), &r).unwrap();
+        assert_eq!(load(dir.path()).unwrap(), r);
+        assert!(!dir.path().join("state.json.tmp").exists());
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+    }
+}

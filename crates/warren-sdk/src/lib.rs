@@ -1,0 +1,1 @@
+//! Rust SDK for Warren (placeholder).

@@ -1,0 +1,129 @@
+//! Credentials: capabilities, securebits, no_new_privs, dumpability, and per-thread file
+//! system identity.
+
+use std::io;
+
+use rustix::thread::{CapabilitiesSecureBits, CapabilitySet, CapabilitySets};
+
+/// Highest capability number we drop from the bounding set (the kernel knows up to 40 today;
+/// numbers past its last are EINVAL and ignored).
+const LAST_CAP: i32 = 63;
+
+/// `CAP_SETPCAP` (linux/capability.h).
+const CAP_SETPCAP: i32 = 8;
+
+/// Locks this process and everything it starts out of root's automatic capabilities: with
+/// `SECBIT_NOROOT` (locked), a program exec'd by uid 0 gets no capabilities, and with an
+/// empty bounding set no file capability can grant any. The caller keeps its own.
+///
+/// Needs `CAP_SETPCAP`, which it drops from the bounding set last.
+pub fn lock_out_exec_capabilities() -> io::Result<()> {
+    rustix::thread::set_capabilities_secure_bits(
+        CapabilitiesSecureBits::NO_ROOT
+            | CapabilitiesSecureBits::NO_ROOT_LOCKED
+            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE
+            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE_LOCKED,
+    )?;
+    rustix::thread::clear_ambient_capability_set()?;
+    for cap in (0..=LAST_CAP).filter(|c| *c != CAP_SETPCAP) {
+        drop_bounding(cap)?;
+    }
+    drop_bounding(CAP_SETPCAP)
+}
+
+fn drop_bounding(cap: i32) -> io::Result<()> {
+    // SAFETY: PR_CAPBSET_DROP takes an integer and touches no memory.
+    let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EINVAL) {
+            return Ok(()); // a capability this kernel does not know
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Capabilities the guest agent keeps for itself: switching users, owning files for them,
+/// reading and writing where they cannot, signalling their processes.
+pub fn keep_only_agent_capabilities() -> io::Result<()> {
+    let keep = CapabilitySet::CHOWN
+        | CapabilitySet::DAC_OVERRIDE
+        | CapabilitySet::DAC_READ_SEARCH
+        | CapabilitySet::FOWNER
+        | CapabilitySet::FSETID
+        | CapabilitySet::KILL
+        | CapabilitySet::SETGID
+        | CapabilitySet::SETUID;
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: keep,
+            permitted: keep,
+            inheritable: CapabilitySet::empty(),
+        },
+    )?;
+    Ok(())
+}
+
+/// Sets `no_new_privs`: nothing this process execs can gain privileges (set-user-id bits and
+/// file capabilities are ignored). Inherited by every child.
+pub fn set_no_new_privs() -> io::Result<()> {
+    Ok(rustix::thread::set_no_new_privs(true)?)
+}
+
+/// Marks the process not dumpable: no core dumps, and `/proc/<pid>/` entries (fd, environ,
+/// maps, mem) become inaccessible to processes without `CAP_SYS_PTRACE`.
+pub fn set_not_dumpable() -> io::Result<()> {
+    Ok(rustix::process::set_dumpable_behavior(
+        rustix::process::DumpableBehavior::NotDumpable,
+    )?)
+}
+
+/// Runs file system calls on this thread as `uid`/`gid` (with no supplementary groups) until
+/// dropped: files it creates belong to them and permission checks are theirs. Only this
+/// thread changes; the kernel drops the thread's file capabilities while fsuid is not 0.
+#[derive(Debug)]
+pub struct ActAs {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl ActAs {
+    /// Switches this thread's file system identity.
+    pub fn new(uid: u32, gid: u32) -> io::Result<ActAs> {
+        // setgroups through rustix is a raw per-thread system call (glibc's would change every
+        // thread of the process).
+        rustix::thread::set_thread_groups(&[])?;
+        // SAFETY: setfsgid/setfsuid take integers, touch no memory, and in glibc are direct
+        // per-thread system calls.
+        unsafe {
+            libc::setfsgid(gid);
+            libc::setfsuid(uid);
+        }
+        // setfsuid reports no errors; check that it took.
+        // SAFETY: as above; -1 is never a valid id, so this only queries.
+        let now = unsafe { libc::setfsuid(u32::MAX) };
+        if now as u32 != uid {
+            Self::restore();
+            return Err(io::Error::other(format!("setfsuid({uid}) did not take")));
+        }
+        Ok(ActAs {
+            _not_send: std::marker::PhantomData,
+        })
+    }
+
+    fn restore() {
+        // SAFETY: as in `new`; back to root for this thread.
+        unsafe {
+            libc::setfsuid(0);
+            libc::setfsgid(0);
+        }
+        let _ = rustix::thread::set_thread_groups(&[rustix::process::Gid::ROOT]);
+    }
+}
+
+impl Drop for ActAs {
+    fn drop(&mut self) {
+        Self::restore();
+    }
+}

@@ -1,0 +1,21 @@
+//! Warren's syscall layer: the only crate in the workspace allowed `unsafe` code.
+//!
+//! Everything here is a narrow, typed wrapper over one kernel interface, so the logic above it
+//! (node runtime, guest agent) is safe Rust. Where a well-kept crate already wraps a call
+//! safely (`rustix`), we use it; raw `libc` calls are for what it lacks (clone3, setfsuid,
+//! interface flags).
+//!
+//! - [`spawn`]: clone3 straight into new namespaces and exec, with no Rust code running in the
+//!   child between the two (safe to call from a multi-threaded daemon).
+//! - [`process`]: pidfds, process identity (pid + start time), reaping.
+//! - [`mount`]: mounts, bind mounts, pivot_root.
+//! - [`creds`]: capabilities, securebits, no_new_privs, per-thread file system credentials.
+//! - [`net`]: bringing up loopback in a fresh network namespace.
+
+pub mod creds;
+pub mod mount;
+pub mod net;
+pub mod process;
+pub mod spawn;
+
+pub use rustix::io::Errno;

@@ -1,0 +1,177 @@
+//! Mounts: the pieces a sandbox's init uses to build its root file system.
+//!
+//! Paths may be relative: they resolve against the caller's working directory, which lets the
+//! init mount an overlay with `lowerdir=l0,upperdir=upper,...` so that the mount options shown
+//! in `/proc/self/mountinfo` inside the sandbox never name a host path.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// Mount flags (the `MS_*` constants) this crate's callers use.
+pub mod flags {
+    /// Read-only.
+    pub const RDONLY: u64 = libc::MS_RDONLY;
+    /// No set-user-id or file capabilities.
+    pub const NOSUID: u64 = libc::MS_NOSUID;
+    /// No device files.
+    pub const NODEV: u64 = libc::MS_NODEV;
+    /// No execution.
+    pub const NOEXEC: u64 = libc::MS_NOEXEC;
+}
+
+fn c(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+fn cs(s: &str) -> io::Result<CString> {
+    CString::new(s)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "string contains a NUL byte"))
+}
+
+fn raw_mount(
+    source: Option<&CString>,
+    target: &CString,
+    fstype: Option<&CString>,
+    flags: u64,
+    data: Option<&CString>,
+) -> io::Result<()> {
+    let p = |o: Option<&CString>| o.map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: all pointers are NUL-terminated strings that outlive the call, or null where the
+    // kernel accepts null.
+    let r = unsafe {
+        libc::mount(
+            p(source),
+            target.as_ptr(),
+            p(fstype),
+            flags,
+            p(data).cast(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn with_target(e: io::Error, what: &str, target: &Path) -> io::Error {
+    io::Error::new(e.kind(), format!("{what} {}: {e}", target.display()))
+}
+
+/// Makes every mount in this mount namespace private, so nothing done here propagates to the
+/// host (and nothing from the host propagates in).
+pub fn make_all_private() -> io::Result<()> {
+    raw_mount(
+        None,
+        &cs("/")?,
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )
+    .map_err(|e| with_target(e, "making mounts private at", Path::new("/")))
+}
+
+/// Mounts a file system of `fstype` (e.g. `proc`, `tmpfs`) at `target`.
+pub fn mount_fs(fstype: &str, target: &Path, flags: u64, data: Option<&str>) -> io::Result<()> {
+    let data = data.map(cs).transpose()?;
+    let t = cs(fstype)?;
+    raw_mount(Some(&t), &c(target)?, Some(&t), flags, data.as_ref())
+        .map_err(|e| with_target(e, &format!("mounting {fstype} at"), target))
+}
+
+/// Mounts an overlay at `target`: `lowers` top first, a writable `upper` and its `work` dir.
+pub fn mount_overlay(target: &Path, lowers: &[&str], upper: &str, work: &str) -> io::Result<()> {
+    let data = format!(
+        "lowerdir={},upperdir={upper},workdir={work}",
+        lowers.join(":")
+    );
+    raw_mount(
+        Some(&cs("overlay")?),
+        &c(target)?,
+        Some(&cs("overlay")?),
+        0,
+        Some(&cs(&data)?),
+    )
+    .map_err(|e| with_target(e, "mounting overlay at", target))
+}
+
+/// Bind-mounts `source` at `target` (recursively when `recursive`), then applies `flags`
+/// (read-only, nosuid, nodev, noexec) to the new mount.
+pub fn bind(source: &Path, target: &Path, recursive: bool, flags: u64) -> io::Result<()> {
+    let t = c(target)?;
+    let rec = if recursive { libc::MS_REC } else { 0 };
+    raw_mount(Some(&c(source)?), &t, None, libc::MS_BIND | rec, None).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("bind-mounting {} at {}: {e}", source.display(), target.display()),
+        )
+    })?;
+    if flags != 0 {
+        raw_mount(
+            None,
+            &t,
+            None,
+            libc::MS_BIND | libc::MS_REMOUNT | flags,
+            None,
+        )
+        .map_err(|e| with_target(e, "remounting", target))?;
+    }
+    Ok(())
+}
+
+/// Remounts an existing mount point with `flags` (e.g. making `/proc/sys` read-only: the
+/// path is first bound onto itself so it is a mount point).
+pub fn remount_readonly(target: &Path) -> io::Result<()> {
+    bind(target, target, true, flags::RDONLY | flags::NOSUID | flags::NODEV)
+}
+
+/// Makes a character device node.
+pub fn mknod_char(path: &Path, mode: u32, major: u32, minor: u32) -> io::Result<()> {
+    // SAFETY: path is a NUL-terminated string that outlives the call.
+    let r = unsafe {
+        libc::mknod(
+            c(path)?.as_ptr(),
+            libc::S_IFCHR | mode,
+            libc::makedev(major, minor),
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return Err(with_target(e, "making device", path));
+    }
+    Ok(())
+}
+
+/// Makes the current directory the root (`pivot_root(".", ".")`) and detaches the old root,
+/// so nothing of the host's file system stays reachable.
+pub fn pivot_root_here() -> io::Result<()> {
+    rustix::process::pivot_root(".", ".")
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("pivot_root: {e}")))?;
+    rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH)
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("detaching the old root: {e}")))?;
+    std::env::set_current_dir("/")
+}
+
+/// Unmounts `target` lazily (`MNT_DETACH`).
+pub fn unmount_detach(target: &Path) -> io::Result<()> {
+    rustix::mount::unmount(target, rustix::mount::UnmountFlags::DETACH)
+        .map_err(|e| with_target(e.into(), "unmounting", target))
+}
+
+/// Sets the host name (in the caller's UTS namespace).
+pub fn set_hostname(name: &str) -> io::Result<()> {
+    Ok(rustix::system::sethostname(name.as_bytes())?)
+}
+
+/// Gives the calling process a new cgroup namespace rooted at its current cgroups.
+pub fn unshare_cgroup_namespace() -> io::Result<()> {
+    // SAFETY: CLONE_NEWCGROUP changes only how cgroup paths are shown to this process and
+    // its children; it touches no memory.
+    let r = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

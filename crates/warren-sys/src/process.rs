@@ -1,0 +1,188 @@
+//! Processes: pidfds, identity that survives pid reuse, signals, reaping.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+
+use rustix::process::{Pid, PidfdFlags, Signal, WaitIdOptions, WaitOptions};
+
+/// A process's start time in clock ticks after boot (field 22 of `/proc/<pid>/stat`).
+///
+/// Together with the pid it identifies a process for good: a reused pid has a later start
+/// time. `None` when the process does not exist.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // The command name (field 2) is in parentheses and may hold spaces or parentheses itself,
+    // so count fields from the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // After ')' come field 3 (state) onwards; start time is field 22.
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// Opens a pidfd for `pid`.
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    let pid = Pid::from_raw(pid).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    Ok(rustix::process::pidfd_open(pid, PidfdFlags::empty())?)
+}
+
+/// Sends SIGKILL through a pidfd. Succeeds when the process is already gone.
+pub fn pidfd_kill(pidfd: impl AsFd) -> io::Result<()> {
+    match rustix::process::pidfd_send_signal(pidfd, Signal::KILL) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether the process behind a pidfd has exited (the pidfd polls readable).
+pub fn pidfd_exited(pidfd: impl AsFd) -> bool {
+    let mut fds = [rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN)];
+    matches!(rustix::event::poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0)
+}
+
+/// Reaps the process behind a pidfd if it is our child and has exited. Returns whether it was
+/// reaped; `false` for a process that is not our child (e.g. adopted after a restart).
+pub fn pidfd_reap(pidfd: impl AsFd) -> bool {
+    matches!(
+        rustix::process::waitid(
+            rustix::process::WaitId::PidFd(pidfd.as_fd()),
+            WaitIdOptions::EXITED | WaitIdOptions::NOHANG,
+        ),
+        Ok(Some(_))
+    )
+}
+
+/// Resolves when the process behind `pidfd` exits (the pidfd becomes readable). Needs a tokio
+/// runtime with I/O enabled.
+pub async fn exited(pidfd: OwnedFd) -> io::Result<()> {
+    // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open and refers to the same
+    // pidfd for the AsyncFd's whole life, which is what `register` requires.
+    let fd = unsafe { tokio::io::unix::AsyncFd::register(pidfd) }.map_err(|e| e.into_parts().1)?;
+    let _ = fd.readable().await?;
+    Ok(())
+}
+
+/// How a reaped child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// It exited with a code.
+    Code(i32),
+    /// A signal ended it.
+    Signal(i32),
+}
+
+/// Reaps one exited child of this process without blocking: `Some((pid, how))`, or `None`
+/// when no child has exited (or there are no children).
+pub fn reap_any() -> Option<(i32, Exit)> {
+    match rustix::process::waitpid(None, WaitOptions::NOHANG) {
+        Ok(Some((pid, status))) => {
+            let how = if let Some(code) = status.exit_status() {
+                Exit::Code(code)
+            } else if let Some(sig) = status.terminating_signal() {
+                Exit::Signal(sig)
+            } else {
+                return None;
+            };
+            Some((pid.as_raw_nonzero().get(), how))
+        }
+        _ => None,
+    }
+}
+
+/// Sends `signal` to the process group `pgid`.
+pub fn kill_group(pgid: i32, signal: i32) -> io::Result<()> {
+    let pid = Pid::from_raw(pgid).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: from_raw_unchecked accepts any number; the kernel validates it.
+    let sig = unsafe { Signal::from_raw_unchecked(signal) };
+    Ok(rustix::process::kill_process_group(pid, sig)?)
+}
+
+/// Sends `signal` to the process `pid`.
+pub fn kill(pid: i32, signal: i32) -> io::Result<()> {
+    let pid = Pid::from_raw(pid).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: from_raw_unchecked accepts any number; the kernel validates it.
+    let sig = unsafe { Signal::from_raw_unchecked(signal) };
+    Ok(rustix::process::kill_process(pid, sig)?)
+}
+
+/// Parses a signal name (`TERM`, `SIGTERM`, `sigkill`) or number.
+pub fn parse_signal(s: &str) -> Option<i32> {
+    if let Ok(n) = s.parse::<i32>() {
+        return (1..=64).contains(&n).then_some(n);
+    }
+    let up = s.to_ascii_uppercase();
+    let name = up.strip_prefix("SIG").unwrap_or(&up);
+    Some(match name {
+        "HUP" => libc::SIGHUP,
+        "INT" => libc::SIGINT,
+        "QUIT" => libc::SIGQUIT,
+        "KILL" => libc::SIGKILL,
+        "USR1" => libc::SIGUSR1,
+        "USR2" => libc::SIGUSR2,
+        "PIPE" => libc::SIGPIPE,
+        "ALRM" => libc::SIGALRM,
+        "TERM" => libc::SIGTERM,
+        "CONT" => libc::SIGCONT,
+        "STOP" => libc::SIGSTOP,
+        "TSTP" => libc::SIGTSTP,
+        "WINCH" => libc::SIGWINCH,
+        _ => return None,
+    })
+}
+
+/// Number of threads on the host and `kernel.pid_max`, for admission.
+pub fn thread_usage() -> io::Result<(u32, u32)> {
+    let loadavg = std::fs::read_to_string("/proc/loadavg")?;
+    // "0.00 0.01 0.05 1/123 4567": the fourth field is running/total.
+    let threads = loadavg
+        .split_whitespace()
+        .nth(3)
+        .and_then(|f| f.split('/').nth(1))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| io::Error::other("unexpected /proc/loadavg format"))?;
+    let pid_max = std::fs::read_to_string("/proc/sys/kernel/pid_max")?
+        .trim()
+        .parse()
+        .map_err(|_| io::Error::other("unexpected kernel.pid_max"))?;
+    Ok((threads, pid_max))
+}
+
+/// Takes ownership of descriptor `fd`, inherited from the parent across exec. Fails when no
+/// such descriptor is open.
+pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: F_GETFD only queries the descriptor table.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("descriptor {fd} was not passed to this process"),
+        ));
+    }
+    // SAFETY: the descriptor is open (checked above) and nothing else in this process owns it:
+    // it was inherited, and callers take each number once at start-up.
+    let owned = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC)?;
+    Ok(owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_parses_odd_command_names() {
+        let stat = "42 (a) b) c) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start_time(stat), Some(987654));
+        assert!(start_time(std::process::id() as i32).is_some());
+    }
+
+    #[test]
+    fn signals_parse_by_name_and_number() {
+        assert_eq!(parse_signal("TERM"), Some(15));
+        assert_eq!(parse_signal("sigkill"), Some(9));
+        assert_eq!(parse_signal("2"), Some(2));
+        assert_eq!(parse_signal("0"), None);
+        assert_eq!(parse_signal("BOGUS"), None);
+    }
+}

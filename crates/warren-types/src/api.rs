@@ -1,0 +1,403 @@
+//! The REST API's bodies (`/v1/...`), shared by the control plane, the node daemon and the SDKs.
+//!
+//! Which operation is legal in which state is documented on each route in the OpenAPI
+//! document (`/v1/openapi.json`); the short version: every operation works on a `running`
+//! sandbox, and every operation on a `paused` sandbox resumes it first (transparent resume),
+//! except `pause` itself and `delete`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::id::{NodeId, SandboxId};
+use crate::size::ByteSize;
+
+/// `POST /v1/sandboxes`: create a container sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Image name, e.g. `host` (the built-in image made from the host's own /usr).
+    pub image: String,
+    /// The training task this sandbox belongs to; task-level operations act on all of a task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// CPU limit in millicores (1000 = one core). Default 1000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<u32>,
+    /// Memory limit, e.g. `512Mi` or a number of bytes. Default 512Mi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<ByteSize>,
+    /// Most processes and threads the sandbox may hold. Default 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+    /// Absolute lifetime in seconds; the sandbox is killed when it passes. Default 3600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<u64>,
+    /// Free-form labels, filterable in list.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Environment variables for every command run in the sandbox.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+/// The state of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Running and answering.
+    Running,
+    /// Frozen: processes stopped, memory kept. Any operation resumes it.
+    Paused,
+}
+
+impl SandboxState {
+    /// The state's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+        }
+    }
+}
+
+/// Resources a sandbox was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Resources {
+    /// CPU limit in millicores.
+    pub cpu: u32,
+    /// Memory limit in bytes.
+    pub memory: ByteSize,
+    /// Process and thread limit.
+    pub pids: u32,
+}
+
+/// A sandbox as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Sandbox {
+    /// The sandbox id; its first six characters are its node's id.
+    pub id: SandboxId,
+    /// The node that runs it.
+    pub node: NodeId,
+    /// Its backend; `container` for now.
+    pub backend: String,
+    /// The image it was created from.
+    pub image: String,
+    /// Its training task, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// Its labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Running or paused.
+    pub state: SandboxState,
+    /// Its resource limits.
+    pub resources: Resources,
+    /// Creation time, RFC 3339.
+    pub created_at: String,
+    /// When its absolute timeout kills it, RFC 3339.
+    pub expires_at: String,
+}
+
+/// `GET /v1/sandboxes`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SandboxList {
+    /// The sandboxes that matched, oldest first.
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// `POST /v1/sandboxes/{id}/exec` and `POST /v1/sandboxes/{id}/processes`.
+///
+/// Give either `cmd` (a shell string run by `/bin/sh -c`) or `argv` (run directly, found on
+/// `PATH`), not both.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// A shell command line, run with `/bin/sh -c`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<String>,
+    /// A program and its arguments, run without a shell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+    /// Extra environment variables (over the sandbox's own).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory; default the user's home.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// User name or uid to run as; default `user` (uid 1000). `root` runs as root without
+    /// capabilities.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Standard input as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Standard input as base64, for binary input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_b64: Option<String>,
+    /// Seconds before the command (its whole process group) is killed. Default 600 for exec,
+    /// none for background processes; 0 means no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+    /// Output kept per stream (stdout, stderr); the rest is counted, not kept. Default 64Mi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output: Option<ByteSize>,
+    /// Stream the output as newline-delimited JSON events ([`ExecEvent`]) instead of one reply.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream: bool,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ExitStatus {
+    /// Exit code; 128 + the signal number when a signal ended it (as shells report it); 127
+    /// when the program was not found, 126 when it could not be executed.
+    pub exit_code: i32,
+    /// The signal that ended it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Whether the command's timeout killed it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+    /// Bytes the command wrote to stdout, kept or not.
+    pub stdout_bytes: u64,
+    /// Bytes the command wrote to stderr, kept or not.
+    pub stderr_bytes: u64,
+    /// Whether stdout was cut at `max_output`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdout_truncated: bool,
+    /// Whether stderr was cut at `max_output`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stderr_truncated: bool,
+    /// Wall time from start to exit, milliseconds.
+    pub duration_ms: u64,
+}
+
+/// How output bytes are carried in JSON.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    /// The text as is (the bytes were valid UTF-8).
+    #[default]
+    Utf8,
+    /// Base64 of the bytes (they were not valid UTF-8).
+    Base64,
+}
+
+impl Encoding {
+    fn is_utf8(&self) -> bool {
+        *self == Encoding::Utf8
+    }
+}
+
+/// The reply to a plain (non-streaming) exec.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ExecResult {
+    /// How the command ended.
+    #[serde(flatten)]
+    pub status: ExitStatus,
+    /// Standard output (up to `max_output`).
+    pub stdout: String,
+    /// Standard error (up to `max_output`).
+    pub stderr: String,
+    /// `base64` when stdout was not valid UTF-8.
+    #[serde(default, skip_serializing_if = "Encoding::is_utf8")]
+    pub stdout_encoding: Encoding,
+    /// `base64` when stderr was not valid UTF-8.
+    #[serde(default, skip_serializing_if = "Encoding::is_utf8")]
+    pub stderr_encoding: Encoding,
+}
+
+/// One line of a streaming exec (`"stream": true`): newline-delimited JSON, one event a line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecEvent {
+    /// The command started.
+    Start {
+        /// Its process id inside the sandbox's process table (for re-attaching).
+        process_id: u64,
+        /// Its pid inside the sandbox.
+        pid: i32,
+    },
+    /// Bytes written to stdout, base64.
+    Stdout {
+        /// Base64 of the bytes.
+        data: String,
+    },
+    /// Bytes written to stderr, base64.
+    Stderr {
+        /// Base64 of the bytes.
+        data: String,
+    },
+    /// The command ended; always the last event on success.
+    Exit(ExitStatus),
+    /// The exec failed; always the last event when sent.
+    Error(crate::error::ApiError),
+}
+
+/// A background process in a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ProcessInfo {
+    /// Its id in the sandbox's process table (not a pid: never reused).
+    pub process_id: u64,
+    /// Its pid inside the sandbox.
+    pub pid: i32,
+    /// What runs.
+    pub argv: Vec<String>,
+    /// Who runs it.
+    pub user: String,
+    /// Whether it still runs.
+    pub running: bool,
+    /// How it ended, once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitStatus>,
+}
+
+/// `GET /v1/sandboxes/{id}/processes`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ProcessList {
+    /// Running processes and finished ones not yet collected, oldest first.
+    pub processes: Vec<ProcessInfo>,
+}
+
+/// `POST /v1/sandboxes/{id}/processes/{process_id}/signal`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// Signal name (`TERM`, `SIGKILL`, `INT`, ...) or number.
+    pub signal: String,
+}
+
+/// The kind of a file system entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+    /// Anything else (device, socket, fifo).
+    Other,
+}
+
+/// A file or directory in a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FileEntry {
+    /// Its name (last path component).
+    pub name: String,
+    /// Its absolute path in the sandbox.
+    pub path: String,
+    /// What it is.
+    pub kind: FileKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits, e.g. 420 (0644).
+    pub mode: u32,
+    /// Owner uid.
+    pub uid: u32,
+    /// Owner gid.
+    pub gid: u32,
+    /// Last modification, seconds since the epoch.
+    pub modified: i64,
+    /// Where a symlink points.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_target: Option<String>,
+}
+
+/// `GET /v1/sandboxes/{id}/files/list`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FileList {
+    /// The directory's entries, sorted by name.
+    pub entries: Vec<FileEntry>,
+}
+
+/// `POST /v1/sandboxes/{id}/files/mkdir`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct MkdirRequest {
+    /// Directory to make.
+    pub path: String,
+    /// Make missing parents too (default true).
+    #[serde(default = "yes")]
+    pub parents: bool,
+    /// Acting user (default `user`): the directory belongs to them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/files/rename`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RenameRequest {
+    /// Current path.
+    pub from: String,
+    /// New path.
+    pub to: String,
+    /// Acting user (default `user`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A node as the control plane sees it: `GET /v1/nodes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeInfo {
+    /// The node's id.
+    pub id: NodeId,
+    /// Warren version it runs.
+    pub version: String,
+    /// How many sandboxes it runs.
+    pub sandboxes: u32,
+    /// Most sandboxes it admits.
+    pub max_sandboxes: u32,
+    /// Memory promised to sandboxes (sum of their limits), bytes.
+    pub memory_reserved: ByteSize,
+    /// Memory it may promise in all (physical memory × overcommit), bytes.
+    pub memory_allocatable: ByteSize,
+    /// Memory the kernel reports available now, bytes.
+    pub memory_available: ByteSize,
+    /// Threads in use on the host, and the host's limit (`kernel.pid_max`).
+    pub threads: u32,
+    /// `kernel.pid_max`.
+    pub pid_max: u32,
+    /// The cgroup layout it found (`v1`, `v2`, `hybrid`).
+    pub cgroups: String,
+}
+
+/// `GET /v1/health`: no authentication; says the control plane answers and its nodes do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Health {
+    /// `ok`, or `degraded` when a node does not answer.
+    pub status: String,
+    /// Warren's version.
+    pub version: String,
+    /// Nodes that answered.
+    pub nodes_up: u32,
+    /// Nodes known.
+    pub nodes: u32,
+}

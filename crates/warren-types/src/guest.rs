@@ -1,0 +1,366 @@
+//! The protocol between a node and the guest agent (PID 1 of every sandbox).
+//!
+//! Transport: a stream socket reachable from the host only (a unix socket bound before
+//! `pivot_root` for containers, vsock or virtio-serial for VMs). One connection carries one
+//! operation. Everything on it is a frame:
+//!
+//! ```text
+//! ┌──────────────┬──────┬─────────────────────────┐
+//! │ len: u32 BE  │ kind │ payload (len - 1 bytes) │
+//! └──────────────┴──────┴─────────────────────────┘
+//! ```
+//!
+//! `kind` says what the payload is: a JSON message ([`FrameKind::Message`]) or raw bytes
+//! (output, input, file data). Handshake: the guest speaks first with [`Hello`] carrying its
+//! protocol version; the host sends one [`Request`] (which carries the host's version, so the
+//! guest can refuse a host it does not understand) without waiting for the hello, then reads
+//! replies. Neither side waits for the other's hello to start writing, so the handshake costs
+//! no round trip.
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{ExitStatus, FileEntry, ProcessInfo};
+use crate::error::ErrorCode;
+
+/// The protocol version this build speaks. Bumped on any incompatible change.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame payload either side sends or accepts.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// Size of a frame header.
+pub const HEADER_LEN: usize = 5;
+
+/// What a frame's payload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum FrameKind {
+    /// A JSON [`Hello`], [`Request`] or [`Reply`].
+    Message = 1,
+    /// Bytes a command wrote to stdout.
+    Stdout = 2,
+    /// Bytes a command wrote to stderr.
+    Stderr = 3,
+    /// Bytes for a command's stdin (empty payload: end of input).
+    Stdin = 4,
+    /// File content (empty payload: end of file).
+    Data = 5,
+}
+
+impl FrameKind {
+    /// The kind for a header byte.
+    pub fn from_u8(b: u8) -> Option<FrameKind> {
+        Some(match b {
+            1 => FrameKind::Message,
+            2 => FrameKind::Stdout,
+            3 => FrameKind::Stderr,
+            4 => FrameKind::Stdin,
+            5 => FrameKind::Data,
+            _ => return None,
+        })
+    }
+}
+
+/// Encodes a frame header for a payload of `payload_len` bytes.
+pub fn encode_header(kind: FrameKind, payload_len: usize) -> [u8; HEADER_LEN] {
+    let len = (payload_len as u32 + 1).to_be_bytes();
+    [len[0], len[1], len[2], len[3], kind as u8]
+}
+
+/// Decodes a frame header into its kind and payload length.
+pub fn decode_header(h: [u8; HEADER_LEN]) -> Result<(FrameKind, usize), String> {
+    let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
+    if len == 0 {
+        return Err("frame length 0".into());
+    }
+    if len - 1 > MAX_FRAME {
+        return Err(format!("frame of {} bytes exceeds the {MAX_FRAME}-byte limit", len - 1));
+    }
+    let kind = FrameKind::from_u8(h[4]).ok_or_else(|| format!("unknown frame kind {}", h[4]))?;
+    Ok((kind, len - 1))
+}
+
+/// A whole frame as bytes: header then payload.
+pub fn encode_frame(kind: FrameKind, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(HEADER_LEN + payload.len());
+    v.extend_from_slice(&encode_header(kind, payload.len()));
+    v.extend_from_slice(payload);
+    v
+}
+
+/// A JSON message frame.
+pub fn encode_message<T: Serialize>(msg: &T) -> Vec<u8> {
+    // Serialising our own plain data types cannot fail.
+    let json = serde_json::to_vec(msg).unwrap_or_default();
+    encode_frame(FrameKind::Message, &json)
+}
+
+/// The guest's first frame on every connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The guest's protocol version.
+    pub protocol: u32,
+    /// The guest agent's build version.
+    pub agent: String,
+}
+
+/// How the guest receives a command's stdin.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StdinMode {
+    /// No input: stdin is /dev/null.
+    #[default]
+    Null,
+    /// Input follows as [`FrameKind::Stdin`] frames, ended by an empty one.
+    Frames,
+}
+
+/// What to run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// Program and arguments (a shell command arrives as `["/bin/sh", "-c", cmd]`).
+    pub argv: Vec<String>,
+    /// Environment added to the sandbox's base environment.
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Working directory; default the user's home.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// User name or uid.
+    pub user: String,
+    /// Kill the process group after this many milliseconds.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Bytes kept per output stream.
+    pub max_output: u64,
+    /// Where stdin comes from.
+    #[serde(default)]
+    pub stdin: StdinMode,
+}
+
+/// The one request on a connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// The host's protocol version.
+    pub protocol: u32,
+    /// What to do.
+    pub op: Op,
+}
+
+/// Operations the guest performs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Liveness: answers [`Reply::Pong`].
+    Ping,
+    /// Run a command and stream it: [`Reply::Started`], output frames, then [`Reply::Exit`].
+    /// The process outlives the connection; re-attach with [`Op::Attach`].
+    Exec(ExecSpec),
+    /// Start a background command: [`Reply::Started`], then the connection ends.
+    Spawn(ExecSpec),
+    /// Stream a process's output from the start (what is kept of it), then follow it until it
+    /// exits: output frames then [`Reply::Exit`].
+    Attach {
+        /// Process id.
+        process: u64,
+    },
+    /// Wait for a process to exit, up to `timeout_ms`: [`Reply::Process`].
+    Wait {
+        /// Process id.
+        process: u64,
+        /// Give up after this long (the reply then shows it still running).
+        timeout_ms: Option<u64>,
+    },
+    /// Send a signal to a process's group: [`Reply::Done`].
+    Signal {
+        /// Process id.
+        process: u64,
+        /// Signal number.
+        signal: i32,
+    },
+    /// Forget a finished process and its output: [`Reply::Done`].
+    Forget {
+        /// Process id.
+        process: u64,
+    },
+    /// List processes: [`Reply::Processes`].
+    Processes,
+    /// Read a file: [`Reply::Entry`], [`FrameKind::Data`] frames, an empty data frame.
+    ReadFile {
+        /// Path (absolute, or relative to the user's home).
+        path: String,
+        /// Acting user.
+        user: String,
+    },
+    /// Write a file from the [`FrameKind::Data`] frames that follow (ended by an empty one),
+    /// creating parent directories: [`Reply::Entry`].
+    WriteFile {
+        /// Path.
+        path: String,
+        /// Acting user: the file and new directories belong to them.
+        user: String,
+        /// Permission bits for a new file (default 0644).
+        mode: Option<u32>,
+    },
+    /// List a directory: [`Reply::Entries`].
+    List {
+        /// Path.
+        path: String,
+        /// Acting user.
+        user: String,
+    },
+    /// Describe one path: [`Reply::Entry`].
+    Stat {
+        /// Path.
+        path: String,
+        /// Acting user.
+        user: String,
+    },
+    /// Remove a file or (with `recursive`) a directory tree: [`Reply::Done`].
+    Remove {
+        /// Path.
+        path: String,
+        /// Acting user.
+        user: String,
+        /// Remove directories and their contents.
+        recursive: bool,
+    },
+    /// Make a directory: [`Reply::Entry`].
+    Mkdir {
+        /// Path.
+        path: String,
+        /// Acting user.
+        user: String,
+        /// Make missing parents too.
+        parents: bool,
+    },
+    /// Rename (move) a path: [`Reply::Entry`] of the new path.
+    Rename {
+        /// From.
+        from: String,
+        /// To.
+        to: String,
+        /// Acting user.
+        user: String,
+    },
+}
+
+/// Replies from the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// Answer to [`Op::Ping`].
+    Pong {
+        /// Milliseconds since the guest started.
+        uptime_ms: u64,
+        /// Processes it tracks.
+        processes: u32,
+    },
+    /// A command started.
+    Started {
+        /// Process id.
+        process: u64,
+        /// Its pid in the sandbox.
+        pid: i32,
+    },
+    /// A command ended.
+    Exit(ExitStatus),
+    /// A process's state.
+    Process(ProcessInfo),
+    /// The process table.
+    Processes {
+        /// The processes.
+        processes: Vec<ProcessInfo>,
+    },
+    /// A file system entry.
+    Entry(FileEntry),
+    /// A directory listing.
+    Entries {
+        /// The entries.
+        entries: Vec<FileEntry>,
+    },
+    /// The operation succeeded.
+    Done,
+    /// The operation failed.
+    Error {
+        /// Stable code.
+        code: ErrorCode,
+        /// What went wrong, for the user.
+        message: String,
+    },
+}
+
+/// What the node tells a container sandbox's init before it starts (over a pipe, never through
+/// anything the sandbox can see later).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitConfig {
+    /// The sandbox's directory on the host; the init works from there, so that the paths in
+    /// its mount options are relative and name nothing of the host.
+    pub sandbox_dir: String,
+    /// Host name inside the sandbox.
+    pub hostname: String,
+    /// How to build the root file system.
+    pub rootfs: RootfsSpec,
+    /// Environment every command gets (before per-command variables).
+    pub env: Vec<(String, String)>,
+}
+
+/// A sandbox's root: an overlay of read-only layers and a writable upper directory, plus bind
+/// mounts from the host.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RootfsSpec {
+    /// Read-only layers, top first, relative to the sandbox directory.
+    pub lowers: Vec<String>,
+    /// Writable upper directory, relative to the sandbox directory.
+    pub upper: String,
+    /// Overlay work directory, relative to the sandbox directory.
+    pub work: String,
+    /// Host paths bound into the root after the overlay is mounted.
+    pub binds: Vec<BindMount>,
+}
+
+/// A host path bound into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindMount {
+    /// Absolute host path.
+    pub source: String,
+    /// Absolute path inside the sandbox (must exist in the image).
+    pub target: String,
+    /// Mount it read-only (and nosuid, nodev).
+    pub readonly: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let f = encode_frame(FrameKind::Stdout, b"hello");
+        let (kind, len) = decode_header(f[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(kind, FrameKind::Stdout);
+        assert_eq!(len, 5);
+        assert_eq!(&f[HEADER_LEN..], b"hello");
+    }
+
+    #[test]
+    fn bad_headers_are_rejected() {
+        assert!(decode_header([0, 0, 0, 0, 1]).is_err());
+        assert!(decode_header([0, 0, 0, 2, 99]).is_err());
+        assert!(decode_header([0xff, 0, 0, 0, 1]).is_err());
+    }
+
+    #[test]
+    fn requests_are_tagged_json() {
+        let r = Request {
+            protocol: PROTOCOL_VERSION,
+            op: Op::Stat {
+                path: "/etc".into(),
+                user: "user".into(),
+            },
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains("\"op\":\"stat\""), "{json}");
+        assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), r);
+    }
+}

@@ -1,0 +1,24 @@
+//! Warren's shared vocabulary: the types every other crate speaks.
+//!
+//! This crate sits at the bottom of the dependency graph. It does no I/O, links no async runtime
+//! and no syscall layer, so the guest agent (which ships into every sandbox) can depend on it
+//! without growing.
+//!
+//! - [`id`]: node and sandbox identifiers (a sandbox id encodes its node).
+//! - [`size`]: byte sizes as users write them (`512Mi`, `1G`, `1048576`).
+//! - [`api`]: the REST API's request and response bodies, shared by the control plane, the node
+//!   daemon and the SDKs.
+//! - [`error`]: the stable error codes and the JSON error body.
+//! - [`guest`]: the host ↔ guest agent protocol (frames, requests, replies, version).
+//! - [`path`]: validation of paths that users pass to the file API.
+
+pub mod api;
+pub mod error;
+pub mod guest;
+pub mod id;
+pub mod path;
+pub mod size;
+
+pub use error::{ApiError, ErrorCode};
+pub use id::{NodeId, SandboxId};
+pub use size::ByteSize;
