@@ -34,7 +34,12 @@ pub async fn as_user<T: Send + 'static>(
         f(&user)
     })
     .await
-    .map_err(|e| OpError::new(warren_types::ErrorCode::Internal, format!("file task failed: {e}")))?
+    .map_err(|e| {
+        OpError::new(
+            warren_types::ErrorCode::Internal,
+            format!("file task failed: {e}"),
+        )
+    })?
 }
 
 /// Describes `path` without following a final symlink.
@@ -56,7 +61,11 @@ fn entry_from(path: &str, md: &fs::Metadata) -> FileEntry {
     };
     let link_target = ft
         .is_symlink()
-        .then(|| fs::read_link(path).ok().map(|t| t.to_string_lossy().into_owned()))
+        .then(|| {
+            fs::read_link(path)
+                .ok()
+                .map(|t| t.to_string_lossy().into_owned())
+        })
         .flatten();
     let name = Path::new(path)
         .file_name()
@@ -117,7 +126,11 @@ pub fn list(path: &str) -> Result<Vec<FileEntry>, OpError> {
     let mut out = Vec::new();
     for de in rd {
         let de = de.map_err(|e| OpError::io(&e, "list", path))?;
-        let child = format!("{}/{}", path.trim_end_matches('/'), de.file_name().to_string_lossy());
+        let child = format!(
+            "{}/{}",
+            path.trim_end_matches('/'),
+            de.file_name().to_string_lossy()
+        );
         if let Ok(md) = fs::symlink_metadata(&child) {
             out.push(entry_from(&child, &md));
         }
@@ -152,10 +165,15 @@ pub fn remove(path: &str, recursive: bool) -> Result<(), OpError> {
 
 /// Makes a directory (and its parents with `parents`).
 pub fn mkdir(path: &str, parents: bool) -> Result<FileEntry, OpError> {
-    let r = fs::DirBuilder::new().recursive(parents).mode(0o755).create(path);
+    let r = fs::DirBuilder::new()
+        .recursive(parents)
+        .mode(0o755)
+        .create(path);
     match r {
         Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && fs::metadata(path).is_ok_and(|m| m.is_dir()) => {}
+        Err(e)
+            if e.kind() == io::ErrorKind::AlreadyExists
+                && fs::metadata(path).is_ok_and(|m| m.is_dir()) => {}
         Err(e) => return Err(OpError::io(&e, "mkdir", path)),
     }
     entry(path)

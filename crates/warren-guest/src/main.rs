@@ -36,7 +36,10 @@ fn main() {
             println!("warren-guest {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        _ => Err("usage: warren-guest init | warren-guest serve SOCKET | warren-guest --version".to_string()),
+        _ => Err(
+            "usage: warren-guest init | warren-guest serve SOCKET | warren-guest --version"
+                .to_string(),
+        ),
     };
     if let Err(e) = code {
         eprintln!("warren-guest: {e}");
@@ -46,7 +49,8 @@ fn main() {
 
 fn init() -> Result<(), String> {
     let started = Instant::now();
-    let listener = warren_sys::process::inherited_fd(3).map_err(|e| format!("control socket: {e}"))?;
+    let listener =
+        warren_sys::process::inherited_fd(3).map_err(|e| format!("control socket: {e}"))?;
     let cfg_fd = warren_sys::process::inherited_fd(4).map_err(|e| format!("config pipe: {e}"))?;
     let mut raw = Vec::new();
     std::fs::File::from(cfg_fd)
@@ -61,11 +65,16 @@ fn init() -> Result<(), String> {
 
 fn serve_path(path: &str) -> Result<(), String> {
     let _ = std::fs::remove_file(path);
-    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("bind {path}: {e}"))?;
+    let listener =
+        std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("bind {path}: {e}"))?;
     run(listener, Vec::new(), Instant::now())
 }
 
-fn run(listener: std::os::unix::net::UnixListener, env: Vec<(String, String)>, started: Instant) -> Result<(), String> {
+fn run(
+    listener: std::os::unix::net::UnixListener,
+    env: Vec<(String, String)>,
+    started: Instant,
+) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(8)
@@ -73,7 +82,9 @@ fn run(listener: std::os::unix::net::UnixListener, env: Vec<(String, String)>, s
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
     rt.block_on(async move {
-        listener.set_nonblocking(true).map_err(|e| format!("listener: {e}"))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| format!("listener: {e}"))?;
         let listener = UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
         let guest = Arc::new(Guest {
             table: procs::Table::default(),

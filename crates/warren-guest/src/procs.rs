@@ -271,7 +271,9 @@ impl Table {
         base_env: &[(String, String)],
     ) -> Result<(Arc<Proc>, Option<pipe::Sender>), OpError> {
         let Some(program) = spec.argv.first() else {
-            return Err(OpError::invalid("empty command: give argv with at least a program, or cmd"));
+            return Err(OpError::invalid(
+                "empty command: give argv with at least a program, or cmd",
+            ));
         };
         let cwd = match &spec.cwd {
             Some(c) => warren_types::path::resolve(&user.home, c),
@@ -283,14 +285,21 @@ impl Table {
         };
         match cwd_ok {
             Ok(true) => {}
-            Ok(false) => return Err(OpError::invalid(format!("working directory {cwd} is not a directory"))),
+            Ok(false) => {
+                return Err(OpError::invalid(format!(
+                    "working directory {cwd} is not a directory"
+                )));
+            }
             Err(e) => return Err(OpError::io(&e, "working directory", &cwd)),
         }
 
         let mut cmd = Command::new(program);
         cmd.args(&spec.argv[1..])
             .env_clear()
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
             .env("HOME", &user.home)
             .env("USER", &user.name)
             .env("LOGNAME", &user.name)
@@ -334,7 +343,9 @@ impl Table {
                 let mut pumps = Vec::new();
                 for (fd, kind) in [(out, FrameKind::Stdout), (err, FrameKind::Stderr)] {
                     match fd.map(pipe::Receiver::from_owned_fd) {
-                        Some(Ok(rx)) => pumps.push(tokio::spawn(pump(proc.clone(), rx, kind)).abort_handle()),
+                        Some(Ok(rx)) => {
+                            pumps.push(tokio::spawn(pump(proc.clone(), rx, kind)).abort_handle())
+                        }
                         _ => proc.stream_ended(kind),
                     }
                 }
@@ -354,7 +365,10 @@ impl Table {
                 inner.procs.insert(id, proc.clone());
                 Self::evict_finished(&mut inner);
                 drop(inner);
-                proc.append(FrameKind::Stderr, format!("warren: {program}: {why}\n").as_bytes());
+                proc.append(
+                    FrameKind::Stderr,
+                    format!("warren: {program}: {why}\n").as_bytes(),
+                );
                 proc.stream_ended(FrameKind::Stdout);
                 proc.stream_ended(FrameKind::Stderr);
                 proc.exited(Exit::Code(code));

@@ -84,12 +84,22 @@ async fn dispatch(
         }
         Op::Exec(spec) | Op::Spawn(spec) if spec.argv.is_empty() => {
             let _ = spec;
-            Err(OpError::invalid("empty command: give argv with at least a program, or cmd"))
+            Err(OpError::invalid(
+                "empty command: give argv with at least a program, or cmd",
+            ))
         }
         Op::Exec(spec) => {
             let user = users::lookup(&spec.user)?;
             let (proc, stdin) = g.table.start(&spec, &user, &g.env)?;
-            write_msg(w, &Reply::Started { process: proc.id, pid: proc.pid }).await.map_err(io)?;
+            write_msg(
+                w,
+                &Reply::Started {
+                    process: proc.id,
+                    pid: proc.pid,
+                },
+            )
+            .await
+            .map_err(io)?;
             if let Some(stdin) = stdin {
                 feed_stdin(r, stdin).await;
             }
@@ -101,7 +111,15 @@ async fn dispatch(
         Op::Spawn(spec) => {
             let user = users::lookup(&spec.user)?;
             let (proc, stdin) = g.table.start(&spec, &user, &g.env)?;
-            write_msg(w, &Reply::Started { process: proc.id, pid: proc.pid }).await.map_err(io)?;
+            write_msg(
+                w,
+                &Reply::Started {
+                    process: proc.id,
+                    pid: proc.pid,
+                },
+            )
+            .await
+            .map_err(io)?;
             if let Some(stdin) = stdin {
                 feed_stdin(r, stdin).await;
             }
@@ -111,7 +129,10 @@ async fn dispatch(
             let proc = g.table.get(process)?;
             stream_output(w, &proc).await.map_err(io)
         }
-        Op::Wait { process, timeout_ms } => {
+        Op::Wait {
+            process,
+            timeout_ms,
+        } => {
             let proc = g.table.get(process)?;
             let mut rx = proc.subscribe();
             let wait = async {
@@ -132,11 +153,12 @@ async fn dispatch(
         }
         Op::Signal { process, signal } => {
             let proc = g.table.get(process)?;
-            if proc.status().is_none() && proc.pid > 0 {
-                if warren_sys::process::kill_group(proc.pid, signal).is_err() {
-                    warren_sys::process::kill(proc.pid, signal)
-                        .map_err(|e| OpError::invalid(format!("signal {signal}: {e}")))?;
-                }
+            if proc.status().is_none()
+                && proc.pid > 0
+                && warren_sys::process::kill_group(proc.pid, signal).is_err()
+            {
+                warren_sys::process::kill(proc.pid, signal)
+                    .map_err(|e| OpError::invalid(format!("signal {signal}: {e}")))?;
             }
             write_msg(w, &Reply::Done).await.map_err(io)
         }
@@ -147,7 +169,9 @@ async fn dispatch(
         }
         Op::Processes => {
             let processes = g.table.list();
-            write_msg(w, &Reply::Processes { processes }).await.map_err(io)
+            write_msg(w, &Reply::Processes { processes })
+                .await
+                .map_err(io)
         }
         Op::ReadFile { path, user } => {
             let (file, entry) =
@@ -157,7 +181,9 @@ async fn dispatch(
             let mut buf = vec![0u8; FILE_CHUNK];
             loop {
                 let n = file.read(&mut buf).await.map_err(io)?;
-                write_frame(w, FrameKind::Data, &buf[..n]).await.map_err(io)?;
+                write_frame(w, FrameKind::Data, &buf[..n])
+                    .await
+                    .map_err(io)?;
                 if n == 0 {
                     return Ok(());
                 }
@@ -165,19 +191,35 @@ async fn dispatch(
         }
         Op::WriteFile { path, user, mode } => write_file(path, user, mode, r, w).await,
         Op::List { path, user } => {
-            let entries = files::as_user(user, move |u| files::list(&files::resolve(u, &path)?)).await?;
+            let entries =
+                files::as_user(user, move |u| files::list(&files::resolve(u, &path)?)).await?;
             write_msg(w, &Reply::Entries { entries }).await.map_err(io)
         }
         Op::Stat { path, user } => {
-            let entry = files::as_user(user, move |u| files::entry(&files::resolve(u, &path)?)).await?;
+            let entry =
+                files::as_user(user, move |u| files::entry(&files::resolve(u, &path)?)).await?;
             write_msg(w, &Reply::Entry(entry)).await.map_err(io)
         }
-        Op::Remove { path, user, recursive } => {
-            files::as_user(user, move |u| files::remove(&files::resolve(u, &path)?, recursive)).await?;
+        Op::Remove {
+            path,
+            user,
+            recursive,
+        } => {
+            files::as_user(user, move |u| {
+                files::remove(&files::resolve(u, &path)?, recursive)
+            })
+            .await?;
             write_msg(w, &Reply::Done).await.map_err(io)
         }
-        Op::Mkdir { path, user, parents } => {
-            let entry = files::as_user(user, move |u| files::mkdir(&files::resolve(u, &path)?, parents)).await?;
+        Op::Mkdir {
+            path,
+            user,
+            parents,
+        } => {
+            let entry = files::as_user(user, move |u| {
+                files::mkdir(&files::resolve(u, &path)?, parents)
+            })
+            .await?;
             write_msg(w, &Reply::Entry(entry)).await.map_err(io)
         }
         Op::Rename { from, to, user } => {
@@ -255,17 +297,20 @@ async fn write_file(
             break;
         }
     }
-    if failure.is_none() {
-        if let Err(e) = file.flush().await {
-            failure = Some(OpError::io(&e, "write", &target));
-        }
+    if failure.is_none()
+        && let Err(e) = file.flush().await
+    {
+        failure = Some(OpError::io(&e, "write", &target));
     }
     drop(file);
     let entry = files::as_user(user, move |_| {
         if !complete || failure.is_some() {
             let _ = std::fs::remove_file(&tmp);
             return Err(failure.unwrap_or_else(|| {
-                OpError::new(ErrorCode::Unavailable, format!("upload of {target} ended early; the file was not changed"))
+                OpError::new(
+                    ErrorCode::Unavailable,
+                    format!("upload of {target} ended early; the file was not changed"),
+                )
             }));
         }
         std::fs::rename(&tmp, &target).map_err(|e| {

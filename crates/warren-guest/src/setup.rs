@@ -32,7 +32,13 @@ const MASKED_DIRS: &[&str] = &[
 ];
 
 /// Paths made read-only.
-const READONLY: &[&str] = &["proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger"];
+const READONLY: &[&str] = &[
+    "proc/bus",
+    "proc/fs",
+    "proc/irq",
+    "proc/sys",
+    "proc/sysrq-trigger",
+];
 
 /// Character devices in the sandbox's /dev: (name, major, minor).
 const DEVICES: &[(&str, u32, u32)] = &[
@@ -51,7 +57,8 @@ fn ctx(e: io::Error, what: &str) -> io::Error {
 /// Builds the sandbox's root and moves into it.
 pub fn rootfs(cfg: &InitConfig) -> io::Result<()> {
     mount::unshare_cgroup_namespace().map_err(|e| ctx(e, "new cgroup namespace"))?;
-    std::env::set_current_dir(&cfg.sandbox_dir).map_err(|e| ctx(e, "entering the sandbox directory"))?;
+    std::env::set_current_dir(&cfg.sandbox_dir)
+        .map_err(|e| ctx(e, "entering the sandbox directory"))?;
     mount::make_all_private()?;
 
     let fs = &cfg.rootfs;
@@ -70,7 +77,12 @@ pub fn rootfs(cfg: &InitConfig) -> io::Result<()> {
         mount::bind(Path::new(&b.source), target, true, f)?;
     }
 
-    mount::mount_fs("proc", Path::new("proc"), flags::NOSUID | flags::NODEV | flags::NOEXEC, None)?;
+    mount::mount_fs(
+        "proc",
+        Path::new("proc"),
+        flags::NOSUID | flags::NODEV | flags::NOEXEC,
+        None,
+    )?;
     mount::mount_fs(
         "sysfs",
         Path::new("sys"),
@@ -89,7 +101,12 @@ pub fn rootfs(cfg: &InitConfig) -> io::Result<()> {
 /// A minimal /dev: a few character devices, a private devpts, /dev/shm.
 fn dev() -> io::Result<()> {
     let dev = Path::new("dev");
-    mount::mount_fs("tmpfs", dev, flags::NOSUID | flags::NOEXEC, Some("mode=755,size=65536"))?;
+    mount::mount_fs(
+        "tmpfs",
+        dev,
+        flags::NOSUID | flags::NOEXEC,
+        Some("mode=755,size=65536"),
+    )?;
     for (name, major, minor) in DEVICES {
         mount::mknod_char(&dev.join(name), 0o666, *major, *minor)?;
     }
@@ -138,7 +155,12 @@ fn mask() -> io::Result<()> {
     for d in MASKED_DIRS {
         let p = Path::new(d);
         if p.is_dir() {
-            mount::mount_fs("tmpfs", p, flags::RDONLY | flags::NOSUID | flags::NODEV | flags::NOEXEC, Some("size=0"))?;
+            mount::mount_fs(
+                "tmpfs",
+                p,
+                flags::RDONLY | flags::NOSUID | flags::NODEV | flags::NOEXEC,
+                Some("size=0"),
+            )?;
         }
     }
     for r in READONLY {
@@ -155,7 +177,8 @@ fn mask() -> io::Result<()> {
 /// execs (root included), no_new_privs.
 pub fn lock_down() -> io::Result<()> {
     warren_sys::creds::set_not_dumpable().map_err(|e| ctx(e, "PR_SET_DUMPABLE"))?;
-    warren_sys::creds::lock_out_exec_capabilities().map_err(|e| ctx(e, "securebits/bounding set"))?;
+    warren_sys::creds::lock_out_exec_capabilities()
+        .map_err(|e| ctx(e, "securebits/bounding set"))?;
     warren_sys::creds::keep_only_agent_capabilities().map_err(|e| ctx(e, "capset"))?;
     warren_sys::creds::set_no_new_privs().map_err(|e| ctx(e, "no_new_privs"))?;
     Ok(())

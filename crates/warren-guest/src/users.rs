@@ -59,7 +59,8 @@ fn find(passwd: &str, who: &str) -> Option<User> {
 mod tests {
     use super::*;
 
-    const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\nbroken line\n";
+    const PASSWD: &str =
+        "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\nbroken line\n";
 
     #[test]
     fn finds_by_name_and_uid() {

@@ -8,7 +8,9 @@ use warren_types::error::ErrorCode;
 use warren_types::guest::{self, FrameKind, Reply};
 
 /// Reads one frame: its kind and payload. `None` at a clean end of stream.
-pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<(FrameKind, Vec<u8>)>> {
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> io::Result<Option<(FrameKind, Vec<u8>)>> {
     let mut h = [0u8; guest::HEADER_LEN];
     match r.read_exact(&mut h).await {
         Ok(_) => {}
@@ -23,8 +25,13 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<(F
 }
 
 /// Writes one frame.
-pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, kind: FrameKind, payload: &[u8]) -> io::Result<()> {
-    w.write_all(&guest::encode_header(kind, payload.len())).await?;
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    kind: FrameKind,
+    payload: &[u8],
+) -> io::Result<()> {
+    w.write_all(&guest::encode_header(kind, payload.len()))
+        .await?;
     w.write_all(payload).await
 }
 
@@ -64,9 +71,9 @@ impl OpError {
             | io::ErrorKind::InvalidFilename
             | io::ErrorKind::ReadOnlyFilesystem
             | io::ErrorKind::CrossesDevices => ErrorCode::InvalidArgument,
-            io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded | io::ErrorKind::FileTooLarge => {
-                ErrorCode::PayloadTooLarge
-            }
+            io::ErrorKind::StorageFull
+            | io::ErrorKind::QuotaExceeded
+            | io::ErrorKind::FileTooLarge => ErrorCode::PayloadTooLarge,
             _ => ErrorCode::Internal,
         };
         OpError::new(code, format!("{what} {path}: {e}"))

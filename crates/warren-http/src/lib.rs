@@ -29,17 +29,17 @@ impl From<ApiError> for Error {
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.0.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = StatusCode::from_u16(self.0.code.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if status.is_server_error() {
             tracing::error!(code = %self.0.code, "{}", self.0.message);
         }
         let retry = self.0.retry_after_secs;
         let mut resp = (status, axum::Json(self.0.into_body())).into_response();
-        if let Some(secs) = retry {
-            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-                resp.headers_mut().insert(header::RETRY_AFTER, v);
-            }
+        if let Some(secs) = retry
+            && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+        {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
         }
         resp
     }
@@ -73,10 +73,9 @@ fn json_rejection(rej: JsonRejection) -> ApiError {
         JsonRejection::MissingJsonContentType(_) => ApiError::invalid(
             "the body must be JSON: send the header Content-Type: application/json",
         ),
-        JsonRejection::JsonSyntaxError(e) => ApiError::invalid(format!(
-            "the body is not valid JSON: {}",
-            source_text(&e)
-        )),
+        JsonRejection::JsonSyntaxError(e) => {
+            ApiError::invalid(format!("the body is not valid JSON: {}", source_text(&e)))
+        }
         JsonRejection::JsonDataError(e) => ApiError::invalid(format!(
             "the JSON body does not fit this request: {}",
             source_text(&e)
@@ -110,9 +109,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> std::result::Result<Self, Error> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(Query(v)),
-            Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(Error(ApiError::invalid(
-                format!("bad query parameters: {}", source_text(&e)),
-            ))),
+            Err(QueryRejection::FailedToDeserializeQueryString(e)) => Err(Error(
+                ApiError::invalid(format!("bad query parameters: {}", source_text(&e))),
+            )),
             Err(other) => Err(Error(ApiError::invalid(other.body_text()))),
         }
     }
@@ -141,10 +140,12 @@ pub mod ndjson {
     /// A channel whose receiving end is a response body.
     pub fn channel() -> (Sender, axum::response::Response) {
         let (tx, rx) = mpsc::channel::<Bytes>(64);
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|b| (b, rx))
-        })
-        .map(Ok::<_, std::io::Error>);
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|b| (b, rx)) },
+            )
+            .map(Ok::<_, std::io::Error>);
         let body = axum::body::Body::from_stream(stream);
         let resp = axum::response::Response::builder()
             .header(axum::http::header::CONTENT_TYPE, super::NDJSON)

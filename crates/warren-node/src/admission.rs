@@ -63,7 +63,10 @@ impl Admission {
     /// Admits a sandbox of `memory` bytes, or says why not.
     pub fn reserve(&self, cfg: &NodeConfig, load: &HostLoad, memory: u64) -> Result<(), NodeError> {
         let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
-        let refuse = |message: String| NodeError::Capacity { message, retry_after: 1 };
+        let refuse = |message: String| NodeError::Capacity {
+            message,
+            retry_after: 1,
+        };
         if u.sandboxes + 1 > cfg.max_sandboxes {
             return Err(refuse(format!(
                 "this node runs {} sandboxes, its limit (max_sandboxes); retry when some end",
@@ -120,12 +123,21 @@ mod tests {
     use super::*;
 
     fn load() -> HostLoad {
-        HostLoad { mem_total: 1 << 30, mem_available: 1 << 30, threads: 100, pid_max: 32768 }
+        HostLoad {
+            mem_total: 1 << 30,
+            mem_available: 1 << 30,
+            threads: 100,
+            pid_max: 32768,
+        }
     }
 
     #[test]
     fn refuses_past_each_limit_with_a_reason() {
-        let cfg = NodeConfig { max_sandboxes: 2, memory_overcommit: 1.0, ..NodeConfig::default() };
+        let cfg = NodeConfig {
+            max_sandboxes: 2,
+            memory_overcommit: 1.0,
+            ..NodeConfig::default()
+        };
         let a = Admission::default();
         a.reserve(&cfg, &load(), 256 << 20).unwrap();
         let e = a.reserve(&cfg, &load(), 1 << 30).unwrap_err().to_string();
@@ -134,10 +146,16 @@ mod tests {
         let e = a.reserve(&cfg, &load(), 1).unwrap_err().to_string();
         assert!(e.contains("max_sandboxes"), "{e}");
         a.release(256 << 20);
-        let low = HostLoad { mem_available: 1 << 20, ..load() };
+        let low = HostLoad {
+            mem_available: 1 << 20,
+            ..load()
+        };
         let e = a.reserve(&cfg, &low, 1).unwrap_err().to_string();
         assert!(e.contains("available"), "{e}");
-        let busy = HostLoad { threads: 32700, ..load() };
+        let busy = HostLoad {
+            threads: 32700,
+            ..load()
+        };
         let e = a.reserve(&cfg, &busy, 1).unwrap_err().to_string();
         assert!(e.contains("pid_max"), "{e}");
         assert_eq!(a.usage().sandboxes, 1);

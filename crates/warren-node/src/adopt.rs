@@ -49,13 +49,19 @@ impl Node {
                             .unwrap_or_else(|p| p.into_inner())
                             .insert(key.clone(), IdemSlot::Done(sb.record.id.clone()));
                     }
-                    self.sandboxes.write().unwrap_or_else(|p| p.into_inner()).insert(sb.record.id.clone(), sb.clone());
+                    self.sandboxes
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(sb.record.id.clone(), sb.clone());
                     self.watch(&sb);
                     report.adopted += 1;
                 }
                 Err(why) => {
                     tracing::warn!(dir = %dir.display(), "not adopting: {why}; removing it");
-                    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let name = dir
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
                     let cg = self.cgroups.sandbox(&name);
                     let socket = self.dirs.sockets.join(format!("{name}.sock"));
                     let dirs = self.dirs.clone();
@@ -77,18 +83,30 @@ impl Node {
 
     async fn try_adopt(&self, dir: &std::path::Path) -> Result<Arc<Sandbox>, String> {
         let record = state::load(dir).map_err(|e| format!("no readable state.json ({e})"))?;
-        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if record.id.as_str() != name {
-            return Err(format!("state.json names {} but the directory is {name}", record.id));
+            return Err(format!(
+                "state.json names {} but the directory is {name}",
+                record.id
+            ));
         }
         if record.id.node() != self.id {
-            return Err(format!("sandbox {} belongs to node {}, this is node {}", record.id, record.id.node(), self.id));
+            return Err(format!(
+                "sandbox {} belongs to node {}, this is node {}",
+                record.id,
+                record.id.node(),
+                self.id
+            ));
         }
         let same_process = |pid| warren_sys::process::start_time(pid) == Some(record.start_time);
         if record.pid <= 0 || !same_process(record.pid) {
             return Err(format!("its init (pid {}) is gone", record.pid));
         }
-        let pidfd = warren_sys::process::pidfd_open(record.pid).map_err(|e| format!("pidfd_open: {e}"))?;
+        let pidfd =
+            warren_sys::process::pidfd_open(record.pid).map_err(|e| format!("pidfd_open: {e}"))?;
         // The pid could have been reused between the check and the open: check again.
         if !same_process(record.pid) {
             return Err(format!("its init (pid {}) is gone", record.pid));
@@ -144,14 +162,22 @@ impl Node {
                     }
                 }
             }
-            for e in std::fs::read_dir(&dirs.sockets).into_iter().flatten().flatten() {
+            for e in std::fs::read_dir(&dirs.sockets)
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if !live.contains(name.trim_end_matches(".sock")) {
                     let _ = std::fs::remove_file(e.path());
                     n += 1;
                 }
             }
-            for e in std::fs::read_dir(&dirs.trash).into_iter().flatten().flatten() {
+            for e in std::fs::read_dir(&dirs.trash)
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 let _ = std::fs::remove_dir_all(e.path());
                 n += 1;
             }

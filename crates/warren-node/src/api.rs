@@ -6,18 +6,18 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::Router;
 use serde::Deserialize;
 use warren_http::{Error, Json, Query};
 use warren_types::api::{
-    CreateSandbox, ExecRequest, FileList, MkdirRequest, NodeInfo, ProcessInfo, ProcessList, RenameRequest,
-    Sandbox as SandboxView, SandboxList, SandboxState, SignalRequest,
+    CreateSandbox, ExecRequest, FileList, MkdirRequest, NodeInfo, ProcessInfo, ProcessList,
+    RenameRequest, Sandbox as SandboxView, SandboxList, SandboxState, SignalRequest,
 };
 use warren_types::error::{ApiError, ErrorCode};
 use warren_types::id::SandboxId;
@@ -37,11 +37,17 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/sandboxes/{id}/processes", post(spawn).get(processes))
-        .route("/v1/sandboxes/{id}/processes/{pid}", get(process).delete(forget))
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}",
+            get(process).delete(forget),
+        )
         .route("/v1/sandboxes/{id}/processes/{pid}/wait", post(wait))
         .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(signal))
         .route("/v1/sandboxes/{id}/processes/{pid}/output", get(output))
-        .route("/v1/sandboxes/{id}/files", get(read_file).put(write_file).delete(remove))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(read_file).put(write_file).delete(remove),
+        )
         .route("/v1/sandboxes/{id}/files/list", get(list_dir))
         .route("/v1/sandboxes/{id}/files/stat", get(stat))
         .route("/v1/sandboxes/{id}/files/mkdir", post(mkdir))
@@ -49,22 +55,28 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         .fallback(warren_http::not_found)
         .with_state(node);
     match token {
-        Some(t) => r.layer(axum::middleware::from_fn(move |req: Request, next: Next| {
-            let t = t.clone();
-            async move {
-                let ok = req
-                    .headers()
-                    .get(header::AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-                    .is_some_and(|v| v == t);
-                if ok {
-                    next.run(req).await
-                } else {
-                    Error(ApiError::new(ErrorCode::Unauthenticated, "this node API needs the cluster token")).into_response()
+        Some(t) => r.layer(axum::middleware::from_fn(
+            move |req: Request, next: Next| {
+                let t = t.clone();
+                async move {
+                    let ok = req
+                        .headers()
+                        .get(header::AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.strip_prefix("Bearer "))
+                        .is_some_and(|v| v == t);
+                    if ok {
+                        next.run(req).await
+                    } else {
+                        Error(ApiError::new(
+                            ErrorCode::Unauthenticated,
+                            "this node API needs the cluster token",
+                        ))
+                        .into_response()
+                    }
                 }
-            }
-        })),
+            },
+        )),
         None => r,
     }
 }
@@ -72,12 +84,18 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
 /// Parses a sandbox id from a path and checks it is this node's.
 pub fn parse_id(node: &Node, raw: &str) -> Result<SandboxId, Error> {
     let id: SandboxId = raw.parse().map_err(|e| {
-        Error(ApiError::invalid(format!("{e}; sandbox ids are what create returned")))
+        Error(ApiError::invalid(format!(
+            "{e}; sandbox ids are what create returned"
+        )))
     })?;
     if id.node() != node.id {
         return Err(Error(ApiError::new(
             ErrorCode::SandboxNotFound,
-            format!("sandbox {id} belongs to node {}, not this node ({})", id.node(), node.id),
+            format!(
+                "sandbox {id} belongs to node {}, not this node ({})",
+                id.node(),
+                node.id
+            ),
         )));
     }
     Ok(id)
@@ -87,13 +105,23 @@ async fn node_info(State(n): S) -> Json<NodeInfo> {
     Json(n.info())
 }
 
-async fn create(State(n): S, headers: HeaderMap, Json(req): Json<CreateSandbox>) -> Result<Response, Error> {
+async fn create(
+    State(n): S,
+    headers: HeaderMap,
+    Json(req): Json<CreateSandbox>,
+) -> Result<Response, Error> {
     let key = headers.get("idempotency-key").map(|v| {
-        v.to_str().map(str::to_string).map_err(|_| Error(ApiError::invalid("Idempotency-Key must be ASCII")))
+        v.to_str()
+            .map(str::to_string)
+            .map_err(|_| Error(ApiError::invalid("Idempotency-Key must be ASCII")))
     });
     let key = key.transpose()?;
     let (sb, created) = n.create(req, key).await?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(sb)).into_response())
 }
 
@@ -116,15 +144,30 @@ pub fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, Error> {
         .map(|p| {
             p.split_once('=')
                 .map(|(k, v)| (k.to_string(), v.to_string()))
-                .ok_or_else(|| Error(ApiError::invalid(format!("label filter {p:?} must be key=value"))))
+                .ok_or_else(|| {
+                    Error(ApiError::invalid(format!(
+                        "label filter {p:?} must be key=value"
+                    )))
+                })
         })
         .collect()
 }
 
 async fn list(State(n): S, Query(q): Query<ListQuery>) -> Result<Json<SandboxList>, Error> {
-    let labels = q.label.as_deref().map(parse_labels).transpose()?.unwrap_or_default();
-    let f = ListFilter { task: q.task, labels, state: q.state };
-    Ok(Json(SandboxList { sandboxes: n.list(&f) }))
+    let labels = q
+        .label
+        .as_deref()
+        .map(parse_labels)
+        .transpose()?
+        .unwrap_or_default();
+    let f = ListFilter {
+        task: q.task,
+        labels,
+        state: q.state,
+    };
+    Ok(Json(SandboxList {
+        sandboxes: n.list(&f),
+    }))
 }
 
 async fn get_one(State(n): S, Path(id): Path<String>) -> Result<Json<SandboxView>, Error> {
@@ -156,7 +199,12 @@ fn wants_stream(headers: &HeaderMap, req: &ExecRequest) -> bool {
             .is_some_and(|v| v.contains(warren_http::NDJSON))
 }
 
-async fn exec(State(n): S, Path(id): Path<String>, headers: HeaderMap, Json(req): Json<ExecRequest>) -> Result<Response, Error> {
+async fn exec(
+    State(n): S,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Json(req): Json<ExecRequest>,
+) -> Result<Response, Error> {
     let id = parse_id(&n, &id)?;
     let p = exec::prepare(&req, Some(DEFAULT_EXEC_TIMEOUT))?;
     if wants_stream(&headers, &req) {
@@ -168,7 +216,11 @@ async fn exec(State(n): S, Path(id): Path<String>, headers: HeaderMap, Json(req)
     Ok(Json(n.exec(&id, p).await?).into_response())
 }
 
-async fn spawn(State(n): S, Path(id): Path<String>, Json(req): Json<ExecRequest>) -> Result<(StatusCode, Json<ProcessInfo>), Error> {
+async fn spawn(
+    State(n): S,
+    Path(id): Path<String>,
+    Json(req): Json<ExecRequest>,
+) -> Result<(StatusCode, Json<ProcessInfo>), Error> {
     let id = parse_id(&n, &id)?;
     let p = exec::prepare(&req, None)?;
     Ok((StatusCode::CREATED, Json(n.spawn_process(&id, p).await?)))
@@ -176,10 +228,15 @@ async fn spawn(State(n): S, Path(id): Path<String>, Json(req): Json<ExecRequest>
 
 async fn processes(State(n): S, Path(id): Path<String>) -> Result<Json<ProcessList>, Error> {
     let id = parse_id(&n, &id)?;
-    Ok(Json(ProcessList { processes: n.processes(&id).await? }))
+    Ok(Json(ProcessList {
+        processes: n.processes(&id).await?,
+    }))
 }
 
-async fn process(State(n): S, Path((id, pid)): Path<(String, u64)>) -> Result<Json<ProcessInfo>, Error> {
+async fn process(
+    State(n): S,
+    Path((id, pid)): Path<(String, u64)>,
+) -> Result<Json<ProcessInfo>, Error> {
     let id = parse_id(&n, &id)?;
     Ok(Json(n.wait_process(&id, pid, Some(0)).await?))
 }
@@ -198,17 +255,29 @@ pub struct WaitQuery {
     pub timeout: Option<f64>,
 }
 
-async fn wait(State(n): S, Path((id, pid)): Path<(String, u64)>, Query(q): Query<WaitQuery>) -> Result<Json<ProcessInfo>, Error> {
+async fn wait(
+    State(n): S,
+    Path((id, pid)): Path<(String, u64)>,
+    Query(q): Query<WaitQuery>,
+) -> Result<Json<ProcessInfo>, Error> {
     let id = parse_id(&n, &id)?;
     let ms = match q.timeout {
-        Some(t) if !t.is_finite() || t < 0.0 => return Err(Error(ApiError::invalid("timeout must be a positive number of seconds"))),
+        Some(t) if !t.is_finite() || t < 0.0 => {
+            return Err(Error(ApiError::invalid(
+                "timeout must be a positive number of seconds",
+            )));
+        }
         Some(t) => Some((t * 1000.0) as u64),
         None => None,
     };
     Ok(Json(n.wait_process(&id, pid, ms).await?))
 }
 
-async fn signal(State(n): S, Path((id, pid)): Path<(String, u64)>, Json(req): Json<SignalRequest>) -> Result<StatusCode, Error> {
+async fn signal(
+    State(n): S,
+    Path((id, pid)): Path<(String, u64)>,
+    Json(req): Json<SignalRequest>,
+) -> Result<StatusCode, Error> {
     let id = parse_id(&n, &id)?;
     n.signal_process(&id, pid, &req.signal).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -237,7 +306,11 @@ pub struct FileQuery {
     pub recursive: bool,
 }
 
-async fn read_file(State(n): S, Path(id): Path<String>, Query(q): Query<FileQuery>) -> Result<Response, Error> {
+async fn read_file(
+    State(n): S,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+) -> Result<Response, Error> {
     let id = parse_id(&n, &id)?;
     let (entry, stream) = n.read_file(&id, q.path, q.user).await?;
     Ok(Response::builder()
@@ -254,10 +327,20 @@ pub fn parse_mode(m: &str) -> Result<u32, Error> {
     u32::from_str_radix(digits, 8)
         .ok()
         .filter(|v| *v <= 0o7777)
-        .ok_or_else(|| Error(ApiError::invalid(format!("mode {m:?} must be octal permission bits such as 644 or 755"))))
+        .ok_or_else(|| {
+            Error(ApiError::invalid(format!(
+                "mode {m:?} must be octal permission bits such as 644 or 755"
+            )))
+        })
 }
 
-async fn write_file(State(n): S, Path(id): Path<String>, Query(q): Query<FileQuery>, headers: HeaderMap, body: Body) -> Result<Json<warren_types::api::FileEntry>, Error> {
+async fn write_file(
+    State(n): S,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<warren_types::api::FileEntry>, Error> {
     let id = parse_id(&n, &id)?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
     let declared = headers
@@ -267,34 +350,62 @@ async fn write_file(State(n): S, Path(id): Path<String>, Query(q): Query<FileQue
     if declared.is_some_and(|len| len > n.cfg.max_upload.bytes()) {
         return Err(Error(ApiError::new(
             ErrorCode::PayloadTooLarge,
-            format!("the upload is larger than the {} allowed (max_upload)", n.cfg.max_upload),
+            format!(
+                "the upload is larger than the {} allowed (max_upload)",
+                n.cfg.max_upload
+            ),
         )));
     }
-    Ok(Json(n.write_file(&id, q.path, q.user, mode, body.into_data_stream()).await?))
+    Ok(Json(
+        n.write_file(&id, q.path, q.user, mode, body.into_data_stream())
+            .await?,
+    ))
 }
 
-async fn remove(State(n): S, Path(id): Path<String>, Query(q): Query<FileQuery>) -> Result<StatusCode, Error> {
+async fn remove(
+    State(n): S,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+) -> Result<StatusCode, Error> {
     let id = parse_id(&n, &id)?;
     n.remove(&id, q.path, q.user, q.recursive).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn list_dir(State(n): S, Path(id): Path<String>, Query(q): Query<FileQuery>) -> Result<Json<FileList>, Error> {
+async fn list_dir(
+    State(n): S,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+) -> Result<Json<FileList>, Error> {
     let id = parse_id(&n, &id)?;
-    Ok(Json(FileList { entries: n.list_dir(&id, q.path, q.user).await? }))
+    Ok(Json(FileList {
+        entries: n.list_dir(&id, q.path, q.user).await?,
+    }))
 }
 
-async fn stat(State(n): S, Path(id): Path<String>, Query(q): Query<FileQuery>) -> Result<Json<warren_types::api::FileEntry>, Error> {
+async fn stat(
+    State(n): S,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+) -> Result<Json<warren_types::api::FileEntry>, Error> {
     let id = parse_id(&n, &id)?;
     Ok(Json(n.stat(&id, q.path, q.user).await?))
 }
 
-async fn mkdir(State(n): S, Path(id): Path<String>, Json(req): Json<MkdirRequest>) -> Result<Json<warren_types::api::FileEntry>, Error> {
+async fn mkdir(
+    State(n): S,
+    Path(id): Path<String>,
+    Json(req): Json<MkdirRequest>,
+) -> Result<Json<warren_types::api::FileEntry>, Error> {
     let id = parse_id(&n, &id)?;
     Ok(Json(n.mkdir(&id, req.path, req.user, req.parents).await?))
 }
 
-async fn rename(State(n): S, Path(id): Path<String>, Json(req): Json<RenameRequest>) -> Result<Json<warren_types::api::FileEntry>, Error> {
+async fn rename(
+    State(n): S,
+    Path(id): Path<String>,
+    Json(req): Json<RenameRequest>,
+) -> Result<Json<warren_types::api::FileEntry>, Error> {
     let id = parse_id(&n, &id)?;
     Ok(Json(n.rename(&id, req.from, req.to, req.user).await?))
 }

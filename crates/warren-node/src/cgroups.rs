@@ -57,14 +57,21 @@ impl Layout {
     /// Detects the layout from `/proc/self/mountinfo`.
     pub fn detect() -> io::Result<Layout> {
         let info = fs::read_to_string("/proc/self/mountinfo")?;
-        Self::from_mountinfo(&info, |p| fs::read_to_string(p.join("cgroup.controllers")).ok())
+        Self::from_mountinfo(&info, |p| {
+            fs::read_to_string(p.join("cgroup.controllers")).ok()
+        })
     }
 
-    fn from_mountinfo(info: &str, controllers: impl Fn(&Path) -> Option<String>) -> io::Result<Layout> {
+    fn from_mountinfo(
+        info: &str,
+        controllers: impl Fn(&Path) -> Option<String>,
+    ) -> io::Result<Layout> {
         let mut v1: Vec<(PathBuf, Vec<String>)> = Vec::new();
         let mut v2: Option<PathBuf> = None;
         for line in info.lines() {
-            let Some((left, right)) = line.split_once(" - ") else { continue };
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
             let mount_point = left.split(' ').nth(4).unwrap_or_default();
             let mut r = right.split(' ');
             let fstype = r.next().unwrap_or_default();
@@ -94,7 +101,9 @@ impl Layout {
         let missing = |c: &str| {
             io::Error::new(
                 io::ErrorKind::NotFound,
-                format!("no usable cgroup {c} controller: mount cgroup2 with cpu, memory and pids, or the v1 {c} hierarchy"),
+                format!(
+                    "no usable cgroup {c} controller: mount cgroup2 with cpu, memory and pids, or the v1 {c} hierarchy"
+                ),
             )
         };
         Ok(Layout::V1 {
@@ -109,15 +118,30 @@ impl Layout {
 
     /// Every directory that makes up the cgroup of sandbox `name` under `parent`.
     fn dirs(&self, parent: &str, name: &str) -> Vec<PathBuf> {
-        self.parents(parent).into_iter().map(|p| p.join(name)).collect()
+        self.parents(parent)
+            .into_iter()
+            .map(|p| p.join(name))
+            .collect()
     }
 
     /// Warren's parent directory in every hierarchy it uses.
     fn parents(&self, parent: &str) -> Vec<PathBuf> {
         match self {
             Layout::V2 { root } => vec![root.join(parent)],
-            Layout::V1 { cpu, memory, pids, freezer, systemd, .. } => {
-                let mut v = vec![cpu.join(parent), memory.join(parent), pids.join(parent), freezer.join(parent)];
+            Layout::V1 {
+                cpu,
+                memory,
+                pids,
+                freezer,
+                systemd,
+                ..
+            } => {
+                let mut v = vec![
+                    cpu.join(parent),
+                    memory.join(parent),
+                    pids.join(parent),
+                    freezer.join(parent),
+                ];
                 if let Some(s) = systemd {
                     v.push(s.join(parent));
                 }
@@ -150,7 +174,12 @@ pub enum JoinFds {
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {
-    fs::write(path, value).map_err(|e| io::Error::new(e.kind(), format!("writing {value:?} to {}: {e}", path.display())))
+    fs::write(path, value).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("writing {value:?} to {}: {e}", path.display()),
+        )
+    })
 }
 
 impl Cgroups {
@@ -162,7 +191,8 @@ impl Cgroups {
             parent: parent.to_string(),
         };
         for p in cg.layout.parents(parent) {
-            fs::create_dir_all(&p).map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", p.display())))?;
+            fs::create_dir_all(&p)
+                .map_err(|e| io::Error::new(e.kind(), format!("creating {}: {e}", p.display())))?;
         }
         if let Layout::V2 { .. } = &cg.layout {
             let p = &cg.layout.parents(parent)[0];
@@ -207,7 +237,12 @@ impl SandboxCgroup {
             match fs::create_dir(d) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io::Error::new(e.kind(), format!("creating {}: {e}", d.display()))),
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("creating {}: {e}", d.display()),
+                    ));
+                }
             }
         }
         let quota = (r.cpu as u64 * CPU_PERIOD_US / 1000).max(1000);
@@ -238,7 +273,9 @@ impl SandboxCgroup {
                 write(&pids.join("pids.max"), &r.pids.to_string())?;
                 let mut fds = Vec::new();
                 for d in &self.dirs {
-                    let f = fs::OpenOptions::new().write(true).open(d.join("cgroup.procs"))?;
+                    let f = fs::OpenOptions::new()
+                        .write(true)
+                        .open(d.join("cgroup.procs"))?;
                     fds.push(f.into());
                 }
                 Ok(JoinFds::Procs(fds))
@@ -267,7 +304,10 @@ impl SandboxCgroup {
                         return Ok(());
                     }
                     if Instant::now() > deadline {
-                        return Err(io::Error::new(io::ErrorKind::TimedOut, "cgroup did not freeze in 10 s"));
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "cgroup did not freeze in 10 s",
+                        ));
                     }
                     std::thread::sleep(Duration::from_micros(200));
                 }
@@ -281,7 +321,10 @@ impl SandboxCgroup {
                         return Ok(());
                     }
                     if Instant::now() > deadline {
-                        return Err(io::Error::new(io::ErrorKind::TimedOut, "cgroup did not freeze in 10 s"));
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "cgroup did not freeze in 10 s",
+                        ));
                     }
                     std::thread::sleep(Duration::from_micros(200));
                 }
@@ -293,8 +336,12 @@ impl SandboxCgroup {
     pub fn is_frozen(&self) -> bool {
         let d = self.freezer_dir();
         match &self.layout {
-            Layout::V2 { .. } => fs::read_to_string(d.join("cgroup.freeze")).is_ok_and(|s| s.trim() == "1"),
-            Layout::V1 { .. } => fs::read_to_string(d.join("freezer.state")).is_ok_and(|s| s.trim() != "THAWED"),
+            Layout::V2 { .. } => {
+                fs::read_to_string(d.join("cgroup.freeze")).is_ok_and(|s| s.trim() == "1")
+            }
+            Layout::V1 { .. } => {
+                fs::read_to_string(d.join("freezer.state")).is_ok_and(|s| s.trim() != "THAWED")
+            }
         }
     }
 
@@ -329,7 +376,10 @@ impl SandboxCgroup {
             Layout::V2 { .. } => (&self.dirs[0], "memory.current"),
             Layout::V1 { .. } => (&self.dirs[1], "memory.usage_in_bytes"),
         };
-        fs::read_to_string(d.join(file)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+        fs::read_to_string(d.join(file))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
     }
 
     /// Removes the cgroup, waiting (up to `wait`) for its processes to be gone.
@@ -344,7 +394,12 @@ impl SandboxCgroup {
                         // EBUSY: processes still exiting.
                         std::thread::sleep(Duration::from_millis(2));
                     }
-                    Err(e) => return Err(io::Error::new(e.kind(), format!("removing {}: {e}", d.display()))),
+                    Err(e) => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("removing {}: {e}", d.display()),
+                        ));
+                    }
                 }
             }
         }
@@ -385,13 +440,23 @@ mod tests {
     fn detects_unified_v2() {
         let info = "31 30 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
         let l = Layout::from_mountinfo(info, |_| Some("cpuset cpu io memory pids".into())).unwrap();
-        assert_eq!(l, Layout::V2 { root: "/sys/fs/cgroup".into() });
-        assert_eq!(l.dirs("warren", "abc"), vec![PathBuf::from("/sys/fs/cgroup/warren/abc")]);
+        assert_eq!(
+            l,
+            Layout::V2 {
+                root: "/sys/fs/cgroup".into()
+            }
+        );
+        assert_eq!(
+            l.dirs("warren", "abc"),
+            vec![PathBuf::from("/sys/fs/cgroup/warren/abc")]
+        );
     }
 
     #[test]
     fn missing_controllers_are_named() {
-        let err = Layout::from_mountinfo("", |_| None).unwrap_err().to_string();
+        let err = Layout::from_mountinfo("", |_| None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cpu"), "{err}");
     }
 }

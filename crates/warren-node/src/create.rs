@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use warren_types::ByteSize;
 use warren_types::api::{CreateSandbox, Resources, Sandbox as SandboxView};
 use warren_types::guest::{InitConfig, Op, Reply, RootfsSpec};
 use warren_types::id::SandboxId;
-use warren_types::ByteSize;
 
 use crate::admission::HostLoad;
 use crate::cgroups::{JoinFds, SandboxCgroup};
@@ -35,10 +35,16 @@ const MAX_ENV: usize = 256;
 const MAX_ENV_BYTES: usize = 32 * 1024;
 
 /// Checks a create request against this node's limits and fills in defaults.
-pub fn validate(node: &Node, req: &CreateSandbox, mem_total: u64) -> Result<(Resources, u64), NodeError> {
+pub fn validate(
+    node: &Node,
+    req: &CreateSandbox,
+    mem_total: u64,
+) -> Result<(Resources, u64), NodeError> {
     let cfg = &node.cfg;
     let bad = |m: String| Err(NodeError::Invalid(m));
-    let ncpu = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1);
     let cpu = req.cpu.unwrap_or(cfg.default_cpu);
     if !(10..=ncpu * 1000).contains(&cpu) {
         return bad(format!(
@@ -59,18 +65,26 @@ pub fn validate(node: &Node, req: &CreateSandbox, mem_total: u64) -> Result<(Res
     }
     let timeout = req.timeout.unwrap_or(cfg.default_timeout);
     if timeout == 0 || timeout > cfg.max_timeout {
-        return bad(format!("timeout {timeout} s is out of range: give 1 to {} seconds", cfg.max_timeout));
+        return bad(format!(
+            "timeout {timeout} s is out of range: give 1 to {} seconds",
+            cfg.max_timeout
+        ));
     }
     if let Some(task) = &req.task {
         check_name("task", task, 128)?;
     }
     if req.labels.len() > MAX_LABELS {
-        return bad(format!("{} labels; at most {MAX_LABELS} are allowed", req.labels.len()));
+        return bad(format!(
+            "{} labels; at most {MAX_LABELS} are allowed",
+            req.labels.len()
+        ));
     }
     for (k, v) in &req.labels {
         check_name("label key", k, 63)?;
         if v.len() > 256 || v.contains('\0') {
-            return bad(format!("label {k:?}: the value must be at most 256 bytes without NUL"));
+            return bad(format!(
+                "label {k:?}: the value must be at most 256 bytes without NUL"
+            ));
         }
     }
     check_env(&req.env)?;
@@ -80,7 +94,8 @@ pub fn validate(node: &Node, req: &CreateSandbox, mem_total: u64) -> Result<(Res
 fn check_name(what: &str, s: &str, max: usize) -> Result<(), NodeError> {
     let ok = !s.is_empty()
         && s.len() <= max
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-:/".contains(&b));
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:/".contains(&b));
     if ok {
         Ok(())
     } else {
@@ -93,7 +108,10 @@ fn check_name(what: &str, s: &str, max: usize) -> Result<(), NodeError> {
 /// Checks environment variables (names like shell variables, no NUL, bounded size).
 pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), NodeError> {
     if env.len() > MAX_ENV {
-        return Err(NodeError::Invalid(format!("{} environment variables; at most {MAX_ENV}", env.len())));
+        return Err(NodeError::Invalid(format!(
+            "{} environment variables; at most {MAX_ENV}",
+            env.len()
+        )));
     }
     let mut total = 0;
     for (k, v) in env {
@@ -106,7 +124,9 @@ pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), NodeError> {
             )));
         }
         if v.contains('\0') {
-            return Err(NodeError::Invalid(format!("environment variable {k} contains a NUL byte")));
+            return Err(NodeError::Invalid(format!(
+                "environment variable {k} contains a NUL byte"
+            )));
         }
         total += k.len() + v.len() + 2;
     }
@@ -143,7 +163,11 @@ struct IdemGuard<'a> {
 impl Drop for IdemGuard<'_> {
     fn drop(&mut self) {
         if let Some(key) = &self.key {
-            let mut map = self.node.idempotency.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = self
+                .node
+                .idempotency
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             if matches!(map.get(key), Some(IdemSlot::InFlight(_))) {
                 map.remove(key);
             }
@@ -162,10 +186,16 @@ impl Node {
         req: CreateSandbox,
         idempotency_key: Option<String>,
     ) -> Result<(SandboxView, bool), NodeError> {
-        let mut idem = IdemGuard { node: self, key: None, notify: None };
+        let mut idem = IdemGuard {
+            node: self,
+            key: None,
+            notify: None,
+        };
         if let Some(key) = idempotency_key.clone() {
             if key.is_empty() || key.len() > 256 {
-                return Err(NodeError::Invalid("Idempotency-Key must be 1 to 256 characters".into()));
+                return Err(NodeError::Invalid(
+                    "Idempotency-Key must be 1 to 256 characters".into(),
+                ));
             }
             loop {
                 let wait = {
@@ -178,7 +208,10 @@ impl Node {
                                 return Ok((sb.view(&self.id), false));
                             }
                             // Killed since: the key is free again.
-                            self.idempotency.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+                            self.idempotency
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .remove(&key);
                             continue;
                         }
                         Some(IdemSlot::InFlight(n)) => n.clone(),
@@ -194,7 +227,10 @@ impl Node {
                 let notified = wait.notified();
                 // Re-check after registering, so a completion in between is not missed.
                 if !matches!(
-                    self.idempotency.lock().unwrap_or_else(|p| p.into_inner()).get(&key),
+                    self.idempotency
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&key),
                     Some(IdemSlot::InFlight(_))
                 ) {
                     continue;
@@ -205,9 +241,17 @@ impl Node {
 
         let load = HostLoad::read().map_err(|e| NodeError::host("reading host load", e))?;
         let (resources, timeout) = validate(self, &req, load.mem_total)?;
-        let rootfs = self.images.resolve(&req.image).map_err(NodeError::ImageNotFound)?;
-        self.admission.reserve(&self.cfg, &load, resources.memory.bytes())?;
-        let mut reservation = Reservation { node: self, memory: resources.memory.bytes(), kept: false };
+        let rootfs = self
+            .images
+            .resolve(&req.image)
+            .map_err(NodeError::ImageNotFound)?;
+        self.admission
+            .reserve(&self.cfg, &load, resources.memory.bytes())?;
+        let mut reservation = Reservation {
+            node: self,
+            memory: resources.memory.bytes(),
+            kept: false,
+        };
 
         let id = SandboxId::new(&self.id, rand::random());
         let now = state::now_ms();
@@ -227,10 +271,16 @@ impl Node {
         };
         let sb = self.launch(record, rootfs).await?;
         reservation.kept = true;
-        self.sandboxes.write().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), sb.clone());
+        self.sandboxes
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), sb.clone());
         self.watch(&sb);
         if let Some(key) = &idempotency_key {
-            self.idempotency.lock().unwrap_or_else(|p| p.into_inner()).insert(key.clone(), IdemSlot::Done(id.clone()));
+            self.idempotency
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.clone(), IdemSlot::Done(id.clone()));
         }
         tracing::info!(sandbox_id = %id, image = %req.image, task = ?req.task, "created");
         Ok((sb.view(&self.id), true))
@@ -242,7 +292,12 @@ impl Node {
         let socket = self.dirs.sockets.join(format!("{}.sock", record.id));
         let cgroup = self.cgroups.sandbox(record.id.as_str());
         let guest_bin = self.guest_bin.clone();
-        let (d, s, c, dirs) = (dir.clone(), socket.clone(), cgroup.clone(), self.dirs.clone());
+        let (d, s, c, dirs) = (
+            dir.clone(),
+            socket.clone(),
+            cgroup.clone(),
+            self.dirs.clone(),
+        );
         let rec = record.clone();
         let started = blocking(move || {
             let r = spawn_init(&rec, &rootfs, &d, &s, &c, &guest_bin);
@@ -266,7 +321,8 @@ impl Node {
             tasks: Mutex::new(Vec::new()),
         });
         let ready = async {
-            state::save(&sb.dir, &sb.record).map_err(|e| NodeError::host("saving the sandbox's state", e))?;
+            state::save(&sb.dir, &sb.record)
+                .map_err(|e| NodeError::host("saving the sandbox's state", e))?;
             wait_ready(&sb).await
         };
         if let Err(e) = ready.await {
@@ -278,9 +334,24 @@ impl Node {
                 Ok(())
             })
             .await;
-            let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("; ");
-            let msg = if tail.is_empty() { e.to_string() } else { format!("{e}; the guest agent said: {tail}") };
-            return Err(NodeError::host("the sandbox did not start", std::io::Error::other(msg)));
+            let tail: String = log
+                .lines()
+                .rev()
+                .take(5)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("; ");
+            let msg = if tail.is_empty() {
+                e.to_string()
+            } else {
+                format!("{e}; the guest agent said: {tail}")
+            };
+            return Err(NodeError::host(
+                "the sandbox did not start",
+                std::io::Error::other(msg),
+            ));
         }
         Ok(sb)
     }
@@ -303,7 +374,9 @@ fn spawn_init(
 ) -> std::io::Result<Started> {
     std::fs::DirBuilder::new().mode(0o700).create(dir)?;
     for sub in ["upper", "work"] {
-        std::fs::DirBuilder::new().mode(0o755).create(dir.join(sub))?;
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(dir.join(sub))?;
     }
     let mut lowers = Vec::new();
     for (i, layer) in rootfs.layers.iter().enumerate() {
@@ -316,7 +389,10 @@ fn spawn_init(
     let _ = std::fs::remove_file(socket);
     let listener = std::os::unix::net::UnixListener::bind(socket)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("guest.log"))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("guest.log"))?;
     let null = std::fs::File::open("/dev/null")?;
     let (cfg_r, mut cfg_w) = std::io::pipe()?;
 
@@ -329,7 +405,11 @@ fn spawn_init(
             work: "work".into(),
             binds: rootfs.binds.clone(),
         },
-        env: record.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        env: record
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     };
     let program: PathBuf = guest_bin.to_path_buf();
     let (procs, dirfd) = match &join {
@@ -346,7 +426,10 @@ fn spawn_init(
     let spawned = warren_sys::spawn::spawn(&warren_sys::spawn::SpawnSpec {
         program: &program,
         args: &["warren-guest", "init"],
-        env: &[("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")],
+        env: &[(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )],
         namespaces: warren_sys::spawn::Namespaces::container(),
         join_cgroups: &procs,
         into_cgroup: dirfd,

@@ -9,7 +9,9 @@ use warren_types::id::SandboxId;
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     /// No such sandbox on this node.
-    #[error("sandbox {0} not found: it was killed, timed out, or never existed; list sandboxes with GET /v1/sandboxes")]
+    #[error(
+        "sandbox {0} not found: it was killed, timed out, or never existed; list sandboxes with GET /v1/sandboxes"
+    )]
     NotFound(SandboxId),
     /// The request was wrong; the message says how.
     #[error("{0}")]
@@ -53,7 +55,10 @@ pub enum NodeError {
 impl NodeError {
     /// A host failure while doing `op`.
     pub fn host(op: impl Into<String>, source: io::Error) -> Self {
-        NodeError::Host { op: op.into(), source }
+        NodeError::Host {
+            op: op.into(),
+            source,
+        }
     }
 
     /// The error as the API reports it.
@@ -62,7 +67,10 @@ impl NodeError {
             NodeError::NotFound(_) => ErrorCode::SandboxNotFound,
             NodeError::Invalid(_) => ErrorCode::InvalidArgument,
             NodeError::ImageNotFound(_) => ErrorCode::ImageNotFound,
-            NodeError::Capacity { message, retry_after } => {
+            NodeError::Capacity {
+                message,
+                retry_after,
+            } => {
                 return ApiError::capacity(message.clone(), *retry_after);
             }
             NodeError::Gone(_) => ErrorCode::SandboxGone,

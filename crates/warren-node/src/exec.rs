@@ -31,8 +31,16 @@ pub struct Prepared {
 pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepared, NodeError> {
     let bad = |m: &str| Err(NodeError::Invalid(m.to_string()));
     let argv = match (&req.cmd, &req.argv) {
-        (Some(_), Some(_)) => return bad("give either cmd (a shell command line) or argv (a program and its arguments), not both"),
-        (None, None) => return bad("nothing to run: give cmd (a shell command line) or argv (a program and its arguments)"),
+        (Some(_), Some(_)) => {
+            return bad(
+                "give either cmd (a shell command line) or argv (a program and its arguments), not both",
+            );
+        }
+        (None, None) => {
+            return bad(
+                "nothing to run: give cmd (a shell command line) or argv (a program and its arguments)",
+            );
+        }
         (Some(cmd), None) => vec!["/bin/sh".to_string(), "-c".to_string(), cmd.clone()],
         (None, Some(argv)) if argv.is_empty() || argv[0].is_empty() => {
             return bad("argv is empty: give at least the program to run");
@@ -44,7 +52,8 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
     }
     check_env(&req.env)?;
     if let Some(cwd) = &req.cwd {
-        warren_types::path::check_user_path(cwd).map_err(|m| NodeError::Invalid(format!("cwd: {m}")))?;
+        warren_types::path::check_user_path(cwd)
+            .map_err(|m| NodeError::Invalid(format!("cwd: {m}")))?;
     }
     let user = req.user.clone().unwrap_or_else(|| "user".to_string());
     if user.is_empty() || user.len() > 64 || user.contains(['\0', ':', '/']) {
@@ -52,13 +61,18 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
     }
     let timeout = req.timeout.or(default_timeout);
     let timeout_ms = match timeout {
-        Some(t) if !t.is_finite() || t < 0.0 => return bad("timeout must be zero (no limit) or a positive number of seconds"),
+        Some(t) if !t.is_finite() || t < 0.0 => {
+            return bad("timeout must be zero (no limit) or a positive number of seconds");
+        }
         Some(t) if t > 30.0 * 24.0 * 3600.0 => return bad("timeout may be at most 30 days"),
-        Some(t) if t == 0.0 => None,
+        Some(0.0) => None,
         Some(t) => Some((t * 1000.0).ceil() as u64),
         None => None,
     };
-    let max_output = req.max_output.map(ByteSize::bytes).unwrap_or(DEFAULT_MAX_OUTPUT);
+    let max_output = req
+        .max_output
+        .map(ByteSize::bytes)
+        .unwrap_or(DEFAULT_MAX_OUTPUT);
     if max_output > LIMIT_MAX_OUTPUT {
         return Err(NodeError::Invalid(format!(
             "max_output {} is more than the {} allowed",
@@ -69,18 +83,29 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
     let stdin = match (&req.stdin, &req.stdin_b64) {
         (Some(_), Some(_)) => return bad("give either stdin or stdin_b64, not both"),
         (Some(s), None) => Some(s.clone().into_bytes()),
-        (None, Some(b)) => Some(B64.decode(b).map_err(|e| NodeError::Invalid(format!("stdin_b64 is not base64: {e}")))?),
+        (None, Some(b)) => Some(
+            B64.decode(b)
+                .map_err(|e| NodeError::Invalid(format!("stdin_b64 is not base64: {e}")))?,
+        ),
         (None, None) => None,
     };
     Ok(Prepared {
         spec: ExecSpec {
             argv,
-            env: req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            env: req
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             cwd: req.cwd.clone(),
             user,
             timeout_ms,
             max_output,
-            stdin: if stdin.is_some() { StdinMode::Frames } else { StdinMode::Null },
+            stdin: if stdin.is_some() {
+                StdinMode::Frames
+            } else {
+                StdinMode::Null
+            },
         },
         stdin,
     })
@@ -91,34 +116,59 @@ pub(crate) fn guest_failure(sb: &Sandbox, e: GuestError) -> NodeError {
     if warren_sys::process::pidfd_exited(&sb.pidfd) {
         return NodeError::Gone(sb.record.id.clone());
     }
-    NodeError::host(format!("talking to the guest agent of {}", sb.record.id), std::io::Error::other(e.to_string()))
+    NodeError::host(
+        format!("talking to the guest agent of {}", sb.record.id),
+        std::io::Error::other(e.to_string()),
+    )
 }
 
 /// Turns an unexpected reply into an error.
 pub(crate) fn unexpected(reply: Reply) -> NodeError {
     match reply {
         Reply::Error { code, message } => NodeError::Guest { code, message },
-        other => NodeError::host("guest protocol", std::io::Error::other(format!("unexpected reply {other:?}"))),
+        other => NodeError::host(
+            "guest protocol",
+            std::io::Error::other(format!("unexpected reply {other:?}")),
+        ),
     }
 }
 
 impl Node {
     /// Opens a guest operation on a running sandbox (resuming it if paused).
-    pub(crate) async fn open(&self, id: &SandboxId, op: Op) -> Result<(Arc<Sandbox>, GuestConn), NodeError> {
+    pub(crate) async fn open(
+        &self,
+        id: &SandboxId,
+        op: Op,
+    ) -> Result<(Arc<Sandbox>, GuestConn), NodeError> {
         let sb = self.get(id)?;
         self.ensure_running(&sb).await?;
-        let conn = GuestConn::open(&sb.socket, op).await.map_err(|e| guest_failure(&sb, e))?;
+        let conn = GuestConn::open(&sb.socket, op)
+            .await
+            .map_err(|e| guest_failure(&sb, e))?;
         Ok((sb, conn))
     }
 
     /// Starts a command; returns the connection positioned after `Started`.
-    async fn start_command(&self, id: &SandboxId, p: Prepared, background: bool) -> Result<(Arc<Sandbox>, GuestConn, u64, i32), NodeError> {
-        let op = if background { Op::Spawn(p.spec) } else { Op::Exec(p.spec) };
+    async fn start_command(
+        &self,
+        id: &SandboxId,
+        p: Prepared,
+        background: bool,
+    ) -> Result<(Arc<Sandbox>, GuestConn, u64, i32), NodeError> {
+        let op = if background {
+            Op::Spawn(p.spec)
+        } else {
+            Op::Exec(p.spec)
+        };
         let (sb, mut conn) = self.open(id, op).await?;
         if let Some(input) = &p.stdin {
-            conn.send(FrameKind::Stdin, input).await.map_err(|e| guest_failure(&sb, e))?;
+            conn.send(FrameKind::Stdin, input)
+                .await
+                .map_err(|e| guest_failure(&sb, e))?;
             if !input.is_empty() {
-                conn.send(FrameKind::Stdin, &[]).await.map_err(|e| guest_failure(&sb, e))?;
+                conn.send(FrameKind::Stdin, &[])
+                    .await
+                    .map_err(|e| guest_failure(&sb, e))?;
             }
         }
         match conn.reply().await.map_err(|e| guest_failure(&sb, e))? {
@@ -152,18 +202,35 @@ impl Node {
                 return;
             }
         };
-        if !tx.send(&ExecEvent::Start { process_id: process, pid }).await {
+        if !tx
+            .send(&ExecEvent::Start {
+                process_id: process,
+                pid,
+            })
+            .await
+        {
             return;
         }
         forward(&sb, conn, tx).await;
     }
 
     /// Starts a background command.
-    pub async fn spawn_process(&self, id: &SandboxId, p: Prepared) -> Result<ProcessInfo, NodeError> {
+    pub async fn spawn_process(
+        &self,
+        id: &SandboxId,
+        p: Prepared,
+    ) -> Result<ProcessInfo, NodeError> {
         let argv = p.spec.argv.clone();
         let user = p.spec.user.clone();
         let (_, _, process, pid) = self.start_command(id, p, true).await?;
-        Ok(ProcessInfo { process_id: process, pid, argv, user, running: true, exit: None })
+        Ok(ProcessInfo {
+            process_id: process,
+            pid,
+            argv,
+            user,
+            running: true,
+            exit: None,
+        })
     }
 
     /// Lists the sandbox's processes.
@@ -176,8 +243,21 @@ impl Node {
     }
 
     /// Waits up to `timeout_ms` for a process; returns its state either way.
-    pub async fn wait_process(&self, id: &SandboxId, process: u64, timeout_ms: Option<u64>) -> Result<ProcessInfo, NodeError> {
-        let (sb, mut conn) = self.open(id, Op::Wait { process, timeout_ms }).await?;
+    pub async fn wait_process(
+        &self,
+        id: &SandboxId,
+        process: u64,
+        timeout_ms: Option<u64>,
+    ) -> Result<ProcessInfo, NodeError> {
+        let (sb, mut conn) = self
+            .open(
+                id,
+                Op::Wait {
+                    process,
+                    timeout_ms,
+                },
+            )
+            .await?;
         match conn.reply().await.map_err(|e| guest_failure(&sb, e))? {
             Reply::Process(info) => Ok(info),
             other => Err(unexpected(other)),
@@ -185,9 +265,16 @@ impl Node {
     }
 
     /// Sends a signal to a process's group.
-    pub async fn signal_process(&self, id: &SandboxId, process: u64, signal: &str) -> Result<(), NodeError> {
+    pub async fn signal_process(
+        &self,
+        id: &SandboxId,
+        process: u64,
+        signal: &str,
+    ) -> Result<(), NodeError> {
         let signal = warren_sys::process::parse_signal(signal).ok_or_else(|| {
-            NodeError::Invalid(format!("{signal:?} is not a signal: use a name such as TERM, KILL, INT, or a number 1-64"))
+            NodeError::Invalid(format!(
+                "{signal:?} is not a signal: use a name such as TERM, KILL, INT, or a number 1-64"
+            ))
         })?;
         self.simple(id, Op::Signal { process, signal }).await
     }
@@ -221,8 +308,12 @@ impl Node {
 async fn forward(sb: &Sandbox, mut conn: GuestConn, tx: warren_http::ndjson::Sender) {
     loop {
         let ev = match conn.next().await {
-            Ok(Some(Incoming::Data(FrameKind::Stdout, d))) => ExecEvent::Stdout { data: B64.encode(d) },
-            Ok(Some(Incoming::Data(FrameKind::Stderr, d))) => ExecEvent::Stderr { data: B64.encode(d) },
+            Ok(Some(Incoming::Data(FrameKind::Stdout, d))) => ExecEvent::Stdout {
+                data: B64.encode(d),
+            },
+            Ok(Some(Incoming::Data(FrameKind::Stderr, d))) => ExecEvent::Stderr {
+                data: B64.encode(d),
+            },
             Ok(Some(Incoming::Data(..))) => continue,
             Ok(Some(Incoming::Reply(Reply::Exit(status)))) => {
                 tx.send(&ExecEvent::Exit(status)).await;
@@ -249,7 +340,13 @@ fn text(bytes: Vec<u8>) -> (String, Encoding) {
 fn result(status: ExitStatus, out: Vec<u8>, err: Vec<u8>) -> ExecResult {
     let (stdout, stdout_encoding) = text(out);
     let (stderr, stderr_encoding) = text(err);
-    ExecResult { status, stdout, stderr, stdout_encoding, stderr_encoding }
+    ExecResult {
+        status,
+        stdout,
+        stderr,
+        stdout_encoding,
+        stderr_encoding,
+    }
 }
 
 #[cfg(test)]
@@ -257,35 +354,65 @@ mod tests {
     use super::*;
 
     fn req() -> ExecRequest {
-        ExecRequest { cmd: Some("true".into()), ..ExecRequest::default() }
+        ExecRequest {
+            cmd: Some("true".into()),
+            ..ExecRequest::default()
+        }
     }
 
     #[test]
     fn shell_and_argv_are_exclusive_and_required() {
         assert!(prepare(&ExecRequest::default(), None).is_err());
-        let both = ExecRequest { argv: Some(vec!["ls".into()]), ..req() };
+        let both = ExecRequest {
+            argv: Some(vec!["ls".into()]),
+            ..req()
+        };
         assert!(prepare(&both, None).is_err());
         let p = prepare(&req(), None).unwrap();
         assert_eq!(p.spec.argv, ["/bin/sh", "-c", "true"]);
         assert_eq!(p.spec.user, "user");
-        let empty = ExecRequest { argv: Some(vec![]), ..ExecRequest::default() };
+        let empty = ExecRequest {
+            argv: Some(vec![]),
+            ..ExecRequest::default()
+        };
         assert!(prepare(&empty, None).is_err());
     }
 
     #[test]
     fn timeouts_and_caps_are_checked() {
-        let neg = ExecRequest { timeout: Some(-1.0), ..req() };
+        let neg = ExecRequest {
+            timeout: Some(-1.0),
+            ..req()
+        };
         assert!(prepare(&neg, None).is_err());
-        let nan = ExecRequest { timeout: Some(f64::NAN), ..req() };
+        let nan = ExecRequest {
+            timeout: Some(f64::NAN),
+            ..req()
+        };
         assert!(prepare(&nan, None).is_err());
-        let zero = ExecRequest { timeout: Some(0.0), ..req() };
+        let zero = ExecRequest {
+            timeout: Some(0.0),
+            ..req()
+        };
         assert_eq!(prepare(&zero, Some(600.0)).unwrap().spec.timeout_ms, None);
-        assert_eq!(prepare(&req(), Some(1.5)).unwrap().spec.timeout_ms, Some(1500));
-        let huge = ExecRequest { max_output: Some(ByteSize(2 << 30)), ..req() };
+        assert_eq!(
+            prepare(&req(), Some(1.5)).unwrap().spec.timeout_ms,
+            Some(1500)
+        );
+        let huge = ExecRequest {
+            max_output: Some(ByteSize(2 << 30)),
+            ..req()
+        };
         assert!(prepare(&huge, None).is_err());
-        let bad_b64 = ExecRequest { stdin_b64: Some("***".into()), ..req() };
+        let bad_b64 = ExecRequest {
+            stdin_b64: Some("***".into()),
+            ..req()
+        };
         assert!(prepare(&bad_b64, None).is_err());
-        let cwd = ExecRequest { cwd: Some("/tmp/../etc".into()), ..req() };
+        let cwd = ExecRequest {
+            cwd: Some("/tmp/../etc".into()),
+            ..req()
+        };
         assert!(prepare(&cwd, None).is_err());
     }
 

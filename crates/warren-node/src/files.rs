@@ -2,10 +2,10 @@
 
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
+use warren_types::ByteSize;
 use warren_types::api::FileEntry;
 use warren_types::guest::{FrameKind, Op, Reply};
 use warren_types::id::SandboxId;
-use warren_types::ByteSize;
 
 use crate::error::NodeError;
 use crate::exec::{guest_failure, unexpected};
@@ -21,13 +21,29 @@ fn check(path: &str) -> Result<(), NodeError> {
 }
 
 /// A file being downloaded: its entry, then its content as a stream.
-pub type Download = (FileEntry, std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>);
+pub type Download = (
+    FileEntry,
+    std::pin::Pin<Box<dyn Stream<Item = Result<Bytes, std::io::Error>> + Send>>,
+);
 
 impl Node {
     /// Opens a file for download.
-    pub async fn read_file(&self, id: &SandboxId, path: String, user: Option<String>) -> Result<Download, NodeError> {
+    pub async fn read_file(
+        &self,
+        id: &SandboxId,
+        path: String,
+        user: Option<String>,
+    ) -> Result<Download, NodeError> {
         check(&path)?;
-        let (sb, mut conn) = self.open(id, Op::ReadFile { path, user: user_or_default(user) }).await?;
+        let (sb, mut conn) = self
+            .open(
+                id,
+                Op::ReadFile {
+                    path,
+                    user: user_or_default(user),
+                },
+            )
+            .await?;
         let entry = match conn.reply().await.map_err(|e| guest_failure(&sb, e))? {
             Reply::Entry(e) => e,
             other => return Err(unexpected(other)),
@@ -36,9 +52,16 @@ impl Node {
             let mut conn = conn?;
             match conn.next().await {
                 Ok(Some(Incoming::Data(FrameKind::Data, d))) if d.is_empty() => None,
-                Ok(Some(Incoming::Data(FrameKind::Data, d))) => Some((Ok(Bytes::from(d)), Some(conn))),
-                Ok(Some(Incoming::Reply(Reply::Error { message, .. }))) => Some((Err(std::io::Error::other(message)), None)),
-                Ok(_) => Some((Err(std::io::Error::other("the file transfer ended early")), None)),
+                Ok(Some(Incoming::Data(FrameKind::Data, d))) => {
+                    Some((Ok(Bytes::from(d)), Some(conn)))
+                }
+                Ok(Some(Incoming::Reply(Reply::Error { message, .. }))) => {
+                    Some((Err(std::io::Error::other(message)), None))
+                }
+                Ok(_) => Some((
+                    Err(std::io::Error::other("the file transfer ended early")),
+                    None,
+                )),
                 Err(e) => Some((Err(std::io::Error::other(e.to_string())), None)),
             }
         });
@@ -61,13 +84,25 @@ impl Node {
     {
         check(&path)?;
         if mode.is_some_and(|m| m > 0o7777) {
-            return Err(NodeError::Invalid("mode must be permission bits, at most 0o7777 (4095)".into()));
+            return Err(NodeError::Invalid(
+                "mode must be permission bits, at most 0o7777 (4095)".into(),
+            ));
         }
         let limit = self.cfg.max_upload.bytes();
-        let (sb, mut conn) = self.open(id, Op::WriteFile { path, user: user_or_default(user), mode }).await?;
+        let (sb, mut conn) = self
+            .open(
+                id,
+                Op::WriteFile {
+                    path,
+                    user: user_or_default(user),
+                    mode,
+                },
+            )
+            .await?;
         let mut total = 0u64;
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| NodeError::Invalid(format!("reading the upload: {e}")))?;
+            let chunk =
+                chunk.map_err(|e| NodeError::Invalid(format!("reading the upload: {e}")))?;
             total += chunk.len() as u64;
             if total > limit {
                 // Dropping the connection without the end frame discards the partial file.
@@ -77,10 +112,14 @@ impl Node {
                 )));
             }
             if !chunk.is_empty() {
-                conn.send(FrameKind::Data, &chunk).await.map_err(|e| guest_failure(&sb, e))?;
+                conn.send(FrameKind::Data, &chunk)
+                    .await
+                    .map_err(|e| guest_failure(&sb, e))?;
             }
         }
-        conn.send(FrameKind::Data, &[]).await.map_err(|e| guest_failure(&sb, e))?;
+        conn.send(FrameKind::Data, &[])
+            .await
+            .map_err(|e| guest_failure(&sb, e))?;
         match conn.reply().await.map_err(|e| guest_failure(&sb, e))? {
             Reply::Entry(e) => Ok(e),
             other => Err(unexpected(other)),
@@ -88,37 +127,105 @@ impl Node {
     }
 
     /// Lists a directory.
-    pub async fn list_dir(&self, id: &SandboxId, path: String, user: Option<String>) -> Result<Vec<FileEntry>, NodeError> {
+    pub async fn list_dir(
+        &self,
+        id: &SandboxId,
+        path: String,
+        user: Option<String>,
+    ) -> Result<Vec<FileEntry>, NodeError> {
         check(&path)?;
-        match self.one(id, Op::List { path, user: user_or_default(user) }).await? {
+        match self
+            .one(
+                id,
+                Op::List {
+                    path,
+                    user: user_or_default(user),
+                },
+            )
+            .await?
+        {
             Reply::Entries { entries } => Ok(entries),
             other => Err(unexpected(other)),
         }
     }
 
     /// Describes a path.
-    pub async fn stat(&self, id: &SandboxId, path: String, user: Option<String>) -> Result<FileEntry, NodeError> {
+    pub async fn stat(
+        &self,
+        id: &SandboxId,
+        path: String,
+        user: Option<String>,
+    ) -> Result<FileEntry, NodeError> {
         check(&path)?;
-        self.entry(id, Op::Stat { path, user: user_or_default(user) }).await
+        self.entry(
+            id,
+            Op::Stat {
+                path,
+                user: user_or_default(user),
+            },
+        )
+        .await
     }
 
     /// Makes a directory.
-    pub async fn mkdir(&self, id: &SandboxId, path: String, user: Option<String>, parents: bool) -> Result<FileEntry, NodeError> {
+    pub async fn mkdir(
+        &self,
+        id: &SandboxId,
+        path: String,
+        user: Option<String>,
+        parents: bool,
+    ) -> Result<FileEntry, NodeError> {
         check(&path)?;
-        self.entry(id, Op::Mkdir { path, user: user_or_default(user), parents }).await
+        self.entry(
+            id,
+            Op::Mkdir {
+                path,
+                user: user_or_default(user),
+                parents,
+            },
+        )
+        .await
     }
 
     /// Renames a path.
-    pub async fn rename(&self, id: &SandboxId, from: String, to: String, user: Option<String>) -> Result<FileEntry, NodeError> {
+    pub async fn rename(
+        &self,
+        id: &SandboxId,
+        from: String,
+        to: String,
+        user: Option<String>,
+    ) -> Result<FileEntry, NodeError> {
         check(&from)?;
         check(&to)?;
-        self.entry(id, Op::Rename { from, to, user: user_or_default(user) }).await
+        self.entry(
+            id,
+            Op::Rename {
+                from,
+                to,
+                user: user_or_default(user),
+            },
+        )
+        .await
     }
 
     /// Removes a path.
-    pub async fn remove(&self, id: &SandboxId, path: String, user: Option<String>, recursive: bool) -> Result<(), NodeError> {
+    pub async fn remove(
+        &self,
+        id: &SandboxId,
+        path: String,
+        user: Option<String>,
+        recursive: bool,
+    ) -> Result<(), NodeError> {
         check(&path)?;
-        self.simple(id, Op::Remove { path, user: user_or_default(user), recursive }).await
+        self.simple(
+            id,
+            Op::Remove {
+                path,
+                user: user_or_default(user),
+                recursive,
+            },
+        )
+        .await
     }
 
     async fn entry(&self, id: &SandboxId, op: Op) -> Result<FileEntry, NodeError> {
@@ -130,6 +237,8 @@ impl Node {
 
     async fn one(&self, id: &SandboxId, op: Op) -> Result<Reply, NodeError> {
         let (sb, mut conn) = self.open(id, op).await?;
-        conn.reply().await.map_err(|e: GuestError| guest_failure(&sb, e))
+        conn.reply()
+            .await
+            .map_err(|e: GuestError| guest_failure(&sb, e))
     }
 }

@@ -44,15 +44,27 @@ pub struct GuestConn {
 impl GuestConn {
     /// Connects, sends `op`, and checks the guest's hello.
     pub async fn open(socket: &Path, op: Op) -> Result<GuestConn, GuestError> {
-        let stream = UnixStream::connect(socket).await.map_err(GuestError::Connect)?;
+        let stream = UnixStream::connect(socket)
+            .await
+            .map_err(GuestError::Connect)?;
         let (r, mut w) = stream.into_split();
-        let req = Request { protocol: PROTOCOL_VERSION, op };
+        let req = Request {
+            protocol: PROTOCOL_VERSION,
+            op,
+        };
         // Sent before the hello arrives: the handshake costs no round trip.
-        w.write_all(&guest::encode_message(&req)).await.map_err(|_| GuestError::Closed)?;
-        let mut conn = GuestConn { r: BufReader::with_capacity(64 * 1024, r), w };
+        w.write_all(&guest::encode_message(&req))
+            .await
+            .map_err(|_| GuestError::Closed)?;
+        let mut conn = GuestConn {
+            r: BufReader::with_capacity(64 * 1024, r),
+            w,
+        };
         let hello = tokio::time::timeout(HELLO_TIMEOUT, conn.frame())
             .await
-            .map_err(|_| GuestError::Protocol("no hello from the guest agent within 10 s".into()))??;
+            .map_err(|_| {
+                GuestError::Protocol("no hello from the guest agent within 10 s".into())
+            })??;
         match hello {
             Some((FrameKind::Message, payload)) => {
                 let h: Hello = serde_json::from_slice(&payload)
@@ -65,7 +77,9 @@ impl GuestConn {
                 }
                 Ok(conn)
             }
-            Some(_) => Err(GuestError::Protocol("the guest did not start with a hello".into())),
+            Some(_) => Err(GuestError::Protocol(
+                "the guest did not start with a hello".into(),
+            )),
             None => Err(GuestError::Closed),
         }
     }
@@ -73,11 +87,18 @@ impl GuestConn {
     async fn frame(&mut self) -> Result<Option<(FrameKind, Vec<u8>)>, GuestError> {
         let mut header = [0u8; guest::HEADER_LEN];
         if let Err(e) = self.r.read_exact(&mut header).await {
-            return if e.kind() == io::ErrorKind::UnexpectedEof { Ok(None) } else { Err(GuestError::Closed) };
+            return if e.kind() == io::ErrorKind::UnexpectedEof {
+                Ok(None)
+            } else {
+                Err(GuestError::Closed)
+            };
         }
         let (kind, len) = guest::decode_header(header).map_err(GuestError::Protocol)?;
         let mut payload = vec![0u8; len];
-        self.r.read_exact(&mut payload).await.map_err(|_| GuestError::Closed)?;
+        self.r
+            .read_exact(&mut payload)
+            .await
+            .map_err(|_| GuestError::Closed)?;
         Ok(Some((kind, payload)))
     }
 
@@ -96,16 +117,27 @@ impl GuestConn {
     pub async fn reply(&mut self) -> Result<Reply, GuestError> {
         match self.next().await? {
             Some(Incoming::Reply(r)) => Ok(r),
-            Some(Incoming::Data(..)) => Err(GuestError::Protocol("expected a reply, got data".into())),
+            Some(Incoming::Data(..)) => {
+                Err(GuestError::Protocol("expected a reply, got data".into()))
+            }
             None => Err(GuestError::Closed),
         }
     }
 
     /// Sends a data frame (stdin or file content; empty = end).
     pub async fn send(&mut self, kind: FrameKind, data: &[u8]) -> Result<(), GuestError> {
-        for chunk in data.chunks(guest::MAX_FRAME).chain(data.is_empty().then_some(&[][..])) {
-            self.w.write_all(&guest::encode_header(kind, chunk.len())).await.map_err(|_| GuestError::Closed)?;
-            self.w.write_all(chunk).await.map_err(|_| GuestError::Closed)?;
+        for chunk in data
+            .chunks(guest::MAX_FRAME)
+            .chain(data.is_empty().then_some(&[][..]))
+        {
+            self.w
+                .write_all(&guest::encode_header(kind, chunk.len()))
+                .await
+                .map_err(|_| GuestError::Closed)?;
+            self.w
+                .write_all(chunk)
+                .await
+                .map_err(|_| GuestError::Closed)?;
         }
         Ok(())
     }

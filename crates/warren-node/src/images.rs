@@ -85,7 +85,10 @@ impl Images {
     pub fn resolve(&self, name: &str) -> Result<Rootfs, String> {
         match name {
             "host" => Ok(self.host.clone()),
-            _ => Err(format!("image {name:?} not found (known: {})", self.names().join(", "))),
+            _ => Err(format!(
+                "image {name:?} not found (known: {})",
+                self.names().join(", ")
+            )),
         }
     }
 
@@ -117,7 +120,11 @@ fn prepare_host(dir: &Path, host_root: &Path) -> io::Result<Rootfs> {
             _ => {}
         }
     }
-    let etc: Vec<&str> = HOST_ETC.iter().copied().filter(|p| host_root.join(p).exists()).collect();
+    let etc: Vec<&str> = HOST_ETC
+        .iter()
+        .copied()
+        .filter(|p| host_root.join(p).exists())
+        .collect();
     for p in &etc {
         binds.push(BindMount {
             source: host_root.join(p).to_string_lossy().into_owned(),
@@ -144,11 +151,19 @@ fn prepare_host(dir: &Path, host_root: &Path) -> io::Result<Rootfs> {
 
 fn mkdir(root: &Path, p: &str, mode: u32) -> io::Result<()> {
     let path = root.join(p);
-    fs::DirBuilder::new().recursive(true).mode(mode).create(&path)?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(&path)?;
     fs::set_permissions(&path, fs::Permissions::from_mode(mode))
 }
 
-fn build_skeleton(root: &Path, host_root: &Path, real_dirs: &[&str], etc: &[&str]) -> io::Result<()> {
+fn build_skeleton(
+    root: &Path,
+    host_root: &Path,
+    real_dirs: &[&str],
+    etc: &[&str],
+) -> io::Result<()> {
     for (d, mode) in [
         ("usr", 0o755),
         ("etc", 0o755),
@@ -225,7 +240,11 @@ mod tests {
         assert!(root.binds.iter().any(|b| b.target == "/usr" && b.readonly));
         for b in &root.binds {
             let inside = skel.join(b.target.trim_start_matches('/'));
-            assert!(inside.exists() || inside.is_symlink(), "no mount point for {}", b.target);
+            assert!(
+                inside.exists() || inside.is_symlink(),
+                "no mount point for {}",
+                b.target
+            );
         }
         // Preparing again reuses the skeleton.
         Images::prepare(dir.path()).unwrap();

@@ -6,8 +6,8 @@
 //!
 //! Sandboxes never depend on the daemon staying alive: see [`adopt`].
 
-pub mod adopt;
 pub mod admission;
+pub mod adopt;
 pub mod api;
 pub mod cgroups;
 pub mod config;
@@ -52,7 +52,9 @@ pub enum StartError {
     #[error("cgroups: {0}")]
     Cgroups(#[source] std::io::Error),
     /// The guest agent binary is missing.
-    #[error("guest agent binary {0} not found: build it (cargo build -p warren-guest) or set guest_binary")]
+    #[error(
+        "guest agent binary {0} not found: build it (cargo build -p warren-guest) or set guest_binary"
+    )]
     Guest(PathBuf),
 }
 
@@ -67,7 +69,13 @@ impl Node {
             images: root.join("images"),
             trash: root.join("trash"),
         };
-        for d in [&root, &dirs.sandboxes, &dirs.sockets, &dirs.images, &dirs.trash] {
+        for d in [
+            &root,
+            &dirs.sandboxes,
+            &dirs.sockets,
+            &dirs.images,
+            &dirs.trash,
+        ] {
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
@@ -112,9 +120,19 @@ impl Node {
 
     /// Kills every sandbox (for `warren up --stop-sandboxes` and tests).
     pub async fn kill_all(&self) -> usize {
-        let ids: Vec<_> = self.sandboxes.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let ids: Vec<_> = self
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
         let kills = ids.iter().map(|id| self.kill(id));
-        futures_util::future::join_all(kills).await.into_iter().filter(Result::is_ok).count()
+        futures_util::future::join_all(kills)
+            .await
+            .into_iter()
+            .filter(Result::is_ok)
+            .count()
     }
 }
 
@@ -122,7 +140,10 @@ impl Node {
 fn node_id(root: &std::path::Path) -> std::io::Result<NodeId> {
     let path = root.join("node.id");
     match std::fs::read_to_string(&path) {
-        Ok(s) => s.trim().parse().map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e}"))),
+        Ok(s) => s
+            .trim()
+            .parse()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e}"))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let id = NodeId::from_random(rand::random());
             std::fs::write(&path, format!("{id}\n"))?;

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::task::AbortHandle;
+use warren_types::ByteSize;
 use warren_types::api::{NodeInfo, Sandbox as SandboxView, SandboxState};
 use warren_types::id::{NodeId, SandboxId};
-use warren_types::ByteSize;
 
 use crate::admission::{Admission, HostLoad};
 use crate::cgroups::{Cgroups, SandboxCgroup};
@@ -91,7 +91,11 @@ impl Sandbox {
             image: r.image.clone(),
             task: r.task.clone(),
             labels: r.labels.clone(),
-            state: if self.phase() == Phase::Paused { SandboxState::Paused } else { SandboxState::Running },
+            state: if self.phase() == Phase::Paused {
+                SandboxState::Paused
+            } else {
+                SandboxState::Running
+            },
             resources: r.resources,
             created_at: state::rfc3339(r.created_ms),
             expires_at: state::rfc3339(r.expires_ms),
@@ -125,8 +129,16 @@ impl Node {
         let mut out: Vec<(u64, SandboxView)> = map
             .values()
             .filter(|s| s.phase() != Phase::Stopping)
-            .filter(|s| f.task.as_ref().is_none_or(|t| s.record.task.as_ref() == Some(t)))
-            .filter(|s| f.labels.iter().all(|(k, v)| s.record.labels.get(k) == Some(v)))
+            .filter(|s| {
+                f.task
+                    .as_ref()
+                    .is_none_or(|t| s.record.task.as_ref() == Some(t))
+            })
+            .filter(|s| {
+                f.labels
+                    .iter()
+                    .all(|(k, v)| s.record.labels.get(k) == Some(v))
+            })
             .map(|s| (s.record.created_ms, s.view(&self.id)))
             .filter(|(_, v)| f.state.is_none_or(|st| v.state == st))
             .collect();
@@ -154,7 +166,9 @@ impl Node {
             Phase::Running => {}
         }
         let cg = sb.cgroup.clone();
-        blocking(move || cg.set_frozen(true)).await.map_err(|e| NodeError::host("freezing the sandbox", e))?;
+        blocking(move || cg.set_frozen(true))
+            .await
+            .map_err(|e| NodeError::host("freezing the sandbox", e))?;
         sb.set_phase(Phase::Paused);
         tracing::debug!(sandbox_id = %id, "paused");
         Ok(sb.view(&self.id))
@@ -170,7 +184,9 @@ impl Node {
             Phase::Paused => {}
         }
         let cg = sb.cgroup.clone();
-        blocking(move || cg.set_frozen(false)).await.map_err(|e| NodeError::host("thawing the sandbox", e))?;
+        blocking(move || cg.set_frozen(false))
+            .await
+            .map_err(|e| NodeError::host("thawing the sandbox", e))?;
         sb.set_phase(Phase::Running);
         tracing::debug!(sandbox_id = %id, "resumed");
         Ok(sb.view(&self.id))
@@ -194,9 +210,15 @@ impl Node {
         for t in sb.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             t.abort();
         }
-        self.sandboxes.write().unwrap_or_else(|p| p.into_inner()).remove(&sb.record.id);
+        self.sandboxes
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&sb.record.id);
         if let Some(key) = &sb.record.idempotency_key {
-            self.idempotency.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+            self.idempotency
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(key);
         }
         let dirs = self.dirs.clone();
         let memory = sb.record.resources.memory.bytes();
@@ -263,15 +285,26 @@ impl Node {
 
     /// Capacity and load, for the control plane and `GET /v1/nodes`.
     pub fn info(&self) -> NodeInfo {
-        let load = HostLoad::read().unwrap_or(HostLoad { mem_total: 0, mem_available: 0, threads: 0, pid_max: 0 });
+        let load = HostLoad::read().unwrap_or(HostLoad {
+            mem_total: 0,
+            mem_available: 0,
+            threads: 0,
+            pid_max: 0,
+        });
         let usage = self.admission.usage();
         NodeInfo {
             id: self.id.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
-            sandboxes: self.sandboxes.read().unwrap_or_else(|p| p.into_inner()).len() as u32,
+            sandboxes: self
+                .sandboxes
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .len() as u32,
             max_sandboxes: self.cfg.max_sandboxes,
             memory_reserved: ByteSize(usage.memory),
-            memory_allocatable: ByteSize((load.mem_total as f64 * self.cfg.memory_overcommit) as u64),
+            memory_allocatable: ByteSize(
+                (load.mem_total as f64 * self.cfg.memory_overcommit) as u64,
+            ),
             memory_available: ByteSize(load.mem_available),
             threads: load.threads,
             pid_max: load.pid_max,
@@ -305,19 +338,20 @@ pub(crate) fn teardown(
         }
         warren_sys::process::pidfd_reap(fd);
     }
-    if cgroup.exists() {
-        if cgroup.remove(Duration::from_secs(2)).is_err() {
-            // Something outlived its init (it should not: the pid namespace died with it).
-            cgroup.kill_all();
-            if let Err(e) = cgroup.remove(Duration::from_secs(5)) {
-                tracing::error!("cgroup left behind: {e}");
-            }
+    if cgroup.exists() && cgroup.remove(Duration::from_secs(2)).is_err() {
+        // Something outlived its init (it should not: the pid namespace died with it).
+        cgroup.kill_all();
+        if let Err(e) = cgroup.remove(Duration::from_secs(5)) {
+            tracing::error!("cgroup left behind: {e}");
         }
     }
     let _ = std::fs::remove_file(socket);
     if dir.exists() {
         // Move aside at once, delete in the background: a large writable layer takes a while.
-        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let trash = dirs.trash.join(format!("{name}-{}", state::now_ms()));
         match std::fs::rename(dir, &trash) {
             Ok(()) => {

@@ -97,7 +97,11 @@ mod tests {
             task: Some("t".into()),
             labels: [("a".to_string(), "b".to_string())].into(),
             env: BTreeMap::new(),
-            resources: Resources { cpu: 1000, memory: ByteSize(1 << 29), pids: 64 },
+            resources: Resources {
+                cpu: 1000,
+                memory: ByteSize(1 << 29),
+                pids: 64,
+            },
             created_ms: 1,
             expires_ms: 2,
             pid: 42,

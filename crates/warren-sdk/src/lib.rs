@@ -1,1 +1,55 @@
-//! Rust SDK for Warren (placeholder).
+//! Rust SDK for Warren's REST API: create sandboxes, run commands in them, move files.
+//!
+//! ```no_run
+//! # async fn demo() -> warren_sdk::Result<()> {
+//! use warren_sdk::{Client, CreateSandbox, ExecResultExt};
+//!
+//! // WARREN_URL (default http://127.0.0.1:7700) and WARREN_API_KEY, or the key file that
+//! // `warren up` writes.
+//! let client = Client::from_env()?;
+//! let sb = client
+//!     .create(&CreateSandbox { image: "host".into(), task: Some("rollout-7".into()), ..Default::default() })
+//!     .await?;
+//! sb.write_file("/tmp/in.txt", "hello\n").await?;
+//! let out = sb.exec(&warren_sdk::argv(["wc", "-c", "/tmp/in.txt"])).await?;
+//! println!("exit {}: {}", out.status.exit_code, String::from_utf8_lossy(&out.stdout_data()?));
+//! sb.kill().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! - [`Client`]: the connection to Warren; sandbox-independent operations (create, list,
+//!   nodes, health). Cheap to clone, safe to share between tasks.
+//! - [`Sandbox`]: a handle on one sandbox; lifecycle ([`sandbox`]), commands ([`exec`]),
+//!   background processes ([`process`]) and files ([`files`]).
+//! - [`Error`]: one error type; [`Error::Api`] carries the server's code and message.
+//! - [`config`]: where the address and the API key come from.
+//!
+//! The request and response bodies are [`warren_types::api`]'s, re-exported here.
+
+pub mod client;
+pub mod config;
+pub mod error;
+pub mod exec;
+pub mod files;
+mod ndjson;
+pub mod process;
+pub mod sandbox;
+
+pub use client::{Client, ListFilter};
+pub use config::Config;
+pub use error::{Error, Result};
+pub use exec::{ExecEvents, ExecResultExt, argv, decode_data, set_stdin, shell};
+pub use files::FileStream;
+pub use sandbox::Sandbox;
+
+/// A sandbox as the API describes it (`warren_types::api::Sandbox`), named apart from the
+/// [`Sandbox`] handle.
+pub use warren_types::api::Sandbox as SandboxInfo;
+pub use warren_types::api::{
+    CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, FileEntry, FileKind,
+    Health, NodeInfo, ProcessInfo, Resources, SandboxState,
+};
+pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};
+
+#[cfg(test)]
+mod fake;

@@ -41,15 +41,7 @@ fn raw_mount(
     let p = |o: Option<&CString>| o.map_or(std::ptr::null(), |s| s.as_ptr());
     // SAFETY: all pointers are NUL-terminated strings that outlive the call, or null where the
     // kernel accepts null.
-    let r = unsafe {
-        libc::mount(
-            p(source),
-            target.as_ptr(),
-            p(fstype),
-            flags,
-            p(data).cast(),
-        )
-    };
+    let r = unsafe { libc::mount(p(source), target.as_ptr(), p(fstype), flags, p(data).cast()) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -63,14 +55,8 @@ fn with_target(e: io::Error, what: &str, target: &Path) -> io::Error {
 /// Makes every mount in this mount namespace private, so nothing done here propagates to the
 /// host (and nothing from the host propagates in).
 pub fn make_all_private() -> io::Result<()> {
-    raw_mount(
-        None,
-        &cs("/")?,
-        None,
-        libc::MS_REC | libc::MS_PRIVATE,
-        None,
-    )
-    .map_err(|e| with_target(e, "making mounts private at", Path::new("/")))
+    raw_mount(None, &cs("/")?, None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(|e| with_target(e, "making mounts private at", Path::new("/")))
 }
 
 /// Mounts a file system of `fstype` (e.g. `proc`, `tmpfs`) at `target`.
@@ -105,7 +91,11 @@ pub fn bind(source: &Path, target: &Path, recursive: bool, flags: u64) -> io::Re
     raw_mount(Some(&c(source)?), &t, None, libc::MS_BIND | rec, None).map_err(|e| {
         io::Error::new(
             e.kind(),
-            format!("bind-mounting {} at {}: {e}", source.display(), target.display()),
+            format!(
+                "bind-mounting {} at {}: {e}",
+                source.display(),
+                target.display()
+            ),
         )
     })?;
     if flags != 0 {
@@ -124,7 +114,12 @@ pub fn bind(source: &Path, target: &Path, recursive: bool, flags: u64) -> io::Re
 /// Remounts an existing mount point with `flags` (e.g. making `/proc/sys` read-only: the
 /// path is first bound onto itself so it is a mount point).
 pub fn remount_readonly(target: &Path) -> io::Result<()> {
-    bind(target, target, true, flags::RDONLY | flags::NOSUID | flags::NODEV)
+    bind(
+        target,
+        target,
+        true,
+        flags::RDONLY | flags::NOSUID | flags::NODEV,
+    )
 }
 
 /// Makes a character device node.
@@ -149,8 +144,12 @@ pub fn mknod_char(path: &Path, mode: u32, major: u32, minor: u32) -> io::Result<
 pub fn pivot_root_here() -> io::Result<()> {
     rustix::process::pivot_root(".", ".")
         .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("pivot_root: {e}")))?;
-    rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH)
-        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("detaching the old root: {e}")))?;
+    rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH).map_err(|e| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!("detaching the old root: {e}"),
+        )
+    })?;
     std::env::set_current_dir("/")
 }
 

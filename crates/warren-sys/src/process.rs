@@ -38,7 +38,10 @@ pub fn pidfd_kill(pidfd: impl AsFd) -> io::Result<()> {
 
 /// Whether the process behind a pidfd has exited (the pidfd polls readable).
 pub fn pidfd_exited(pidfd: impl AsFd) -> bool {
-    let mut fds = [rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN)];
+    let mut fds = [rustix::event::PollFd::new(
+        &pidfd,
+        rustix::event::PollFlags::IN,
+    )];
     matches!(rustix::event::poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0)
 }
 
@@ -76,7 +79,8 @@ pub enum Exit {
 /// Reaps one exited child of this process without blocking: `Some((pid, how))`, or `None`
 /// when no child has exited (or there are no children).
 pub fn reap_any() -> Option<(i32, Exit)> {
-    match rustix::process::waitpid(None, WaitOptions::NOHANG) {
+    // waitpid(-1): any child. (rustix's waitpid(None) is pid 0, this process group only.)
+    match rustix::process::wait(WaitOptions::NOHANG) {
         Ok(Some((pid, status))) => {
             let how = if let Some(code) = status.exit_status() {
                 Exit::Code(code)

@@ -388,6 +388,14 @@ pub struct NodeInfo {
     pub cgroups: String,
 }
 
+/// `GET /v1/nodes`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeList {
+    /// Every node the control plane knows, answering or not.
+    pub nodes: Vec<NodeInfo>,
+}
+
 /// `GET /v1/health`: no authentication; says the control plane answers and its nodes do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

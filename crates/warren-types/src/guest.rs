@@ -74,7 +74,10 @@ pub fn decode_header(h: [u8; HEADER_LEN]) -> Result<(FrameKind, usize), String> 
         return Err("frame length 0".into());
     }
     if len - 1 > MAX_FRAME {
-        return Err(format!("frame of {} bytes exceeds the {MAX_FRAME}-byte limit", len - 1));
+        return Err(format!(
+            "frame of {} bytes exceeds the {MAX_FRAME}-byte limit",
+            len - 1
+        ));
     }
     let kind = FrameKind::from_u8(h[4]).ok_or_else(|| format!("unknown frame kind {}", h[4]))?;
     Ok((kind, len - 1))

@@ -34,7 +34,11 @@ pub struct InvalidId {
 impl fmt::Display for InvalidId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let shown: String = self.value.chars().take(64).collect();
-        write!(f, "{:?} is not a valid {} id: {}", shown, self.kind, self.expected)
+        write!(
+            f,
+            "{:?} is not a valid {} id: {}",
+            shown, self.kind, self.expected
+        )
     }
 }
 
@@ -206,7 +210,11 @@ mod tests {
         let id = SandboxId::new(&node, [255; SANDBOX_RANDOM_LEN]);
         assert_eq!(id.as_str().len(), SANDBOX_ID_LEN);
         assert_eq!(id.node(), node);
-        assert!(id.as_str().bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+        assert!(
+            id.as_str()
+                .bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        );
         assert_eq!(id.as_str().parse::<SandboxId>().unwrap(), id);
     }
 

@@ -27,9 +27,14 @@ impl ByteSize {
 
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let units = [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
+        let units = [
+            ("Ti", 1u64 << 40),
+            ("Gi", 1 << 30),
+            ("Mi", 1 << 20),
+            ("Ki", 1 << 10),
+        ];
         for (name, unit) in units {
-            if self.0 >= unit && self.0 % unit == 0 {
+            if self.0 >= unit && self.0.is_multiple_of(unit) {
                 return write!(f, "{}{}", self.0 / unit, name);
             }
         }
@@ -46,12 +51,12 @@ impl FromStr for ByteSize {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let t = s.trim();
-        let split = t
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(t.len());
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let bad = || {
-            format!("{s:?} is not a size: write bytes as an integer or with a suffix, e.g. 512Mi or 2G")
+            format!(
+                "{s:?} is not a size: write bytes as an integer or with a suffix, e.g. 512Mi or 2G"
+            )
         };
         if num.is_empty() {
             return Err(bad());
@@ -140,7 +145,9 @@ mod tests {
     fn json_accepts_integers_and_strings_but_not_negatives() {
         assert_eq!(serde_json::from_str::<ByteSize>("1024").unwrap().0, 1024);
         assert_eq!(serde_json::from_str::<ByteSize>("\"1Ki\"").unwrap().0, 1024);
-        let err = serde_json::from_str::<ByteSize>("-5").unwrap_err().to_string();
+        let err = serde_json::from_str::<ByteSize>("-5")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("negative"), "{err}");
     }
 

@@ -1,19 +1,173 @@
 //! `warren up`: the control plane and a node daemon in one process, on one machine.
+//!
+//! The node serves its API on a unix socket in the data directory (`node.sock`, mode 0600); the
+//! control plane reaches it there, exactly as it would reach a remote node over TCP. Stopping
+//! `warren up` (Ctrl-C, SIGTERM) leaves sandboxes running; the next `warren up` re-adopts them.
 
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
 
-/// Options of `warren up`.
+use anyhow::Context;
+use serde::Deserialize;
+use warren_control::{Control, ControlConfig, Endpoint};
+use warren_node::{Node, NodeConfig};
+
+/// Options of `warren up`. Flags override the config file; the file overrides defaults.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "Examples:\n  warren up\n  warren up --data-dir /srv/warren --listen 0.0.0.0:7700\n  warren up --config /etc/warren/warren.toml\n\n\
+The first start writes an admin API key to <data-dir>/admin.key (mode 0600); the CLI on this\n\
+machine reads it from there. Elsewhere, export WARREN_URL and WARREN_API_KEY."
+)]
 pub struct UpArgs {
     /// Data directory (database, admin key, node state).
-    #[arg(long, env = "WARREN_DATA_DIR", default_value = "/var/lib/warren")]
-    pub data_dir: PathBuf,
-    /// Address the REST API listens on.
-    #[arg(long, env = "WARREN_LISTEN", default_value = "127.0.0.1:7700")]
-    pub listen: String,
+    #[arg(long, env = "WARREN_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address the REST API listens on [default: 127.0.0.1:7700].
+    #[arg(long, env = "WARREN_LISTEN")]
+    pub listen: Option<String>,
+    /// TOML config file: top-level `data_dir`, `listen`, and `[node]`, `[control]` tables
+    /// (see docs/configuration.md).
+    #[arg(long, env = "WARREN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Name of Warren's parent cgroup [default: warren].
+    #[arg(long, env = "WARREN_CGROUP_PARENT")]
+    pub cgroup_parent: Option<String>,
+    /// Kill every sandbox when stopping, instead of leaving them for the next start.
+    #[arg(long)]
+    pub kill_sandboxes_on_exit: bool,
+}
+
+/// The config file of `warren up`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct FileConfig {
+    data_dir: Option<PathBuf>,
+    listen: Option<String>,
+    node: Option<NodeConfig>,
+    control: Option<ControlConfig>,
 }
 
 /// Runs the all-in-one platform until Ctrl-C or SIGTERM.
-pub fn run(_args: UpArgs) -> anyhow::Result<()> {
-    anyhow::bail!("warren up is not built yet")
+pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    init_logging();
+    let file: FileConfig = match &args.config {
+        Some(p) => {
+            let raw = std::fs::read_to_string(p)
+                .with_context(|| format!("reading config {}", p.display()))?;
+            toml::from_str(&raw).with_context(|| format!("config {}", p.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let data_dir = args
+        .data_dir
+        .clone()
+        .or(file.data_dir)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/warren"));
+    let listen = args
+        .listen
+        .clone()
+        .or(file.listen)
+        .unwrap_or_else(|| "127.0.0.1:7700".to_string());
+    let mut node_cfg = file.node.unwrap_or_default();
+    if file_sets_no_state_dir(&node_cfg) {
+        node_cfg.state_dir = data_dir.join("node");
+    }
+    if let Some(p) = &args.cgroup_parent {
+        node_cfg.cgroup_parent = p.clone();
+    }
+    let mut control_cfg = file.control.unwrap_or_default();
+    control_cfg.data_dir = data_dir.clone();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(
+        data_dir,
+        listen,
+        node_cfg,
+        control_cfg,
+        args.kill_sandboxes_on_exit,
+    ))
+}
+
+fn file_sets_no_state_dir(cfg: &NodeConfig) -> bool {
+    cfg.state_dir == NodeConfig::default().state_dir
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+async fn serve(
+    data_dir: PathBuf,
+    listen: String,
+    node_cfg: NodeConfig,
+    control_cfg: ControlConfig,
+    kill_on_exit: bool,
+) -> anyhow::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&data_dir)
+        .with_context(|| format!("creating data directory {}", data_dir.display()))?;
+    let tcp = tokio::net::TcpListener::bind(&listen)
+        .await
+        .with_context(|| {
+            format!(
+                "listening on {listen} (is another warren up running? choose another with --listen)"
+            )
+        })?;
+
+    let (node, report) = Node::start(node_cfg).await?;
+    let sock = data_dir.join("node.sock");
+    let _ = std::fs::remove_file(&sock);
+    let node_listener = tokio::net::UnixListener::bind(&sock)
+        .with_context(|| format!("binding {}", sock.display()))?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    let node_app = warren_node::api::router(node.clone(), None);
+    let node_server = tokio::spawn(async move { axum::serve(node_listener, node_app).await });
+
+    let started = Control::start(control_cfg, &[Endpoint::Unix(sock.clone())]).await?;
+    let key_file = data_dir.join("admin.key");
+    if started.new_admin_key.is_some() {
+        eprintln!(
+            "warren: created an admin API key in {} (mode 0600).\n        The CLI on this machine uses it; elsewhere: export WARREN_API_KEY=$(cat {})",
+            key_file.display(),
+            key_file.display()
+        );
+    }
+    let app = warren_control::api::router(started.control.clone());
+    eprintln!(
+        "warren: serving http://{listen} (node {}, {} sandboxes re-adopted). Try: warren sandbox create --image host",
+        node.id, report.adopted
+    );
+    axum::serve(tcp, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    node_server.abort();
+    let _ = std::fs::remove_file(&sock);
+    if kill_on_exit {
+        let n = node.kill_all().await;
+        eprintln!("warren: killed {n} sandboxes");
+    } else {
+        eprintln!("warren: stopped; sandboxes keep running and are re-adopted on the next start");
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
 }

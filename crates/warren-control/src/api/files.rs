@@ -1,0 +1,134 @@
+//! Files: download, upload, list, stat, mkdir, rename, remove.
+//!
+//! Every operation acts as a user inside the sandbox (default `user`): files it creates belong
+//! to them and permission checks are theirs. Paths are absolute or relative to the user's home;
+//! paths with `..` are refused.
+
+use axum::body::Body;
+use axum::extract::Path;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::Response;
+use warren_http::{Error, Json};
+use warren_types::api::{FileEntry, FileList, MkdirRequest, RenameRequest};
+use warren_types::error::ErrorBody;
+
+use super::{S, pass, pass_json};
+
+/// Download a file's bytes.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id."),
+        ("path" = String, Query, description = "File path."),
+        ("user" = Option<String>, Query, description = "Acting user; default `user`.")),
+    responses((status = 200, description = "The bytes.", content_type = "application/octet-stream"),
+        (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn read(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::GET, &uri, &headers, Body::empty()).await
+}
+
+/// Upload a file (the body is its bytes), creating parent directories. The file appears under
+/// its name only once complete; an interrupted upload changes nothing.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id."),
+        ("path" = String, Query, description = "File path."),
+        ("user" = Option<String>, Query, description = "Acting user (owner of the file); default `user`."),
+        ("mode" = Option<String>, Query, description = "Permission bits in octal, e.g. 755.")),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 200, body = FileEntry), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 413, description = "Larger than max_upload.", body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn write(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::PUT, &uri, &headers, body).await
+}
+
+/// Remove a file, or a directory (`recursive=true` for a non-empty one).
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id."),
+        ("path" = String, Query, description = "Path."),
+        ("user" = Option<String>, Query, description = "Acting user."),
+        ("recursive" = Option<bool>, Query, description = "Remove a directory and its contents.")),
+    responses((status = 204, description = "Removed."), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn remove(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::DELETE, &uri, &headers, Body::empty()).await
+}
+
+/// List a directory.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id."),
+        ("path" = String, Query, description = "Directory."),
+        ("user" = Option<String>, Query, description = "Acting user.")),
+    responses((status = 200, body = FileList), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn list(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::GET, &uri, &headers, Body::empty()).await
+}
+
+/// Describe a path (not following a final symlink).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id."),
+        ("path" = String, Query, description = "Path."),
+        ("user" = Option<String>, Query, description = "Acting user.")),
+    responses((status = 200, body = FileEntry), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn stat(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::GET, &uri, &headers, Body::empty()).await
+}
+
+/// Make a directory (and missing parents, by default).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    request_body = MkdirRequest,
+    responses((status = 200, body = FileEntry), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn mkdir(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(req): Json<MkdirRequest>,
+) -> Result<Response, Error> {
+    pass_json(&c, &id, &uri, &headers, &req).await
+}
+
+/// Rename (move) a path, making missing parents of the destination.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/rename", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    request_body = RenameRequest,
+    responses((status = 200, body = FileEntry), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn rename(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(req): Json<RenameRequest>,
+) -> Result<Response, Error> {
+    pass_json(&c, &id, &uri, &headers, &req).await
+}

@@ -1,0 +1,114 @@
+//! The public REST API under `/v1`.
+//!
+//! Every route except `/v1/health` and `/v1/openapi.json` needs an API key. Requests about a
+//! sandbox go to the node its id names; bodies are checked here first, so a malformed request
+//! is refused without a round trip.
+
+pub(crate) mod commands;
+pub(crate) mod files;
+pub mod forward;
+pub(crate) mod sandboxes;
+pub(crate) mod system;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::{Router, middleware};
+
+use crate::{Control, auth};
+
+/// Largest JSON body (exec stdin travels in it), bytes.
+pub const MAX_JSON_BODY: usize = 64 << 20;
+
+type S = axum::extract::State<Arc<Control>>;
+
+/// The public API.
+pub fn router(c: Arc<Control>) -> Router {
+    let authed = Router::new()
+        .route("/v1/nodes", get(system::nodes))
+        .route(
+            "/v1/sandboxes",
+            post(sandboxes::create).get(sandboxes::list),
+        )
+        .route(
+            "/v1/sandboxes/{id}",
+            get(sandboxes::get).delete(sandboxes::kill),
+        )
+        .route("/v1/sandboxes/{id}/pause", post(sandboxes::pause))
+        .route("/v1/sandboxes/{id}/resume", post(sandboxes::resume))
+        .route("/v1/sandboxes/{id}/exec", post(commands::exec))
+        .route(
+            "/v1/sandboxes/{id}/processes",
+            post(commands::start).get(commands::list),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}",
+            get(commands::get).delete(commands::forget),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}/wait",
+            post(commands::wait),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}/signal",
+            post(commands::signal),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}/output",
+            get(commands::output),
+        )
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(files::read).put(files::write).delete(files::remove),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(files::list))
+        .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .route("/v1/sandboxes/{id}/files/rename", post(files::rename))
+        .layer(middleware::from_fn_with_state(
+            c.keys.clone(),
+            auth::require_key,
+        ))
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY));
+    Router::new()
+        .route("/v1/health", get(system::health))
+        .route("/v1/openapi.json", get(system::openapi))
+        .merge(authed)
+        .fallback(warren_http::not_found)
+        .with_state(c)
+}
+
+/// Forwards a request about sandbox `id` as it came (method, path, query, body).
+pub(crate) async fn pass(
+    c: &Control,
+    id: &str,
+    method: axum::http::Method,
+    uri: &axum::http::Uri,
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Result<axum::response::Response, warren_http::Error> {
+    let (_, node) = forward::route(c, id)?;
+    let pq = uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or(uri.path());
+    let body = reqwest::Body::wrap_stream(body.into_data_stream());
+    forward::forward(&node, method, pq, headers, body).await
+}
+
+/// Forwards a checked JSON body about sandbox `id`.
+pub(crate) async fn pass_json<T: serde::Serialize>(
+    c: &Control,
+    id: &str,
+    uri: &axum::http::Uri,
+    headers: &axum::http::HeaderMap,
+    value: &T,
+) -> Result<axum::response::Response, warren_http::Error> {
+    let (_, node) = forward::route(c, id)?;
+    let pq = uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or(uri.path());
+    forward::forward_json(&node, axum::http::Method::POST, pq, headers, value).await
+}

@@ -1,0 +1,213 @@
+//! Sandbox lifecycle: create, list, get, pause, resume, kill.
+
+use axum::body::Body;
+use axum::extract::Path;
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::Response;
+use warren_http::{Error, Json, Query};
+use warren_types::api::{CreateSandbox, Sandbox, SandboxList, SandboxState};
+use warren_types::error::{ApiError, ErrorBody, ErrorCode};
+
+use super::forward::{forward_json, unavailable};
+use super::{S, pass};
+use crate::scheduler::{self, InFlight};
+
+/// Create a container sandbox.
+///
+/// Placed on a node by power-of-k choice; the node's admission check has the last word, and a
+/// refusal sends the request to the next candidate. With `Idempotency-Key`, a retried request
+/// returns the sandbox the first one made (status 200 instead of 201).
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body = CreateSandbox,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: the same key returns the same sandbox.")),
+    responses(
+        (status = 201, description = "Created and ready for commands.", body = Sandbox),
+        (status = 200, description = "An earlier request with this Idempotency-Key made it.", body = Sandbox),
+        (status = 400, description = "Bad request: the message says which field.", body = ErrorBody),
+        (status = 404, description = "Unknown image.", body = ErrorBody),
+        (status = 429, description = "No node has room: retry after Retry-After seconds, or ask for less.", body = ErrorBody),
+    ),
+    security(("api_key" = [])))]
+pub async fn create(
+    axum::extract::State(c): S,
+    headers: HeaderMap,
+    Json(req): Json<CreateSandbox>,
+) -> Result<Response, Error> {
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    let memory = req.memory.map(|m| m.bytes()).unwrap_or(512 << 20);
+    let nodes = c.nodes.all();
+    if nodes.is_empty() {
+        return Err(Error(ApiError::new(
+            ErrorCode::Unavailable,
+            "no nodes are registered: start a node daemon",
+        )));
+    }
+    let order = scheduler::candidates(&nodes, c.cfg.schedule_k, memory, key);
+    if order.is_empty() {
+        return Err(Error(ApiError::capacity(
+            "no node has room for this sandbox (by their last reports): retry later or ask for less memory",
+            2,
+        )));
+    }
+    let mut last = None;
+    for node in order {
+        let _inflight = InFlight::new(node.clone(), memory);
+        match forward_json(&node, Method::POST, "/v1/sandboxes", &headers, &req).await {
+            Ok(resp) if resp.status().as_u16() == 429 => last = Some(Ok(resp)),
+            Ok(resp) => return Ok(resp),
+            Err(e) => {
+                tracing::warn!(node_id = %node.id, "create: {}", e.0.message);
+                last = Some(Err(unavailable(&node, &e.0.message)));
+            }
+        }
+    }
+    last.unwrap_or_else(|| Err(Error(ApiError::capacity("no node accepted the sandbox", 2))))
+}
+
+/// `GET /v1/sandboxes` filters.
+#[derive(Debug, Default, serde::Deserialize, serde::Serialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only this task's sandboxes.
+    pub task: Option<String>,
+    /// Only sandboxes with all these labels, as `key=value,key2=value2`.
+    pub label: Option<String>,
+    /// Only sandboxes in this state.
+    pub state: Option<SandboxState>,
+}
+
+/// List sandboxes, oldest first.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListQuery),
+    responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn list(
+    axum::extract::State(c): S,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<SandboxList>, Error> {
+    let qs = serde_urlencoded_query(&q);
+    let asks = c.nodes.all().into_iter().map(|n| {
+        let qs = qs.clone();
+        async move {
+            let r = n
+                .client
+                .request(reqwest::Method::GET, &format!("/v1/sandboxes{qs}"))
+                .send()
+                .await;
+            match r {
+                Ok(resp) if resp.status().is_success() => resp
+                    .json::<SandboxList>()
+                    .await
+                    .map_err(|e| unavailable(&n, &e)),
+                Ok(resp) => {
+                    let body: Result<ErrorBody, _> = resp.json().await;
+                    Err(match body {
+                        Ok(b) => Error(b.error),
+                        Err(e) => unavailable(&n, &e),
+                    })
+                }
+                Err(e) => Err(unavailable(&n, &e)),
+            }
+        }
+    });
+    let mut all = Vec::new();
+    for r in futures_util::future::join_all(asks).await {
+        match r {
+            Ok(l) => all.extend(l.sandboxes),
+            // A bad filter is the caller's error, whichever node says so first.
+            Err(e) if e.0.code == ErrorCode::InvalidArgument => return Err(e),
+            Err(e) => tracing::warn!("list: {}", e.0.message),
+        }
+    }
+    all.sort_by(|a, b| {
+        a.created_at
+            .cmp(&b.created_at)
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    Ok(Json(SandboxList { sandboxes: all }))
+}
+
+fn serde_urlencoded_query(q: &ListQuery) -> String {
+    let mut parts = Vec::new();
+    let enc = |s: &str| {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect::<String>()
+    };
+    if let Some(t) = &q.task {
+        parts.push(format!("task={}", enc(t)));
+    }
+    if let Some(l) = &q.label {
+        parts.push(format!("label={}", enc(l)));
+    }
+    if let Some(s) = q.state {
+        parts.push(format!("state={}", s.as_str()));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", parts.join("&"))
+    }
+}
+
+/// Get one sandbox.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    responses((status = 200, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn get(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::GET, &uri, &headers, Body::empty()).await
+}
+
+/// Kill a sandbox and release everything it held. Legal in every state.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    responses((status = 204, description = "Killed."), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn kill(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::DELETE, &uri, &headers, Body::empty()).await
+}
+
+/// Pause (freeze) a sandbox: its processes stop, memory is kept. Any later operation on it
+/// resumes it first. Pausing a paused sandbox is a no-op.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn pause(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::POST, &uri, &headers, Body::empty()).await
+}
+
+/// Resume a paused sandbox. Resuming a running sandbox is a no-op.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn resume(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::POST, &uri, &headers, Body::empty()).await
+}

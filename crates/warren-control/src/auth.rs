@@ -1,0 +1,178 @@
+//! API keys: the admin key made on first start, and checking keys on requests.
+//!
+//! Keys are 32 random bytes shown as `wrn_` + 43 base62-ish characters; the database keeps only
+//! their SHA-256. (IAM with projects and roles comes later; for now there is the admin key.)
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::RwLock;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use sqlx::SqlitePool;
+use warren_types::error::{ApiError, ErrorCode};
+
+const ALPHABET: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+/// Why key handling failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// The database.
+    #[error("api key store: {0}")]
+    Db(#[from] sqlx::Error),
+    /// The admin key file.
+    #[error("admin key file {path}: {source}")]
+    KeyFile {
+        /// The file.
+        path: String,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A fresh random key.
+pub fn new_key() -> String {
+    let bytes: [u8; 32] = rand::random();
+    let mut s = String::from("wrn_");
+    for b in bytes {
+        s.push(ALPHABET[(b as usize) % ALPHABET.len()] as char);
+    }
+    s
+}
+
+/// The stored form of a key.
+pub fn hash(key: &str) -> String {
+    let d = Sha256::digest(key.as_bytes());
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Known key hashes, loaded from the database.
+#[derive(Debug, Default)]
+pub struct Keys {
+    hashes: RwLock<HashSet<String>>,
+}
+
+impl Keys {
+    /// Loads every key hash.
+    pub async fn load(db: &SqlitePool) -> Result<Keys, AuthError> {
+        let rows: Vec<(String,)> = sqlx::query_as("SELECT key_hash FROM api_keys")
+            .fetch_all(db)
+            .await?;
+        Ok(Keys {
+            hashes: RwLock::new(rows.into_iter().map(|(h,)| h).collect()),
+        })
+    }
+
+    /// Whether `key` is a known key.
+    pub fn check(&self, key: &str) -> bool {
+        self.hashes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&hash(key))
+    }
+}
+
+/// Makes sure an admin key exists: on first start, creates one, stores its hash and writes it
+/// to `<data_dir>/admin.key` (mode 0600). Returns the key when it was just made.
+pub async fn bootstrap_admin(
+    db: &SqlitePool,
+    data_dir: &Path,
+) -> Result<Option<String>, AuthError> {
+    let path = data_dir.join("admin.key");
+    let file_err = |source| AuthError::KeyFile {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Ok(existing) = std::fs::read_to_string(&path) {
+        let key = existing.trim().to_string();
+        // The database may be new (e.g. deleted); make sure the file's key still works.
+        sqlx::query("INSERT OR IGNORE INTO api_keys (id, name, key_hash, role, created_ms) VALUES (?, 'admin', ?, 'admin', ?)")
+            .bind(format!("key_{}", &hash(&key)[..12]))
+            .bind(hash(&key))
+            .bind(now_ms())
+            .execute(db)
+            .await?;
+        return Ok(None);
+    }
+    let key = new_key();
+    sqlx::query("INSERT INTO api_keys (id, name, key_hash, role, created_ms) VALUES (?, 'admin', ?, 'admin', ?)")
+        .bind(format!("key_{}", &hash(&key)[..12]))
+        .bind(hash(&key))
+        .bind(now_ms())
+        .execute(db)
+        .await?;
+    let tmp = data_dir.join("admin.key.tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(file_err)?;
+    f.write_all(format!("{key}\n").as_bytes())
+        .map_err(file_err)?;
+    f.sync_all().map_err(file_err)?;
+    std::fs::rename(&tmp, &path).map_err(file_err)?;
+    Ok(Some(key))
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The key a request presents: `Authorization: Bearer <key>` or `X-API-Key: <key>`.
+pub fn presented(req: &Request) -> Option<&str> {
+    let h = req.headers();
+    h.get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").map(str::trim))
+        .or_else(|| {
+            h.get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+        })
+}
+
+/// Middleware: refuses requests without a known key.
+pub async fn require_key(
+    State(keys): State<std::sync::Arc<Keys>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match presented(&req) {
+        Some(k) if keys.check(k) => next.run(req).await,
+        Some(_) => warren_http::Error(ApiError::new(
+            ErrorCode::Unauthenticated,
+            "the API key is not valid: use the key in <data-dir>/admin.key (default /var/lib/warren/admin.key)",
+        ))
+        .into_response(),
+        None => warren_http::Error(ApiError::new(
+            ErrorCode::Unauthenticated,
+            "no API key: send Authorization: Bearer <key> (the admin key is in <data-dir>/admin.key; the CLI reads WARREN_API_KEY)",
+        ))
+        .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_random_and_hashes_stable() {
+        let (a, b) = (new_key(), new_key());
+        assert_ne!(a, b);
+        assert!(a.starts_with("wrn_") && a.len() == 36);
+        assert_eq!(hash("x"), hash("x"));
+        assert_eq!(hash("x").len(), 64);
+    }
+}

@@ -1,0 +1,240 @@
+//! The `warren` command line: parsing (clap), dispatch, and how errors end the process.
+//!
+//! Each command group has its own file; [`args`] holds the value parsers several commands share
+//! and [`output`] how results are printed (tables for people, `--json` for programs).
+
+mod args;
+mod cp;
+mod exec;
+mod health;
+mod node;
+mod output;
+mod ps;
+mod sandbox;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use warren_sdk::{Client, Config};
+
+const ABOUT: &str = "Warren: sandboxes for agentic RL";
+
+const EXAMPLES: &str = "\
+Getting started (on one machine, as root):
+  warren up &                                   # start the platform
+  id=$(warren sandbox create --image host)      # make a sandbox, print its id
+  warren exec $id -- python3 -c 'print(6*7)'    # run a command in it
+  warren cp ./data.csv $id:/tmp/data.csv        # copy a file in
+  warren sandbox rm $id                         # kill it
+
+Configuration:
+  WARREN_URL       where Warren listens (default http://127.0.0.1:7700)
+  WARREN_API_KEY   the API key (default: read from $WARREN_DATA_DIR/admin.key,
+                   i.e. /var/lib/warren/admin.key, which `warren up` writes)
+
+Exit status: 0 on success, 1 on an error (printed as `error: ...`), 2 for bad usage;
+`warren exec` exits with the command's own status (see `warren exec --help`).";
+
+/// The `warren` command.
+#[derive(Debug, Parser)]
+#[command(
+    name = "warren",
+    version,
+    about = ABOUT,
+    after_help = EXAMPLES,
+    arg_required_else_help = true,
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every command takes.
+#[derive(Debug, Clone, Args)]
+pub struct Global {
+    /// Address of Warren's REST API [default: http://127.0.0.1:7700].
+    #[arg(
+        long,
+        env = "WARREN_URL",
+        global = true,
+        hide_env_values = true,
+        value_name = "URL",
+        help_heading = GLOBAL
+    )]
+    url: Option<String>,
+    /// API key [default: read from $WARREN_DATA_DIR/admin.key].
+    #[arg(
+        long,
+        env = "WARREN_API_KEY",
+        global = true,
+        hide_env_values = true,
+        value_name = "KEY",
+        help_heading = GLOBAL
+    )]
+    api_key: Option<String>,
+    /// Print JSON (the API's own objects) instead of tables and text.
+    #[arg(long, global = true, help_heading = GLOBAL)]
+    json: bool,
+}
+
+const GLOBAL: &str = "Global options";
+
+impl Global {
+    /// A client configured from the environment, these flags overriding it.
+    fn client(&self) -> anyhow::Result<Client> {
+        fn given(v: &Option<String>) -> Option<&str> {
+            v.as_deref().map(str::trim).filter(|v| !v.is_empty())
+        }
+        let mut cfg = Config::from_env();
+        if let Some(url) = given(&self.url) {
+            cfg.url = url.to_string();
+        }
+        if let Some(key) = given(&self.api_key) {
+            cfg.api_key = Some(key.to_string());
+        }
+        Ok(Client::from_config(cfg)?)
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the all-in-one platform (control plane and node) on this machine.
+    Up(crate::up::UpArgs),
+    /// Create, list, inspect, pause, resume and remove sandboxes.
+    #[command(
+        subcommand,
+        visible_alias = "sb",
+        after_help = "Examples:\n  id=$(warren sandbox create --image host)\n  \
+            warren sandbox ls\n  warren sandbox rm $id\n\n\
+            See `warren sandbox <COMMAND> --help` for each command's options."
+    )]
+    Sandbox(sandbox::SandboxCommand),
+    /// Run a command in a sandbox and stream its output.
+    Exec(exec::ExecArgs),
+    /// Copy a file into or out of a sandbox.
+    Cp(cp::CpArgs),
+    /// List the background processes of a sandbox.
+    Ps(ps::PsArgs),
+    /// Look at the nodes that run sandboxes.
+    #[command(subcommand, after_help = "Examples:\n  warren node ls")]
+    Node(node::NodeCommand),
+    /// Check that Warren and its nodes answer.
+    #[command(after_help = "Examples:\n  warren health\n  warren health --json\n\n\
+        Exits 0 when Warren answers and every node is up, 1 otherwise.")]
+    Health,
+}
+
+/// Parses the command line, runs the command, and turns its outcome into an exit status.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Up(args) = cli.command {
+        // `warren up` runs its own runtime.
+        return match crate::up::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e, 1),
+        };
+    }
+    let failure = match cli.command {
+        Command::Exec(_) => exec::COULD_NOT_RUN,
+        _ => 1,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&e.into(), failure),
+    };
+    match runtime.block_on(run(cli.global, cli.command)) {
+        Ok(code) => code,
+        Err(e) => fail(&e, failure),
+    }
+}
+
+async fn run(global: Global, command: Command) -> anyhow::Result<ExitCode> {
+    let client = global.client()?;
+    let json = global.json;
+    match command {
+        Command::Up(_) => unreachable!("handled before the runtime starts"),
+        Command::Sandbox(cmd) => sandbox::run(&client, json, cmd).await,
+        Command::Exec(args) => exec::run(&client, json, args).await,
+        Command::Cp(args) => cp::run(&client, json, args).await,
+        Command::Ps(args) => ps::run(&client, json, args).await,
+        Command::Node(cmd) => node::run(&client, json, cmd).await,
+        Command::Health => health::run(&client, json).await,
+    }
+}
+
+/// Prints `error: <message>` and returns the exit status `code`.
+fn fail(e: &anyhow::Error, code: u8) -> ExitCode {
+    eprintln!("error: {}", message(e));
+    ExitCode::from(code)
+}
+
+/// An error's message with the context around it, down to the first SDK error: the SDK's
+/// messages already say what went wrong underneath (e.g. "Connection refused").
+fn message(e: &anyhow::Error) -> String {
+    let mut parts = Vec::new();
+    for cause in e.chain() {
+        parts.push(cause.to_string());
+        if cause.downcast_ref::<warren_sdk::Error>().is_some() {
+            break;
+        }
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    pub(super) fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("warren").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_command_has_an_about_line_and_an_example() {
+        fn check(cmd: &clap::Command, path: &str) {
+            for sub in cmd.get_subcommands() {
+                let path = format!("{path} {}", sub.get_name());
+                assert!(sub.get_about().is_some(), "{path} has no about line");
+                let help = sub.get_after_help().map(|h| h.to_string());
+                assert!(
+                    help.is_some_and(|h| h.contains("Examples:")),
+                    "{path} has no example"
+                );
+                check(sub, &path);
+            }
+        }
+        check(&Cli::command(), "warren");
+    }
+
+    #[test]
+    fn global_options_go_anywhere() {
+        let cli = parse(&["sandbox", "ls", "--json", "--url", "http://h:1"]).unwrap();
+        assert!(cli.global.json);
+        assert_eq!(cli.global.url.as_deref(), Some("http://h:1"));
+        let cli = parse(&["--json", "health"]).unwrap();
+        assert!(cli.global.json);
+    }
+
+    #[test]
+    fn messages_stop_at_the_sdk_error() {
+        let sdk = warren_sdk::Error::Invalid("bad id".into());
+        let e = anyhow::Error::new(sdk).context("removing x");
+        assert_eq!(message(&e), "removing x: bad id");
+        let io = std::io::Error::other("disk full");
+        let e = anyhow::Error::new(io).context("writing y");
+        assert_eq!(message(&e), "writing y: disk full");
+    }
+}
