@@ -10,7 +10,8 @@ use std::sync::atomic::Ordering;
 use crate::nodes::NodeEntry;
 
 /// The order in which to try nodes for a sandbox of `memory` bytes: the best of `k` random
-/// eligible nodes first, then the other eligible nodes in random order. With an idempotency
+/// eligible nodes first, then the other eligible nodes in random order. When no node looks
+/// eligible, the `k` least loaded nodes that answer. With an idempotency
 /// key, the order is fixed by the key (rendezvous hashing), so a retried create goes to the
 /// node that may already have made it.
 pub fn candidates(
@@ -21,6 +22,14 @@ pub fn candidates(
 ) -> Vec<Arc<NodeEntry>> {
     let mut eligible: Vec<Arc<NodeEntry>> =
         nodes.iter().filter(|n| fits(n, memory)).cloned().collect();
+    if eligible.is_empty() {
+        // Reports may be stale: ask the least loaded answering nodes anyway; their admission
+        // check answers for now, with its reason.
+        let mut up: Vec<Arc<NodeEntry>> = nodes.iter().filter(|n| n.is_up()).cloned().collect();
+        up.sort_by(|a, b| load(a).total_cmp(&load(b)));
+        up.truncate(k.max(1));
+        return up;
+    }
     if let Some(key) = key {
         eligible.sort_by_key(|n| std::cmp::Reverse(rendezvous(key, n.id.as_str())));
         return eligible;

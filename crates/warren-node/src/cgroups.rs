@@ -211,6 +211,29 @@ impl Cgroups {
         }
     }
 
+    /// Kills what is left in every sandbox cgroup and removes them and Warren's parent
+    /// directories (for uninstalling, and for tests that used a parent of their own).
+    pub fn remove_all(&self) -> io::Result<()> {
+        for name in self.existing() {
+            let cg = self.sandbox(&name);
+            cg.kill_all();
+            cg.remove(Duration::from_secs(5))?;
+        }
+        for p in self.layout.parents(&self.parent) {
+            match fs::remove_dir(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io::Error::new(e.kind(), format!("removing {}: {e}", p.display()))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every directory of Warren's parent cgroup, in each hierarchy.
+    pub fn parent_dirs(&self) -> Vec<PathBuf> {
+        self.layout.parents(&self.parent)
+    }
+
     /// Names of sandbox cgroups that exist under Warren's parent (for garbage collection).
     pub fn existing(&self) -> Vec<String> {
         let mut names: Vec<String> = Vec::new();

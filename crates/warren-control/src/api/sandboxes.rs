@@ -44,9 +44,9 @@ pub async fn create(
     }
     let order = scheduler::candidates(&nodes, c.cfg.schedule_k, memory, key);
     if order.is_empty() {
-        return Err(Error(ApiError::capacity(
-            "no node has room for this sandbox (by their last reports): retry later or ask for less memory",
-            2,
+        return Err(Error(ApiError::new(
+            ErrorCode::Unavailable,
+            "no node answers: check the node daemons",
         )));
     }
     let mut last = None;

@@ -1,0 +1,87 @@
+//! Sandboxes outlive the daemon: kill -9 of `warren up` with 50 running sandboxes, restart,
+//! all 50 re-adopted and answering exec; and nothing left behind once they are killed.
+
+mod common;
+
+use common::Platform;
+use warren_sdk::{CreateSandbox, ListFilter, argv};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_restart_readopts_fifty_sandboxes() {
+    require_root!();
+    let mut p = Platform::start();
+    let c = p.client();
+    let creates = (0..50).map(|i| {
+        let c = c.clone();
+        async move {
+            let sb = c.create(&CreateSandbox { image: "host".into(), task: Some("survivors".into()), ..Default::default() }).await.unwrap();
+            sb.write_file("/tmp/who", format!("{i}")).await.unwrap();
+            sb.start_process(&argv(["sleep", "3600"])).await.unwrap();
+            (sb.id().to_string(), i)
+        }
+    });
+    let made: Vec<(String, i32)> = futures_util::future::join_all(creates).await;
+    // One paused sandbox must come back paused.
+    let paused = c.sandbox(&made[0].0).unwrap();
+    paused.pause().await.unwrap();
+
+    p.kill9();
+    // The sandboxes did not notice.
+    let sb_dir = p.state_dir().join("sandboxes");
+    assert_eq!(std::fs::read_dir(&sb_dir).unwrap().count(), 50);
+
+    p.start_again();
+    assert!(p.log().contains("50 sandboxes re-adopted"), "{}", p.log());
+    let c = p.client();
+    let listed = c.list(&ListFilter::default().task("survivors")).await.unwrap();
+    assert_eq!(listed.len(), 50);
+    assert_eq!(listed.iter().filter(|s| s.state == warren_sdk::SandboxState::Paused).count(), 1);
+    let checks = made.iter().map(|(id, i)| {
+        let sb = c.sandbox(id).unwrap();
+        let i = *i;
+        async move {
+            let r = sb.exec(&argv(["cat", "/tmp/who"])).await.unwrap();
+            assert_eq!(r.stdout, i.to_string());
+            let procs = sb.processes().await.unwrap();
+            assert!(procs.iter().any(|p| p.running && p.argv == ["sleep", "3600"]), "the background process survived");
+        }
+    });
+    futures_util::future::join_all(checks).await;
+
+    // A clean stop (SIGTERM) also leaves them running.
+    p.restart();
+    assert!(p.log().contains("50 sandboxes re-adopted"));
+
+    // Kill all: nothing left (directories, sockets, cgroups, mounts).
+    let c = p.client();
+    let kills = made.iter().map(|(id, _)| {
+        let sb = c.sandbox(id).unwrap();
+        async move { sb.kill().await.unwrap() }
+    });
+    futures_util::future::join_all(kills).await;
+    p.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_removes_half_made_leftovers() {
+    require_root!();
+    let mut p = Platform::start();
+    let sb = p.client().create(&CreateSandbox { image: "host".into(), ..Default::default() }).await.unwrap();
+    p.kill9();
+    // Leftovers a crash could leave: a sandbox directory without a state file, a stray socket,
+    // a cgroup with no sandbox, and a sandbox whose init is gone.
+    let state = p.state_dir();
+    std::fs::create_dir_all(state.join("sandboxes/abcdef0000000000half/upper")).unwrap();
+    std::fs::write(state.join("sockets/abcdef0000000000sock.sock"), "").unwrap();
+    let cg = warren_node::cgroups::Cgroups::new(&p.cgroup_parent).unwrap();
+    let stray = cg.sandbox("abcdef0000000000cgrp");
+    stray.create(&warren_types::api::Resources { cpu: 100, memory: warren_sdk::ByteSize(64 << 20), pids: 16 }).unwrap();
+    let record = warren_node::state::load(&state.join("sandboxes").join(sb.id().as_str())).unwrap();
+    // Kill the sandbox's init behind the daemon's back.
+    std::process::Command::new("kill").arg("-9").arg(record.pid.to_string()).status().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+
+    p.start_again();
+    assert!(p.client().list(&ListFilter::default()).await.unwrap().is_empty());
+    p.assert_clean();
+}
