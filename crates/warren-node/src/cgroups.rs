@@ -223,7 +223,12 @@ impl Cgroups {
             match fs::remove_dir(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io::Error::new(e.kind(), format!("removing {}: {e}", p.display()))),
+                Err(e) => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("removing {}: {e}", p.display()),
+                    ));
+                }
             }
         }
         Ok(())

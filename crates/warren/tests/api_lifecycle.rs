@@ -9,7 +9,10 @@ use serde_json::{Value, json};
 use warren_sdk::{ByteSize, CreateSandbox, ErrorCode, ListFilter, SandboxState, argv};
 
 fn host() -> CreateSandbox {
-    CreateSandbox { image: "host".into(), ..Default::default() }
+    CreateSandbox {
+        image: "host".into(),
+        ..Default::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,12 +34,22 @@ async fn create_list_pause_resume_kill() {
         })
         .await
         .unwrap();
-    let b = c.create(&CreateSandbox { task: Some("task-b".into()), ..host() }).await.unwrap();
+    let b = c
+        .create(&CreateSandbox {
+            task: Some("task-b".into()),
+            ..host()
+        })
+        .await
+        .unwrap();
 
     // Ids are DNS labels of lower-case letters and digits, and encode their node.
     let id = a.id().to_string();
     assert_eq!(id.len(), 20);
-    assert!(id.bytes().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit()), "{id}");
+    assert!(
+        id.bytes()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit()),
+        "{id}"
+    );
     let info = a.info().await.unwrap();
     assert_eq!(info.node.as_str(), &id[..6]);
     assert_eq!(info.resources.cpu, 500);
@@ -45,21 +58,38 @@ async fn create_list_pause_resume_kill() {
     assert_eq!(info.state, SandboxState::Running);
 
     // The limits are real cgroup limits.
-    let mem = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/{}/{id}/memory.limit_in_bytes", p.cgroup_parent))
-        .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/{}/{id}/memory.max", p.cgroup_parent)))
-        .unwrap();
+    let mem = std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/memory/{}/{id}/memory.limit_in_bytes",
+        p.cgroup_parent
+    ))
+    .or_else(|_| {
+        std::fs::read_to_string(format!(
+            "/sys/fs/cgroup/{}/{id}/memory.max",
+            p.cgroup_parent
+        ))
+    })
+    .unwrap();
     assert_eq!(mem.trim(), (256u64 << 20).to_string());
 
     // Filters: by task and by label.
     let only_a = c.list(&ListFilter::default().task("task-a")).await.unwrap();
-    assert_eq!(only_a.iter().map(|s| s.id.to_string()).collect::<Vec<_>>(), vec![id.clone()]);
-    let by_label = c.list(&ListFilter::default().label("team", "rl")).await.unwrap();
+    assert_eq!(
+        only_a.iter().map(|s| s.id.to_string()).collect::<Vec<_>>(),
+        vec![id.clone()]
+    );
+    let by_label = c
+        .list(&ListFilter::default().label("team", "rl"))
+        .await
+        .unwrap();
     assert_eq!(by_label.len(), 1);
     assert_eq!(c.list(&ListFilter::default()).await.unwrap().len(), 2);
 
     // Pause freezes; any operation resumes transparently.
     assert_eq!(a.pause().await.unwrap().state, SandboxState::Paused);
-    let paused = c.list(&ListFilter::default().state(SandboxState::Paused)).await.unwrap();
+    let paused = c
+        .list(&ListFilter::default().state(SandboxState::Paused))
+        .await
+        .unwrap();
     assert_eq!(paused.len(), 1);
     let r = a.exec(&argv(["echo", "awake"])).await.unwrap();
     assert_eq!(r.stdout, "awake\n");
@@ -82,7 +112,10 @@ async fn idempotent_create_returns_the_same_sandbox() {
     let p = Platform::start();
     let c = p.client();
     let req = host();
-    let (x, y) = tokio::join!(c.create_idempotent(&req, "episode-17"), c.create_idempotent(&req, "episode-17"));
+    let (x, y) = tokio::join!(
+        c.create_idempotent(&req, "episode-17"),
+        c.create_idempotent(&req, "episode-17")
+    );
     let (x, y) = (x.unwrap(), y.unwrap());
     assert_eq!(x.id(), y.id());
     let z = c.create_idempotent(&host(), "episode-17").await.unwrap();
@@ -93,7 +126,11 @@ async fn idempotent_create_returns_the_same_sandbox() {
     // The key survives a restart of the daemon.
     let mut p = p;
     p.restart();
-    let again = p.client().create_idempotent(&host(), "episode-17").await.unwrap();
+    let again = p
+        .client()
+        .create_idempotent(&host(), "episode-17")
+        .await
+        .unwrap();
     assert_eq!(again.id(), x.id());
 }
 
@@ -102,31 +139,53 @@ async fn absolute_timeout_kills_the_sandbox() {
     require_root!();
     let p = Platform::start();
     let c = p.client();
-    let sb = c.create(&CreateSandbox { timeout: Some(1), ..host() }).await.unwrap();
+    let sb = c
+        .create(&CreateSandbox {
+            timeout: Some(1),
+            ..host()
+        })
+        .await
+        .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match sb.info().await {
             Err(e) if e.code() == Some(ErrorCode::SandboxNotFound) => break,
             _ => {}
         }
-        assert!(std::time::Instant::now() < deadline, "sandbox outlived its timeout");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sandbox outlived its timeout"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     p.assert_clean();
 }
 
-async fn raw(p: &Platform, method: &str, path: &str, key: Option<&str>, body: Option<&str>) -> (u16, Value) {
-    let mut rb = p.http().request(method.parse().unwrap(), format!("{}{path}", p.url));
+async fn raw(
+    p: &Platform,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&str>,
+) -> (u16, Value) {
+    let mut rb = p
+        .http()
+        .request(method.parse().unwrap(), format!("{}{path}", p.url));
     if let Some(k) = key {
         rb = rb.bearer_auth(k);
     }
     if let Some(b) = body {
-        rb = rb.header("content-type", "application/json").body(b.to_string());
+        rb = rb
+            .header("content-type", "application/json")
+            .body(b.to_string());
     }
     let resp = rb.send().await.unwrap();
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -138,37 +197,249 @@ async fn bad_input_gets_clear_4xx_errors_and_harms_nothing() {
     let survivor = p.client().create(&host()).await.unwrap();
     let sid = survivor.id().to_string();
 
-    let cases: Vec<(&str, String, Option<&str>, Option<String>, u16, &str, &str)> = vec![
-        ("POST", "/v1/sandboxes".into(), None, Some(json!({"image": "host"}).to_string()), 401, "unauthenticated", "API key"),
-        ("POST", "/v1/sandboxes".into(), Some("wrn_wrong"), Some(json!({"image": "host"}).to_string()), 401, "unauthenticated", "not valid"),
-        ("POST", "/v1/sandboxes".into(), k, Some("{not json".into()), 400, "invalid_argument", "not valid JSON"),
-        ("POST", "/v1/sandboxes".into(), k, Some(json!({"image": "py312"}).to_string()), 404, "image_not_found", "known: host"),
-        ("POST", "/v1/sandboxes".into(), k, Some(json!({"image": "host", "cpu": -1}).to_string()), 400, "invalid_argument", "cpu"),
-        ("POST", "/v1/sandboxes".into(), k, Some(json!({"image": "host", "cpu": 999999}).to_string()), 400, "invalid_argument", "cpu"),
-        ("POST", "/v1/sandboxes".into(), k, Some(json!({"image": "host", "memory": "1Ti"}).to_string()), 400, "invalid_argument", "memory"),
-        ("POST", "/v1/sandboxes".into(), k, Some(json!({"image": "host", "memory": "lots"}).to_string()), 400, "invalid_argument", "not a size"),
-        ("POST", "/v1/sandboxes".into(), k, Some(json!({"image": "host", "timeout": 0}).to_string()), 400, "invalid_argument", "timeout"),
-        ("POST", "/v1/sandboxes".into(), k, Some(json!({"image": "host", "pids": 1}).to_string()), 400, "invalid_argument", "pids"),
-        ("POST", "/v1/sandboxes".into(), k, Some(json!({"image": "host", "bogus": 1}).to_string()), 400, "invalid_argument", "bogus"),
-        ("POST", "/v1/sandboxes".into(), k, Some(json!({"image": "host", "env": {"A=B": "c"}}).to_string()), 400, "invalid_argument", "environment"),
-        ("GET", "/v1/sandboxes/NOT-AN-ID".into(), k, None, 400, "invalid_argument", "not a valid sandbox id"),
-        ("GET", "/v1/sandboxes/zzzzzz0000000000abcd".into(), k, None, 404, "sandbox_not_found", "not part of this cluster"),
-        ("GET", format!("/v1/sandboxes/{}0000000000abcd", &sid[..6]), k, None, 404, "sandbox_not_found", "not found"),
-        ("POST", format!("/v1/sandboxes/{sid}/exec"), k, Some(json!({}).to_string()), 400, "invalid_argument", "nothing to run"),
-        ("POST", format!("/v1/sandboxes/{sid}/exec"), k, Some(json!({"cmd": "true", "timeout": -3}).to_string()), 400, "invalid_argument", "timeout"),
-        ("GET", format!("/v1/sandboxes/{sid}/files?path=/etc/../etc/passwd"), k, None, 400, "invalid_argument", "'..'"),
-        ("GET", format!("/v1/sandboxes/{sid}/files?path=/nope"), k, None, 404, "file_not_found", "/nope"),
-        ("GET", format!("/v1/sandboxes/{sid}/files"), k, None, 400, "invalid_argument", "path"),
-        ("PUT", format!("/v1/sandboxes/{sid}/files?path=/etc/passwd"), k, Some("x".into()), 403, "permission_denied", "/etc/passwd"),
-        ("POST", format!("/v1/sandboxes/{sid}/processes/999/signal"), k, Some(json!({"signal": "NOPE"}).to_string()), 400, "invalid_argument", "not a signal"),
-        ("GET", format!("/v1/sandboxes/{sid}/processes/999"), k, None, 404, "process_not_found", "999"),
-        ("GET", "/v1/nowhere".into(), k, None, 404, "not_found", "openapi"),
+    // (method, path, key, body, expected status, expected code, a word the message must say)
+    type Case<'a> = (
+        &'a str,
+        String,
+        Option<&'a str>,
+        Option<String>,
+        u16,
+        &'a str,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            None,
+            Some(json!({"image": "host"}).to_string()),
+            401,
+            "unauthenticated",
+            "API key",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            Some("wrn_wrong"),
+            Some(json!({"image": "host"}).to_string()),
+            401,
+            "unauthenticated",
+            "not valid",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some("{not json".into()),
+            400,
+            "invalid_argument",
+            "not valid JSON",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some(json!({"image": "py312"}).to_string()),
+            404,
+            "image_not_found",
+            "known: host",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some(json!({"image": "host", "cpu": -1}).to_string()),
+            400,
+            "invalid_argument",
+            "cpu",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some(json!({"image": "host", "cpu": 999999}).to_string()),
+            400,
+            "invalid_argument",
+            "cpu",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some(json!({"image": "host", "memory": "1Ti"}).to_string()),
+            400,
+            "invalid_argument",
+            "memory",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some(json!({"image": "host", "memory": "lots"}).to_string()),
+            400,
+            "invalid_argument",
+            "not a size",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some(json!({"image": "host", "timeout": 0}).to_string()),
+            400,
+            "invalid_argument",
+            "timeout",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some(json!({"image": "host", "pids": 1}).to_string()),
+            400,
+            "invalid_argument",
+            "pids",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some(json!({"image": "host", "bogus": 1}).to_string()),
+            400,
+            "invalid_argument",
+            "bogus",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some(json!({"image": "host", "env": {"A=B": "c"}}).to_string()),
+            400,
+            "invalid_argument",
+            "environment",
+        ),
+        (
+            "GET",
+            "/v1/sandboxes/NOT-AN-ID".into(),
+            k,
+            None,
+            400,
+            "invalid_argument",
+            "not a valid sandbox id",
+        ),
+        (
+            "GET",
+            "/v1/sandboxes/zzzzzz0000000000abcd".into(),
+            k,
+            None,
+            404,
+            "sandbox_not_found",
+            "not part of this cluster",
+        ),
+        (
+            "GET",
+            format!("/v1/sandboxes/{}0000000000abcd", &sid[..6]),
+            k,
+            None,
+            404,
+            "sandbox_not_found",
+            "not found",
+        ),
+        (
+            "POST",
+            format!("/v1/sandboxes/{sid}/exec"),
+            k,
+            Some(json!({}).to_string()),
+            400,
+            "invalid_argument",
+            "nothing to run",
+        ),
+        (
+            "POST",
+            format!("/v1/sandboxes/{sid}/exec"),
+            k,
+            Some(json!({"cmd": "true", "timeout": -3}).to_string()),
+            400,
+            "invalid_argument",
+            "timeout",
+        ),
+        (
+            "GET",
+            format!("/v1/sandboxes/{sid}/files?path=/etc/../etc/passwd"),
+            k,
+            None,
+            400,
+            "invalid_argument",
+            "'..'",
+        ),
+        (
+            "GET",
+            format!("/v1/sandboxes/{sid}/files?path=/nope"),
+            k,
+            None,
+            404,
+            "file_not_found",
+            "/nope",
+        ),
+        (
+            "GET",
+            format!("/v1/sandboxes/{sid}/files"),
+            k,
+            None,
+            400,
+            "invalid_argument",
+            "path",
+        ),
+        (
+            "PUT",
+            format!("/v1/sandboxes/{sid}/files?path=/etc/passwd"),
+            k,
+            Some("x".into()),
+            403,
+            "permission_denied",
+            "/etc/passwd",
+        ),
+        (
+            "POST",
+            format!("/v1/sandboxes/{sid}/processes/999/signal"),
+            k,
+            Some(json!({"signal": "NOPE"}).to_string()),
+            400,
+            "invalid_argument",
+            "not a signal",
+        ),
+        (
+            "GET",
+            format!("/v1/sandboxes/{sid}/processes/999"),
+            k,
+            None,
+            404,
+            "process_not_found",
+            "999",
+        ),
+        (
+            "GET",
+            "/v1/nowhere".into(),
+            k,
+            None,
+            404,
+            "not_found",
+            "openapi",
+        ),
     ];
     for (method, path, key, body, status, code, needle) in cases {
         let (got, v) = raw(&p, method, &path, key, body.as_deref()).await;
-        let msg = v["error"]["message"].as_str().unwrap_or_default().to_string();
-        assert_eq!((got, v["error"]["code"].as_str().unwrap_or_default()), (status, code), "{method} {path}: {v}");
-        assert!(msg.contains(needle), "{method} {path}: message {msg:?} lacks {needle:?}");
+        let msg = v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert_eq!(
+            (got, v["error"]["code"].as_str().unwrap_or_default()),
+            (status, code),
+            "{method} {path}: {v}"
+        );
+        assert!(
+            msg.contains(needle),
+            "{method} {path}: message {msg:?} lacks {needle:?}"
+        );
     }
 
     // A command that does not exist is a result (127), not an error.
@@ -176,7 +447,10 @@ async fn bad_input_gets_clear_4xx_errors_and_harms_nothing() {
     assert_eq!(r.status.exit_code, 127);
     assert!(r.stderr.contains("not found"), "{}", r.stderr);
     // The sandbox that was there all along is unharmed.
-    assert_eq!(survivor.exec(&argv(["echo", "fine"])).await.unwrap().stdout, "fine\n");
+    assert_eq!(
+        survivor.exec(&argv(["echo", "fine"])).await.unwrap().stdout,
+        "fine\n"
+    );
     let (s, v) = raw(&p, "GET", "/v1/openapi.json", None, None).await;
     assert_eq!(s, 200);
     assert!(v["paths"]["/v1/sandboxes/{id}/exec"].is_object());
@@ -192,7 +466,14 @@ async fn admission_refuses_with_a_reason_and_429() {
     let e = c.create(&host()).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Capacity), "{e}");
     assert!(e.to_string().contains("max_sandboxes"), "{e}");
-    let (s, v) = raw(&p, "POST", "/v1/sandboxes", Some(&p.key), Some(r#"{"image":"host"}"#)).await;
+    let (s, v) = raw(
+        &p,
+        "POST",
+        "/v1/sandboxes",
+        Some(&p.key),
+        Some(r#"{"image":"host"}"#),
+    )
+    .await;
     assert_eq!(s, 429, "{v}");
     assert!(v["error"]["retry_after_secs"].as_u64().is_some());
 }

@@ -13,7 +13,10 @@ fn out(o: &std::process::Output) -> String {
 fn cli_lifecycle() {
     require_root!();
     let p = Platform::start();
-    let o = p.cli(&["sandbox", "create", "--image", "host", "--task", "cli", "--label", "k=v", "--memory", "256Mi", "--json"]);
+    let o = p.cli(&[
+        "sandbox", "create", "--image", "host", "--task", "cli", "--label", "k=v", "--memory",
+        "256Mi", "--json",
+    ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let id = v["id"].as_str().unwrap().to_string();
@@ -38,7 +41,11 @@ fn cli_lifecycle() {
     assert_eq!(std::fs::read_to_string(&back).unwrap(), "through cp\n");
 
     let o = p.cli(&["sandbox", "ls"]);
-    assert!(out(&o).contains(&id) && out(&o).contains("running"), "{}", out(&o));
+    assert!(
+        out(&o).contains(&id) && out(&o).contains("running"),
+        "{}",
+        out(&o)
+    );
     let o = p.cli(&["sandbox", "pause", &id]);
     assert!(o.status.success());
     let o = p.cli(&["sandbox", "ls", "--json"]);

@@ -7,14 +7,24 @@ use std::collections::BTreeMap;
 
 use common::Platform;
 use futures_util::StreamExt;
-use warren_sdk::{ByteSize, CreateSandbox, ExecEvent, ExecRequest, ExecResultExt, argv, set_stdin, shell};
+use warren_sdk::{
+    ByteSize, CreateSandbox, ExecEvent, ExecRequest, ExecResultExt, argv, set_stdin, shell,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_semantics() {
     require_root!();
     let p = Platform::start();
     let env: BTreeMap<String, String> = [("SANDBOX_WIDE".to_string(), "yes".to_string())].into();
-    let sb = p.client().create(&CreateSandbox { image: "host".into(), env, ..Default::default() }).await.unwrap();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            env,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
 
     // Exit codes, as a shell would report them.
     assert_eq!(sb.exec(&shell("exit 3")).await.unwrap().status.exit_code, 3);
@@ -28,10 +38,19 @@ async fn exec_semantics() {
 
     // Timeouts kill the whole process group.
     let t0 = std::time::Instant::now();
-    let r = sb.exec(&ExecRequest { timeout: Some(0.5), ..shell("sleep 30 & sleep 30; echo never") }).await.unwrap();
+    let r = sb
+        .exec(&ExecRequest {
+            timeout: Some(0.5),
+            ..shell("sleep 30 & sleep 30; echo never")
+        })
+        .await
+        .unwrap();
     assert!(r.status.timed_out && r.status.signal == Some(9), "{r:?}");
     assert!(t0.elapsed().as_secs() < 10);
-    let left = sb.exec(&shell("ps -eo comm | grep -c '^sleep$' || true")).await.unwrap();
+    let left = sb
+        .exec(&shell("ps -eo comm | grep -c '^sleep$' || true"))
+        .await
+        .unwrap();
     assert_eq!(left.stdout.trim(), "0", "sleepers survived the timeout");
 
     // stdin, env (sandbox-wide and per command), cwd.
@@ -41,7 +60,12 @@ async fn exec_semantics() {
     set_stdin(&mut req, b"from stdin".to_vec());
     let r = sb.exec(&req).await.unwrap();
     assert_eq!(r.stdout, "from stdin\nyes 1\n/tmp\n");
-    let r = sb.exec(&ExecRequest { cwd: Some("/no/such/dir".into()), ..argv(["true"]) }).await;
+    let r = sb
+        .exec(&ExecRequest {
+            cwd: Some("/no/such/dir".into()),
+            ..argv(["true"])
+        })
+        .await;
     assert!(r.is_err(), "a missing cwd is an error");
     // Binary stdin and output round-trip.
     let mut req = argv(["cat"]);
@@ -52,15 +76,37 @@ async fn exec_semantics() {
     // Users: default user (uid 1000, home), root on request (without capabilities), numeric uid.
     let r = sb.exec(&shell("id -u; echo $HOME; pwd")).await.unwrap();
     assert_eq!(r.stdout, "1000\n/home/user\n/home/user\n");
-    let r = sb.exec(&ExecRequest { user: Some("root".into()), ..shell("id -u; grep CapEff /proc/self/status") }).await.unwrap();
+    let r = sb
+        .exec(&ExecRequest {
+            user: Some("root".into()),
+            ..shell("id -u; grep CapEff /proc/self/status")
+        })
+        .await
+        .unwrap();
     assert_eq!(r.stdout, "0\nCapEff:\t0000000000000000\n");
-    let r = sb.exec(&ExecRequest { user: Some("4242".into()), ..argv(["id", "-u"]) }).await.unwrap();
+    let r = sb
+        .exec(&ExecRequest {
+            user: Some("4242".into()),
+            ..argv(["id", "-u"])
+        })
+        .await
+        .unwrap();
     assert_eq!(r.stdout, "4242\n");
-    assert!(sb.exec(&ExecRequest { user: Some("nobody-here".into()), ..argv(["true"]) }).await.is_err());
+    assert!(
+        sb.exec(&ExecRequest {
+            user: Some("nobody-here".into()),
+            ..argv(["true"])
+        })
+        .await
+        .is_err()
+    );
 
     // Output cap: kept bytes stop at the cap, the total is counted, truncation reported.
     let r = sb
-        .exec(&ExecRequest { max_output: Some(ByteSize(1000)), ..shell("head -c 100000 /dev/zero | tr '\\0' a; echo err >&2") })
+        .exec(&ExecRequest {
+            max_output: Some(ByteSize(1000)),
+            ..shell("head -c 100000 /dev/zero | tr '\\0' a; echo err >&2")
+        })
         .await
         .unwrap();
     assert_eq!(r.stdout.len(), 1000);
@@ -69,8 +115,15 @@ async fn exec_semantics() {
     assert_eq!(r.stderr, "err\n");
 
     // Zombies are reaped: orphans of a finished command do not pile up.
-    sb.exec(&shell("for i in 1 2 3 4 5; do (sleep 0.01 &) ; done; sleep 0.2")).await.unwrap();
-    let z = sb.exec(&shell("ps -eo stat | grep -c '^Z' || true")).await.unwrap();
+    sb.exec(&shell(
+        "for i in 1 2 3 4 5; do (sleep 0.01 &) ; done; sleep 0.2",
+    ))
+    .await
+    .unwrap();
+    let z = sb
+        .exec(&shell("ps -eo stat | grep -c '^Z' || true"))
+        .await
+        .unwrap();
     assert_eq!(z.stdout.trim(), "0");
 }
 
@@ -78,15 +131,28 @@ async fn exec_semantics() {
 async fn streaming_exec_and_background_processes() {
     require_root!();
     let p = Platform::start();
-    let sb = p.client().create(&CreateSandbox { image: "host".into(), ..Default::default() }).await.unwrap();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
 
     // Streaming: start, output chunks as they come, exit last.
-    let mut events = sb.exec_stream(&shell("echo one; sleep 0.2; echo two >&2; exit 4")).await.unwrap();
+    let mut events = sb
+        .exec_stream(&shell("echo one; sleep 0.2; echo two >&2; exit 4"))
+        .await
+        .unwrap();
     let mut seen = Vec::new();
     while let Some(ev) = events.next().await {
         seen.push(ev.unwrap());
     }
-    assert!(matches!(seen.first(), Some(ExecEvent::Start { .. })), "{seen:?}");
+    assert!(
+        matches!(seen.first(), Some(ExecEvent::Start { .. })),
+        "{seen:?}"
+    );
     match seen.last() {
         Some(ExecEvent::Exit(s)) => assert_eq!(s.exit_code, 4),
         other => panic!("last event {other:?}"),
@@ -94,18 +160,29 @@ async fn streaming_exec_and_background_processes() {
     let text: String = seen
         .iter()
         .filter_map(|e| match e {
-            ExecEvent::Stdout { data } | ExecEvent::Stderr { data } => Some(String::from_utf8(warren_sdk::decode_data(data).unwrap()).unwrap()),
+            ExecEvent::Stdout { data } | ExecEvent::Stderr { data } => {
+                Some(String::from_utf8(warren_sdk::decode_data(data).unwrap()).unwrap())
+            }
             _ => None,
         })
         .collect();
     assert_eq!(text, "one\ntwo\n");
 
     // Background: start, list, re-attach to output, signal, wait.
-    let bg = sb.start_process(&shell("echo started; exec sleep 60")).await.unwrap();
+    let bg = sb
+        .start_process(&shell("echo started; exec sleep 60"))
+        .await
+        .unwrap();
     assert!(bg.running);
     let list = sb.processes().await.unwrap();
-    assert!(list.iter().any(|p| p.process_id == bg.process_id && p.running));
-    let waited = sb.wait_process(bg.process_id, Some(std::time::Duration::from_millis(200))).await.unwrap();
+    assert!(
+        list.iter()
+            .any(|p| p.process_id == bg.process_id && p.running)
+    );
+    let waited = sb
+        .wait_process(bg.process_id, Some(std::time::Duration::from_millis(200)))
+        .await
+        .unwrap();
     assert!(waited.running, "still running after a short wait");
     sb.signal_process(bg.process_id, "TERM").await.unwrap();
     let done = sb.wait_process(bg.process_id, None).await.unwrap();

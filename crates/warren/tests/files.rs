@@ -10,20 +10,43 @@ use warren_sdk::{CreateSandbox, ErrorCode, FileKind, shell};
 async fn file_operations() {
     require_root!();
     let p = Platform::start_with(Some("[node]\nmax_upload = 65536\n"));
-    let sb = p.client().create(&CreateSandbox { image: "host".into(), ..Default::default() }).await.unwrap();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
 
     // Write creates parents and belongs to the acting user.
-    let e = sb.write_file("/home/user/a/b/c.txt", "hello").await.unwrap();
-    assert_eq!((e.size, e.uid, e.gid, e.kind), (5, 1000, 1000, FileKind::File));
+    let e = sb
+        .write_file("/home/user/a/b/c.txt", "hello")
+        .await
+        .unwrap();
+    assert_eq!(
+        (e.size, e.uid, e.gid, e.kind),
+        (5, 1000, 1000, FileKind::File)
+    );
     let dir = sb.stat("/home/user/a/b").await.unwrap();
     assert_eq!((dir.kind, dir.uid), (FileKind::Dir, 1000));
-    assert_eq!(&sb.read_file("a/b/c.txt").await.unwrap()[..], b"hello", "relative paths start at home");
-    let r = sb.exec(&shell("stat -c '%U %a' /home/user/a/b/c.txt")).await.unwrap();
+    assert_eq!(
+        &sb.read_file("a/b/c.txt").await.unwrap()[..],
+        b"hello",
+        "relative paths start at home"
+    );
+    let r = sb
+        .exec(&shell("stat -c '%U %a' /home/user/a/b/c.txt"))
+        .await
+        .unwrap();
     assert_eq!(r.stdout, "user 644\n");
 
     // Binary content and a mode.
     let bytes: Vec<u8> = (0..=255u8).cycle().take(50_000).collect();
-    let e = sb.write_file_with_mode("/tmp/bin.dat", bytes.clone(), 0o755).await.unwrap();
+    let e = sb
+        .write_file_with_mode("/tmp/bin.dat", bytes.clone(), 0o755)
+        .await
+        .unwrap();
     assert_eq!(e.mode, 0o755);
     assert_eq!(&sb.read_file("/tmp/bin.dat").await.unwrap()[..], &bytes[..]);
 
@@ -34,11 +57,23 @@ async fn file_operations() {
 
     // List, mkdir, rename, remove.
     sb.mkdir("/home/user/x/y").await.unwrap();
-    let names: Vec<String> = sb.list_dir("/home/user").await.unwrap().into_iter().map(|e| e.name).collect();
+    let names: Vec<String> = sb
+        .list_dir("/home/user")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
     assert_eq!(names, vec!["a", "x"]);
-    let moved = sb.rename("/home/user/a/b/c.txt", "/home/user/x/y/d.txt").await.unwrap();
+    let moved = sb
+        .rename("/home/user/a/b/c.txt", "/home/user/x/y/d.txt")
+        .await
+        .unwrap();
     assert_eq!(moved.path, "/home/user/x/y/d.txt");
-    assert_eq!(sb.stat("/home/user/a/b/c.txt").await.unwrap_err().code(), Some(ErrorCode::FileNotFound));
+    assert_eq!(
+        sb.stat("/home/user/a/b/c.txt").await.unwrap_err().code(),
+        Some(ErrorCode::FileNotFound)
+    );
     let e = sb.remove("/home/user/x", false).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Conflict), "{e}");
     sb.remove("/home/user/x", true).await.unwrap();
@@ -50,19 +85,36 @@ async fn file_operations() {
     let e = sb.list_dir("/root").await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::PermissionDenied), "{e}");
     // A symlink planted by the agent does not let the API write where the user cannot.
-    sb.exec(&shell("ln -s /etc/shadow-like /home/user/trap; ln -s /etc/passwd /home/user/trap2")).await.unwrap();
-    let e = sb.write_file("/home/user/trap2/../x", "x").await.unwrap_err();
+    sb.exec(&shell(
+        "ln -s /etc/shadow-like /home/user/trap; ln -s /etc/passwd /home/user/trap2",
+    ))
+    .await
+    .unwrap();
+    let e = sb
+        .write_file("/home/user/trap2/../x", "x")
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::InvalidArgument));
     let before = sb.exec(&shell("md5sum /etc/passwd")).await.unwrap().stdout;
     let _ = sb.write_file("/home/user/trap2", "owned").await;
-    assert_eq!(sb.exec(&shell("md5sum /etc/passwd")).await.unwrap().stdout, before, "/etc/passwd changed");
+    assert_eq!(
+        sb.exec(&shell("md5sum /etc/passwd")).await.unwrap().stdout,
+        before,
+        "/etc/passwd changed"
+    );
 
     // Uploads over the limit are refused with 413 and change nothing.
     sb.write_file("/tmp/big", "old").await.unwrap();
-    let e = sb.write_file("/tmp/big", vec![b'x'; 100_000]).await.unwrap_err();
+    let e = sb
+        .write_file("/tmp/big", vec![b'x'; 100_000])
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::PayloadTooLarge), "{e}");
     assert_eq!(&sb.read_file("/tmp/big").await.unwrap()[..], b"old");
-    let tmp = sb.exec(&shell("ls -a /tmp | grep -c warren-upload || true")).await.unwrap();
+    let tmp = sb
+        .exec(&shell("ls -a /tmp | grep -c warren-upload || true"))
+        .await
+        .unwrap();
     assert_eq!(tmp.stdout.trim(), "0", "a partial upload was left behind");
 
     // Directories are not files.

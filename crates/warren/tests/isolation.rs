@@ -11,11 +11,29 @@ async fn isolation_seen_from_inside() {
     require_root!();
     let p = Platform::start();
     let c = p.client();
-    let sb = c.create(&CreateSandbox { image: "host".into(), ..Default::default() }).await.unwrap();
-    let other = c.create(&CreateSandbox { image: "host".into(), ..Default::default() }).await.unwrap();
-    other.write_file("/tmp/secret", "other sandbox").await.unwrap();
+    let sb = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let other = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    other
+        .write_file("/tmp/secret", "other sandbox")
+        .await
+        .unwrap();
     let run = |cmd: &str, root: bool| {
-        let req = ExecRequest { user: root.then(|| "root".to_string()), ..shell(cmd) };
+        let req = ExecRequest {
+            user: root.then(|| "root".to_string()),
+            ..shell(cmd)
+        };
         let sb = sb.clone();
         async move { sb.exec(&req).await.unwrap() }
     };
@@ -25,11 +43,22 @@ async fn isolation_seen_from_inside() {
     let lines: Vec<&str> = r.stdout.lines().collect();
     assert!(lines.len() <= 4, "host processes visible: {}", r.stdout);
     assert!(lines[0].trim().starts_with("1 "), "{}", r.stdout);
-    assert!(!r.stdout.contains("warren up") && !r.stdout.contains("cargo"), "{}", r.stdout);
+    assert!(
+        !r.stdout.contains("warren up") && !r.stdout.contains("cargo"),
+        "{}",
+        r.stdout
+    );
 
     // Agent commands: uid 1000, no capabilities, no_new_privs.
-    let r = run("id -u; grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status", false).await;
-    assert_eq!(r.stdout, "1000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nNoNewPrivs:\t1\n");
+    let r = run(
+        "id -u; grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status",
+        false,
+    )
+    .await;
+    assert_eq!(
+        r.stdout,
+        "1000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nNoNewPrivs:\t1\n"
+    );
 
     // Mounting fails, as the user and as root.
     for root in [false, true] {
@@ -46,13 +75,34 @@ async fn isolation_seen_from_inside() {
     let sock_name = format!("{}.sock", sb.id());
     let r = run(&format!("find / -xdev -name '{sock_name}' 2>/dev/null; find / -type s 2>/dev/null | grep -v '^/proc' ; ls /proc/1/fd 2>&1; cat /proc/1/environ 2>&1; cat /proc/1/maps 2>&1 | head -1; cat /proc/net/unix"), true).await;
     assert!(!r.stdout.contains(&sock_name), "{}", r.stdout);
-    assert!(r.stdout.contains("Permission denied"), "PID 1's fds should be closed to root in the sandbox: {}", r.stdout);
-    assert!(!r.stdout.contains(p.data.path().to_str().unwrap()), "a host path leaked: {}", r.stdout);
+    assert!(
+        r.stdout.contains("Permission denied"),
+        "PID 1's fds should be closed to root in the sandbox: {}",
+        r.stdout
+    );
+    assert!(
+        !r.stdout.contains(p.data.path().to_str().unwrap()),
+        "a host path leaked: {}",
+        r.stdout
+    );
     let r = run("cat /proc/self/mountinfo", false).await;
-    assert!(!r.stdout.contains(p.data.path().to_str().unwrap()), "mountinfo shows host paths: {}", r.stdout);
+    assert!(
+        !r.stdout.contains(p.data.path().to_str().unwrap()),
+        "mountinfo shows host paths: {}",
+        r.stdout
+    );
     // Nor can ptrace reach it.
-    let r = run("python3 -c 'import ctypes; l=ctypes.CDLL(None); print(l.ptrace(16, 1, 0, 0))'", true).await;
-    assert_eq!(r.stdout.trim(), "-1", "PTRACE_ATTACH to PID 1 must fail: {}", r.stdout);
+    let r = run(
+        "python3 -c 'import ctypes; l=ctypes.CDLL(None); print(l.ptrace(16, 1, 0, 0))'",
+        true,
+    )
+    .await;
+    assert_eq!(
+        r.stdout.trim(),
+        "-1",
+        "PTRACE_ATTACH to PID 1 must fail: {}",
+        r.stdout
+    );
 
     // Masked /proc entries read empty; kernel knobs are read-only.
     let r = run(
@@ -64,14 +114,26 @@ async fn isolation_seen_from_inside() {
     assert_eq!(r.stdout, "0\n0\n1\n", "masked entries must read empty");
 
     // Network: loopback only.
-    let r = run("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '", false).await;
+    let r = run(
+        "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '",
+        false,
+    )
+    .await;
     assert_eq!(r.stdout, "lo\n");
     let r = run("python3 -c \"import socket; s=socket.socket(); s.settimeout(1); s.connect(('127.0.0.1', 1))\" 2>&1 | tail -1", false).await;
-    assert!(r.stdout.contains("Connection refused"), "loopback should answer (refused): {}", r.stdout);
+    assert!(
+        r.stdout.contains("Connection refused"),
+        "loopback should answer (refused): {}",
+        r.stdout
+    );
 
     // Other sandboxes' files are not visible; host name is the sandbox's own.
     let r = run("cat /tmp/secret 2>&1; hostname", false).await;
-    assert!(r.stdout.contains("No such file") && r.stdout.ends_with("sandbox\n"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("No such file") && r.stdout.ends_with("sandbox\n"),
+        "{}",
+        r.stdout
+    );
 
     // /usr is read-only even though it is the host's.
     let r = run("touch /usr/x 2>&1", true).await;

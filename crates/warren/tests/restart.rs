@@ -14,7 +14,14 @@ async fn kill9_restart_readopts_fifty_sandboxes() {
     let creates = (0..50).map(|i| {
         let c = c.clone();
         async move {
-            let sb = c.create(&CreateSandbox { image: "host".into(), task: Some("survivors".into()), ..Default::default() }).await.unwrap();
+            let sb = c
+                .create(&CreateSandbox {
+                    image: "host".into(),
+                    task: Some("survivors".into()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
             sb.write_file("/tmp/who", format!("{i}")).await.unwrap();
             sb.start_process(&argv(["sleep", "3600"])).await.unwrap();
             (sb.id().to_string(), i)
@@ -33,9 +40,18 @@ async fn kill9_restart_readopts_fifty_sandboxes() {
     p.start_again();
     assert!(p.log().contains("50 sandboxes re-adopted"), "{}", p.log());
     let c = p.client();
-    let listed = c.list(&ListFilter::default().task("survivors")).await.unwrap();
+    let listed = c
+        .list(&ListFilter::default().task("survivors"))
+        .await
+        .unwrap();
     assert_eq!(listed.len(), 50);
-    assert_eq!(listed.iter().filter(|s| s.state == warren_sdk::SandboxState::Paused).count(), 1);
+    assert_eq!(
+        listed
+            .iter()
+            .filter(|s| s.state == warren_sdk::SandboxState::Paused)
+            .count(),
+        1
+    );
     let checks = made.iter().map(|(id, i)| {
         let sb = c.sandbox(id).unwrap();
         let i = *i;
@@ -43,7 +59,12 @@ async fn kill9_restart_readopts_fifty_sandboxes() {
             let r = sb.exec(&argv(["cat", "/tmp/who"])).await.unwrap();
             assert_eq!(r.stdout, i.to_string());
             let procs = sb.processes().await.unwrap();
-            assert!(procs.iter().any(|p| p.running && p.argv == ["sleep", "3600"]), "the background process survived");
+            assert!(
+                procs
+                    .iter()
+                    .any(|p| p.running && p.argv == ["sleep", "3600"]),
+                "the background process survived"
+            );
         }
     });
     futures_util::future::join_all(checks).await;
@@ -66,7 +87,14 @@ async fn kill9_restart_readopts_fifty_sandboxes() {
 async fn restart_removes_half_made_leftovers() {
     require_root!();
     let mut p = Platform::start();
-    let sb = p.client().create(&CreateSandbox { image: "host".into(), ..Default::default() }).await.unwrap();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     p.kill9();
     // Leftovers a crash could leave: a sandbox directory without a state file, a stray socket,
     // a cgroup with no sandbox, and a sandbox whose init is gone.
@@ -75,13 +103,29 @@ async fn restart_removes_half_made_leftovers() {
     std::fs::write(state.join("sockets/abcdef0000000000sock.sock"), "").unwrap();
     let cg = warren_node::cgroups::Cgroups::new(&p.cgroup_parent).unwrap();
     let stray = cg.sandbox("abcdef0000000000cgrp");
-    stray.create(&warren_types::api::Resources { cpu: 100, memory: warren_sdk::ByteSize(64 << 20), pids: 16 }).unwrap();
+    stray
+        .create(&warren_types::api::Resources {
+            cpu: 100,
+            memory: warren_sdk::ByteSize(64 << 20),
+            pids: 16,
+        })
+        .unwrap();
     let record = warren_node::state::load(&state.join("sandboxes").join(sb.id().as_str())).unwrap();
     // Kill the sandbox's init behind the daemon's back.
-    std::process::Command::new("kill").arg("-9").arg(record.pid.to_string()).status().unwrap();
+    std::process::Command::new("kill")
+        .arg("-9")
+        .arg(record.pid.to_string())
+        .status()
+        .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
 
     p.start_again();
-    assert!(p.client().list(&ListFilter::default()).await.unwrap().is_empty());
+    assert!(
+        p.client()
+            .list(&ListFilter::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
     p.assert_clean();
 }

@@ -14,7 +14,11 @@ use warren_sdk::Client;
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
         .unwrap_or(false)
 }
 
@@ -23,7 +27,10 @@ pub fn is_root() -> bool {
 macro_rules! require_root {
     () => {
         if !common::is_root() {
-            eprintln!("SKIP {}: needs root (real namespaces, cgroups and mounts)", module_path!());
+            eprintln!(
+                "SKIP {}: needs root (real namespaces, cgroups and mounts)",
+                module_path!()
+            );
             return;
         }
     };
@@ -43,9 +50,13 @@ pub struct Platform {
 /// Whether `GET /v1/health` answers 200 (served only once the platform is fully up).
 fn health_ok(port: u16) -> bool {
     use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /v1/health HTTP/1.0\r\nHost: localhost\r\n\r\n").is_err() {
+    if s.write_all(b"GET /v1/health HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .is_err()
+    {
         return false;
     }
     let mut buf = [0u8; 16];
@@ -53,7 +64,10 @@ fn health_ok(port: u16) -> bool {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 pub fn warren_bin() -> PathBuf {
@@ -74,8 +88,19 @@ impl Platform {
             "{} is missing: build the workspace first (cargo build --workspace; make test does)",
             guest.display()
         );
-        let data = tempfile::Builder::new().prefix("warren-test-").tempdir().expect("tempdir");
-        let suffix: String = data.path().file_name().unwrap().to_string_lossy().chars().rev().take(6).collect();
+        let data = tempfile::Builder::new()
+            .prefix("warren-test-")
+            .tempdir()
+            .expect("tempdir");
+        let suffix: String = data
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .chars()
+            .rev()
+            .take(6)
+            .collect();
         let mut p = Platform {
             child: None,
             url: String::new(),
@@ -105,7 +130,11 @@ impl Platform {
             std::fs::write(&path, cfg).unwrap();
             cmd.arg("--config").arg(path);
         }
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap();
         cmd.stdout(log.try_clone().unwrap()).stderr(log);
         self.child = Some(cmd.spawn().expect("spawn warren up"));
         self.url = format!("http://127.0.0.1:{}", self.port);
@@ -117,10 +146,17 @@ impl Platform {
             if self.data.path().join("admin.key").exists() && health_ok(self.port) {
                 break;
             }
-            assert!(Instant::now() < deadline, "warren up did not listen within 30 s:\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "warren up did not listen within 30 s:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.key = std::fs::read_to_string(self.data.path().join("admin.key")).unwrap().trim().to_string();
+        self.key = std::fs::read_to_string(self.data.path().join("admin.key"))
+            .unwrap()
+            .trim()
+            .to_string();
     }
 
     pub fn log_path(&self) -> PathBuf {
@@ -154,7 +190,10 @@ impl Platform {
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             // SAFETY-free: signal our own child by pid through the kill command.
-            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
             let _ = c.wait();
         }
     }
@@ -192,7 +231,11 @@ impl Platform {
     pub fn leftovers(&self) -> Vec<String> {
         let mut out = Vec::new();
         for sub in ["sandboxes", "sockets"] {
-            for e in std::fs::read_dir(self.state_dir().join(sub)).into_iter().flatten().flatten() {
+            for e in std::fs::read_dir(self.state_dir().join(sub))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 out.push(e.path().display().to_string());
             }
         }
@@ -201,7 +244,10 @@ impl Platform {
             out.push(format!("cgroup {}/{name}", self.cgroup_parent));
         }
         let data = self.data.path().display().to_string();
-        for line in std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default().lines() {
+        for line in std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+        {
             if line.contains(&data) {
                 out.push(format!("mount: {line}"));
             }
@@ -214,7 +260,9 @@ impl Platform {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let left = self.leftovers();
-            let trash_empty = std::fs::read_dir(self.state_dir().join("trash")).map(|mut d| d.next().is_none()).unwrap_or(true);
+            let trash_empty = std::fs::read_dir(self.state_dir().join("trash"))
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(true);
             if left.is_empty() && trash_empty {
                 return;
             }
@@ -229,10 +277,10 @@ impl Drop for Platform {
         self.kill9();
         // Whatever the test did, leave no process, cgroup or mount behind: kill everything in
         // this platform's own cgroups (sandbox inits and their processes), then remove them.
-        if let Ok(cg) = warren_node::cgroups::Cgroups::new(&self.cgroup_parent) {
-            if let Err(e) = cg.remove_all() {
-                eprintln!("cleanup of cgroup {}: {e}", self.cgroup_parent);
-            }
+        if let Ok(cg) = warren_node::cgroups::Cgroups::new(&self.cgroup_parent)
+            && let Err(e) = cg.remove_all()
+        {
+            eprintln!("cleanup of cgroup {}: {e}", self.cgroup_parent);
         }
     }
 }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Warren needs that are missing (when run as root), or says which
+# to install. Used by `make up`, `make test` and `make bench`.
+#   procps, python3      tools the tests run inside sandboxes of the built-in `host` image
+#   bubblewrap, runc     peers the benchmark compares against
+#   nftables, erofs-utils networking and layered images (later capabilities)
+set -euo pipefail
+want=(procps python3 bubblewrap runc nftables erofs-utils)
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "warren needs these Debian packages: ${missing[*]}" >&2
+  echo "install them with: sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
