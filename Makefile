@@ -8,11 +8,13 @@ all: build
 deps:
 	@scripts/install-deps.sh
 
-# Release build. The guest agent is then rebuilt as a static executable, so that it runs in any
-# image (it is exec'd before the sandbox's root is pivoted, but VMs and foreign images need it).
+# Release build. The guest agent is then rebuilt small (profile `guest`: opt-level z, LTO,
+# panic=abort, stripped) and static, so it runs in any image and costs little per sandbox, and
+# put beside `warren`, where the node looks for it.
 build: deps
 	$(CARGO) build --release --workspace
-	$(CARGO) rustc --release -q -p warren-guest --bin warren-guest -- -C target-feature=+crt-static
+	$(CARGO) rustc --profile guest -q -p warren-guest --bin warren-guest -- -C target-feature=+crt-static
+	cp target/guest/warren-guest target/release/warren-guest
 
 up: build
 	target/release/warren up

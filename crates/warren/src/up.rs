@@ -51,6 +51,11 @@ struct FileConfig {
 /// Runs the all-in-one platform until Ctrl-C or SIGTERM.
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
     init_logging();
+    if !is_root() {
+        anyhow::bail!(
+            "warren up needs root: it creates namespaces, cgroups and mounts for sandboxes (run it with sudo, or as root)"
+        );
+    }
     let file: FileConfig = match &args.config {
         Some(p) => {
             let raw = std::fs::read_to_string(p)
@@ -89,6 +94,17 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         control_cfg,
         args.kill_sandboxes_on_exit,
     ))
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
 }
 
 fn file_sets_no_state_dir(cfg: &NodeConfig) -> bool {
