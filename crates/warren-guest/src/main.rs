@@ -1,8 +1,9 @@
 //! `warren-guest`: the guest agent, PID 1 of every sandbox.
 //!
 //! ```text
-//! warren-guest init              PID 1 of a container sandbox: reads its InitConfig from fd 4,
-//!                                builds the root file system, serves the listening socket on fd 3
+//! warren-guest init              PID 1 of a container sandbox: reads its InitConfig from fd 4 (a
+//!                                socket), builds the root, answers "ready", waits for its
+//!                                Activate, then serves the listening socket on fd 3
 //! warren-guest serve SOCKET      serve on a new unix socket, no set-up (development)
 //! warren-guest --version
 //! ```
@@ -18,12 +19,12 @@ mod setup;
 mod users;
 mod wire;
 
-use std::io::Read;
+use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::net::UnixListener;
-use warren_types::guest::InitConfig;
+use warren_types::guest::{Activate, InitConfig};
 
 use server::Guest;
 
@@ -52,15 +53,33 @@ fn init() -> Result<(), String> {
     let listener =
         warren_sys::process::inherited_fd(3).map_err(|e| format!("control socket: {e}"))?;
     let cfg_fd = warren_sys::process::inherited_fd(4).map_err(|e| format!("config pipe: {e}"))?;
-    let mut raw = Vec::new();
-    std::fs::File::from(cfg_fd)
-        .read_to_end(&mut raw)
-        .map_err(|e| format!("reading config: {e}"))?;
-    let cfg: InitConfig = serde_json::from_slice(&raw).map_err(|e| format!("config: {e}"))?;
+    let channel = std::fs::File::from(cfg_fd);
+    let mut reader = std::io::BufReader::new(&channel);
+    let cfg: InitConfig = read_line(&mut reader, "config")?;
     setup::rootfs(&cfg).map_err(|e| format!("setting up the root file system: {e}"))?;
     setup::lock_down().map_err(|e| format!("dropping privileges: {e}"))?;
+    // Tell the node the root is built: from now on it may rename the init's directory. A node
+    // starting a sandbox directly has sent the activation already and does not listen.
+    let _ = (&channel).write_all(b"ready\n");
+    // A warm init waits here until a sandbox takes it (or the node goes away: end of file).
+    let act: Activate = read_line(&mut reader, "activation")?;
+    drop(reader);
+    drop(channel);
     let listener = std::os::unix::net::UnixListener::from(listener);
-    run(listener, cfg.env, started)
+    run(listener, act.env, started)
+}
+
+/// Reads one JSON line from the configuration pipe.
+fn read_line<T: serde::de::DeserializeOwned>(
+    pipe: &mut impl std::io::BufRead,
+    what: &str,
+) -> Result<T, String> {
+    let mut line = String::new();
+    match pipe.read_line(&mut line) {
+        Ok(0) => Err(format!("no {what}: the node closed the pipe")),
+        Ok(_) => serde_json::from_str(&line).map_err(|e| format!("{what}: {e}")),
+        Err(e) => Err(format!("reading {what}: {e}")),
+    }
 }
 
 fn serve_path(path: &str) -> Result<(), String> {

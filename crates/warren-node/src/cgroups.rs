@@ -259,8 +259,8 @@ impl Cgroups {
 }
 
 impl SandboxCgroup {
-    /// Creates the cgroup with its limits and returns what the init needs to join it.
-    pub fn create(&self, r: &Resources) -> io::Result<JoinFds> {
+    /// Creates the cgroup, with `limits` when given, and returns what an init needs to join it.
+    pub fn create(&self, limits: Option<&Resources>) -> io::Result<JoinFds> {
         for d in &self.dirs {
             match fs::create_dir(d) {
                 Ok(()) => {}
@@ -273,6 +273,26 @@ impl SandboxCgroup {
                 }
             }
         }
+        if let Some(r) = limits {
+            self.set_limits(r)?;
+        }
+        match &self.layout {
+            Layout::V2 { .. } => Ok(JoinFds::Dir(fs::File::open(&self.dirs[0])?.into())),
+            Layout::V1 { .. } => {
+                let mut fds = Vec::new();
+                for d in &self.dirs {
+                    let f = fs::OpenOptions::new()
+                        .write(true)
+                        .open(d.join("cgroup.procs"))?;
+                    fds.push(f.into());
+                }
+                Ok(JoinFds::Procs(fds))
+            }
+        }
+    }
+
+    /// Writes CPU, memory and process limits.
+    pub fn set_limits(&self, r: &Resources) -> io::Result<()> {
         let quota = (r.cpu as u64 * CPU_PERIOD_US / 1000).max(1000);
         let mem = r.memory.bytes();
         match &self.layout {
@@ -281,9 +301,7 @@ impl SandboxCgroup {
                 write(&d.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
                 write(&d.join("memory.max"), &mem.to_string())?;
                 let _ = write(&d.join("memory.swap.max"), "0");
-                write(&d.join("pids.max"), &r.pids.to_string())?;
-                let dir = fs::File::open(d)?;
-                Ok(JoinFds::Dir(dir.into()))
+                write(&d.join("pids.max"), &r.pids.to_string())
             }
             Layout::V1 { .. } => {
                 let [cpu, memory, pids, ..] = &self.dirs[..] else {
@@ -298,17 +316,25 @@ impl SandboxCgroup {
                 if memsw.exists() {
                     write(&memsw, &mem.to_string())?;
                 }
-                write(&pids.join("pids.max"), &r.pids.to_string())?;
-                let mut fds = Vec::new();
-                for d in &self.dirs {
-                    let f = fs::OpenOptions::new()
-                        .write(true)
-                        .open(d.join("cgroup.procs"))?;
-                    fds.push(f.into());
-                }
-                Ok(JoinFds::Procs(fds))
+                write(&pids.join("pids.max"), &r.pids.to_string())
             }
         }
+    }
+
+    /// Renames the cgroup (in every hierarchy) to `name`, processes and all.
+    pub fn rename(&self, name: &str) -> io::Result<SandboxCgroup> {
+        let mut dirs = Vec::with_capacity(self.dirs.len());
+        for d in &self.dirs {
+            let to = d.with_file_name(name);
+            fs::rename(d, &to).map_err(|e| {
+                io::Error::new(e.kind(), format!("renaming {} to {name}: {e}", d.display()))
+            })?;
+            dirs.push(to);
+        }
+        Ok(SandboxCgroup {
+            layout: self.layout.clone(),
+            dirs,
+        })
     }
 
     fn freezer_dir(&self) -> &Path {

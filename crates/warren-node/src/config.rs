@@ -39,6 +39,12 @@ pub struct NodeConfig {
     pub max_timeout: u64,
     /// Largest file upload, bytes. Default 1Gi.
     pub max_upload: ByteSize,
+    /// Sandbox inits kept started, with their roots built, ahead of requests (see the `pool`
+    /// module): a create of `warm_image` then skips the clone, the cgroup join and the mounts.
+    /// 0 turns the pool off. Default 16.
+    pub warm_pool: u32,
+    /// The image the warm pool prepares. Default `host`.
+    pub warm_image: String,
 }
 
 impl Default for NodeConfig {
@@ -57,6 +63,8 @@ impl Default for NodeConfig {
             default_timeout: 3600,
             max_timeout: 7 * 24 * 3600,
             max_upload: ByteSize(1 << 30),
+            warm_pool: 16,
+            warm_image: "host".into(),
         }
     }
 }

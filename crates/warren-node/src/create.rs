@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use warren_types::ByteSize;
 use warren_types::api::{CreateSandbox, Resources, Sandbox as SandboxView};
-use warren_types::guest::{InitConfig, Op, Reply, RootfsSpec};
+use warren_types::guest::{Activate, InitConfig, Op, Reply, RootfsSpec};
 use warren_types::id::SandboxId;
 
 use crate::admission::HostLoad;
@@ -286,28 +286,32 @@ impl Node {
         Ok((sb.view(&self.id), true))
     }
 
-    /// Starts the sandbox's init and waits for its guest agent to answer.
-    async fn launch(&self, mut record: Record, rootfs: Rootfs) -> Result<Arc<Sandbox>, NodeError> {
+    /// Starts the sandbox's init (a warm one from the pool when there is one) and waits for its
+    /// guest agent to answer.
+    async fn launch(
+        self: &Arc<Self>,
+        mut record: Record,
+        rootfs: Rootfs,
+    ) -> Result<Arc<Sandbox>, NodeError> {
         let dir = self.dirs.sandboxes.join(record.id.as_str());
         let socket = self.dirs.sockets.join(format!("{}.sock", record.id));
         let cgroup = self.cgroups.sandbox(record.id.as_str());
-        let guest_bin = self.guest_bin.clone();
-        let (d, s, c, dirs) = (
-            dir.clone(),
-            socket.clone(),
-            cgroup.clone(),
-            self.dirs.clone(),
-        );
+        let t0 = std::time::Instant::now();
+        let warm = self.take_warm(&record.image);
+        let was_warm = warm.is_some();
+        let node = self.clone();
+        let (d, s, c) = (dir.clone(), socket.clone(), cgroup.clone());
         let rec = record.clone();
         let started = blocking(move || {
-            let r = spawn_init(&rec, &rootfs, &d, &s, &c, &guest_bin);
+            let r = node.start_sandbox(&rec, &rootfs, &d, &s, &c, warm);
             if r.is_err() {
-                teardown(None, &c, &d, &s, &dirs);
+                teardown(None, &c, &d, &s, &node.dirs);
             }
             r
         })
         .await
         .map_err(|e| NodeError::host("starting the sandbox", e))?;
+        let t_started = t0.elapsed();
         record.pid = started.pid;
         record.start_time = started.start_time;
         let sb = Arc::new(Sandbox {
@@ -353,25 +357,117 @@ impl Node {
                 std::io::Error::other(msg),
             ));
         }
+        tracing::debug!(
+            sandbox_id = %sb.record.id,
+            warm = was_warm,
+            started_us = t_started.as_micros() as u64,
+            ready_us = t0.elapsed().as_micros() as u64,
+            "launched"
+        );
         Ok(sb)
     }
 }
 
-struct Started {
-    pid: i32,
-    start_time: u64,
-    pidfd: std::os::fd::OwnedFd,
+impl Node {
+    /// Activates a warm init of the sandbox's image, or starts a new one. Blocking.
+    fn start_sandbox(
+        &self,
+        record: &Record,
+        rootfs: &Rootfs,
+        dir: &Path,
+        socket: &Path,
+        cgroup: &SandboxCgroup,
+        warm: Option<crate::pool::Warm>,
+    ) -> std::io::Result<Started> {
+        let activate = Activate {
+            env: record
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        };
+        if let Some(mut w) = warm {
+            match w.claim(record, dir, socket) {
+                Ok(()) => return w.into_spawned().activate(&activate),
+                Err(e) => {
+                    tracing::warn!("warm init unusable, starting a new one: {e}");
+                    w.discard();
+                }
+            }
+        }
+        let s = spawn_guest(
+            &self.guest_bin,
+            rootfs,
+            cgroup,
+            Some(&record.resources),
+            socket,
+            dir,
+        )?;
+        s.activate(&activate)
+    }
 }
 
-/// Prepares directories, cgroup and socket, and clones the init. Blocking.
-fn spawn_init(
-    record: &Record,
-    rootfs: &Rootfs,
-    dir: &Path,
-    socket: &Path,
-    cgroup: &SandboxCgroup,
-    guest_bin: &Path,
-) -> std::io::Result<Started> {
+/// A started init.
+pub(crate) struct Started {
+    pub pid: i32,
+    pub start_time: u64,
+    pub pidfd: std::os::fd::OwnedFd,
+}
+
+/// An init that builds its root and then waits for [`Activate`].
+pub(crate) struct Spawned {
+    pub pid: i32,
+    pub start_time: u64,
+    pub pidfd: std::os::fd::OwnedFd,
+    /// Its configuration channel (fd 4 in the init): config and activation go down, "ready"
+    /// comes back once the root is built.
+    pub config: std::os::unix::net::UnixStream,
+}
+
+impl Spawned {
+    /// Waits (up to `timeout`) until the init reports its root built.
+    pub fn wait_built(&self, timeout: Duration) -> std::io::Result<()> {
+        use std::io::BufRead;
+        self.config.set_read_timeout(Some(timeout))?;
+        let mut line = String::new();
+        std::io::BufReader::new(&self.config).read_line(&mut line)?;
+        self.config.set_read_timeout(None)?;
+        if line == "ready\n" {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(
+                "the init exited while building its root",
+            ))
+        }
+    }
+
+    /// Sends the activation: the init starts answering.
+    pub fn activate(mut self, a: &Activate) -> std::io::Result<Started> {
+        let mut line = serde_json::to_vec(a).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        if let Err(e) = self.config.write_all(&line) {
+            let _ = warren_sys::process::pidfd_kill(&self.pidfd);
+            return Err(e);
+        }
+        Ok(Started {
+            pid: self.pid,
+            start_time: self.start_time,
+            pidfd: self.pidfd,
+        })
+    }
+}
+
+/// `n` random lower-case letters and digits.
+pub(crate) fn random_name(n: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    (0..n)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// Makes an init's directory (writable layer, links to the read-only layers) and returns the
+/// configuration that builds its root from it.
+fn prepare_dir(rootfs: &Rootfs, dir: &Path) -> std::io::Result<InitConfig> {
     std::fs::DirBuilder::new().mode(0o700).create(dir)?;
     for sub in ["upper", "work"] {
         std::fs::DirBuilder::new()
@@ -384,19 +480,7 @@ fn spawn_init(
         std::os::unix::fs::symlink(layer, dir.join(&name))?;
         lowers.push(name);
     }
-    let join = cgroup.create(&record.resources)?;
-
-    let _ = std::fs::remove_file(socket);
-    let listener = std::os::unix::net::UnixListener::bind(socket)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("guest.log"))?;
-    let null = std::fs::File::open("/dev/null")?;
-    let (cfg_r, mut cfg_w) = std::io::pipe()?;
-
-    let config = InitConfig {
+    Ok(InitConfig {
         sandbox_dir: dir.to_string_lossy().into_owned(),
         hostname: "sandbox".into(),
         rootfs: RootfsSpec {
@@ -405,12 +489,30 @@ fn spawn_init(
             work: "work".into(),
             binds: rootfs.binds.clone(),
         },
-        env: record
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-    };
+    })
+}
+
+/// Prepares `dir`, creates the cgroup (with `limits`), binds the control socket, clones the
+/// guest agent into new namespaces and sends it its root's configuration. Blocking.
+pub(crate) fn spawn_guest(
+    guest_bin: &Path,
+    rootfs: &Rootfs,
+    cgroup: &SandboxCgroup,
+    limits: Option<&Resources>,
+    socket: &Path,
+    dir: &Path,
+) -> std::io::Result<Spawned> {
+    let config = prepare_dir(rootfs, dir)?;
+    let join = cgroup.create(limits)?;
+    let _ = std::fs::remove_file(socket);
+    let listener = std::os::unix::net::UnixListener::bind(socket)?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("guest.log"))?;
+    let null = std::fs::File::open("/dev/null")?;
+    let (mut cfg_w, cfg_r) = std::os::unix::net::UnixStream::pair()?;
     let program: PathBuf = guest_bin.to_path_buf();
     let (procs, dirfd) = match &join {
         JoinFds::Procs(v) => (v.iter().map(|f| f.as_fd()).collect::<Vec<_>>(), None),
@@ -435,19 +537,18 @@ fn spawn_init(
         into_cgroup: dirfd,
         fds: &fds,
     })?;
-    drop(cfg_r);
-    let json = serde_json::to_vec(&config).map_err(std::io::Error::other)?;
-    let wrote = cfg_w.write_all(&json);
-    drop(cfg_w);
-    let start_time = warren_sys::process::start_time(spawned.pid);
-    if let Err(e) = wrote {
+    let start_time = warren_sys::process::start_time(spawned.pid).unwrap_or(0);
+    let mut line = serde_json::to_vec(&config).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    if let Err(e) = cfg_w.write_all(&line) {
         let _ = warren_sys::process::pidfd_kill(&spawned.pidfd);
         return Err(e);
     }
-    Ok(Started {
+    Ok(Spawned {
         pid: spawned.pid,
-        start_time: start_time.unwrap_or(0),
+        start_time,
         pidfd: spawned.pidfd,
+        config: cfg_w,
     })
 }
 

@@ -106,20 +106,22 @@ impl Node {
             total += chunk.len() as u64;
             if total > limit {
                 // Dropping the connection without the end frame discards the partial file.
+                drop(conn);
+                // Read the rest so the client, still sending, gets the answer rather than a
+                // broken connection.
+                while let Some(Ok(_)) = body.next().await {}
                 return Err(NodeError::TooLarge(format!(
                     "the upload is larger than the {} allowed (max_upload)",
                     ByteSize(limit)
                 )));
             }
-            if !chunk.is_empty() {
-                conn.send(FrameKind::Data, &chunk)
-                    .await
-                    .map_err(|e| guest_failure(&sb, e))?;
+            if !chunk.is_empty() && conn.send(FrameKind::Data, &chunk).await.is_err() {
+                // The guest refused early (e.g. permission denied) and hung up: its reply
+                // says why.
+                break;
             }
         }
-        conn.send(FrameKind::Data, &[])
-            .await
-            .map_err(|e| guest_failure(&sb, e))?;
+        let _ = conn.send(FrameKind::Data, &[]).await;
         match conn.reply().await.map_err(|e| guest_failure(&sb, e))? {
             Reply::Entry(e) => Ok(e),
             other => Err(unexpected(other)),

@@ -18,11 +18,13 @@ pub mod files;
 pub mod guest_client;
 pub mod images;
 pub mod node;
+pub mod pool;
 pub mod state;
 
 use std::collections::HashMap;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 
 pub use adopt::AdoptReport;
@@ -68,6 +70,7 @@ impl Node {
             sockets: root.join("sockets"),
             images: root.join("images"),
             trash: root.join("trash"),
+            warm: root.join("warm"),
         };
         for d in [
             &root,
@@ -75,6 +78,7 @@ impl Node {
             &dirs.sockets,
             &dirs.images,
             &dirs.trash,
+            &dirs.warm,
         ] {
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -105,8 +109,12 @@ impl Node {
             sandboxes: RwLock::new(HashMap::new()),
             admission: Admission::default(),
             idempotency: Mutex::new(HashMap::new()),
+            warm: Mutex::new(Vec::new()),
+            refilling: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
         });
         let report = node.adopt().await;
+        node.refill();
         tracing::info!(
             node_id = %node.id,
             cgroups = node.cgroups.layout.name(),
@@ -118,7 +126,12 @@ impl Node {
         Ok((node, report))
     }
 
-    /// Kills every sandbox (for `warren up --stop-sandboxes` and tests).
+    /// Stops the node's own work (the warm pool); sandboxes keep running.
+    pub async fn shutdown(&self) {
+        self.drain_warm_pool().await;
+    }
+
+    /// Kills every sandbox (for `warren up --kill-sandboxes-on-exit`).
     pub async fn kill_all(&self) -> usize {
         let ids: Vec<_> = self
             .sandboxes

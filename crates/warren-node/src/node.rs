@@ -28,6 +28,8 @@ pub struct Dirs {
     pub sockets: PathBuf,
     pub images: PathBuf,
     pub trash: PathBuf,
+    /// Logs of warm inits (moved into the sandbox directory when one is taken).
+    pub warm: PathBuf,
 }
 
 /// One node daemon's state.
@@ -43,6 +45,10 @@ pub struct Node {
     pub(crate) sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
     pub(crate) admission: Admission,
     pub(crate) idempotency: Mutex<HashMap<String, IdemSlot>>,
+    /// Inits started ahead of requests (see [`crate::pool`]).
+    pub(crate) warm: Mutex<Vec<crate::pool::Warm>>,
+    pub(crate) refilling: std::sync::atomic::AtomicBool,
+    pub(crate) closing: std::sync::atomic::AtomicBool,
 }
 
 /// A create in flight or done, by idempotency key.
@@ -309,6 +315,7 @@ impl Node {
             threads: load.threads,
             pid_max: load.pid_max,
             cgroups: self.cgroups.layout.name().to_string(),
+            max_upload: self.cfg.max_upload,
         }
     }
 }

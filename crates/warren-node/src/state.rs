@@ -10,6 +10,7 @@
 //!   sockets/<id>.sock              the guest's control socket (host-only)
 //!   images/                        built-in image skeletons
 //!   trash/                         directories of killed sandboxes being deleted
+//!   warm/                          logs of warm inits (see the pool module)
 //! ```
 
 use std::collections::BTreeMap;
@@ -53,12 +54,16 @@ pub struct Record {
     pub idempotency_key: Option<String>,
 }
 
-/// Writes `record` to `dir/state.json` atomically (temp file, fsync, rename).
+/// Writes `record` to `dir/state.json` atomically (temp file, rename).
+///
+/// Not fsynced: the record must survive a crash of the daemon, which the page cache does; a
+/// crash of the machine ends every sandbox anyway, and an fsync on the create path costs a
+/// millisecond or more.
 pub fn save(dir: &Path, record: &Record) -> io::Result<()> {
     let tmp = dir.join("state.json.tmp");
     let mut f = fs::File::create(&tmp)?;
     f.write_all(&serde_json::to_vec_pretty(record).map_err(io::Error::other)?)?;
-    f.sync_all()?;
+    drop(f);
     fs::rename(&tmp, dir.join("state.json"))
 }
 

@@ -386,6 +386,8 @@ pub struct NodeInfo {
     pub pid_max: u32,
     /// The cgroup layout it found (`v1`, `v2`, `hybrid`).
     pub cgroups: String,
+    /// Largest file upload it accepts, bytes.
+    pub max_upload: ByteSize,
 }
 
 /// `GET /v1/nodes`.

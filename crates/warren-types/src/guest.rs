@@ -293,17 +293,28 @@ pub enum Reply {
     },
 }
 
-/// What the node tells a container sandbox's init before it starts (over a pipe, never through
-/// anything the sandbox can see later).
+/// How a container sandbox's init builds its root. The first of two messages on the init's
+/// configuration pipe (fd 4), one JSON document a line; never through anything the sandbox can
+/// see later.
+///
+/// An init can build its root before any request names the sandbox (the node's warm pool): it
+/// then waits for the second message, [`Activate`], before it answers on its control socket.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InitConfig {
-    /// The sandbox's directory on the host; the init works from there, so that the paths in
-    /// its mount options are relative and name nothing of the host.
+    /// The init's directory on the host; the init works from there, so that the paths in its
+    /// mount options are relative and name nothing of the host. (The node may rename the
+    /// directory afterwards; the mounts follow.)
     pub sandbox_dir: String,
     /// Host name inside the sandbox.
     pub hostname: String,
     /// How to build the root file system.
     pub rootfs: RootfsSpec,
+}
+
+/// What makes a ready init a particular sandbox: the second message on the configuration pipe.
+/// The init starts answering on its control socket only after it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Activate {
     /// Environment every command gets (before per-command variables).
     pub env: Vec<(String, String)>,
 }

@@ -168,6 +168,7 @@ async fn serve(
         .await?;
     node_server.abort();
     let _ = std::fs::remove_file(&sock);
+    node.shutdown().await;
     if kill_on_exit {
         let n = node.kill_all().await;
         eprintln!("warren: killed {n} sandboxes");

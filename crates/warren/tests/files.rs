@@ -117,6 +117,24 @@ async fn file_operations() {
         .unwrap();
     assert_eq!(tmp.stdout.trim(), "0", "a partial upload was left behind");
 
+    // Also when the size is not declared up front (a chunked upload).
+    let chunks =
+        futures_util::stream::iter((0..20).map(|_| Ok::<_, std::io::Error>(vec![b'y'; 10_000])));
+    let resp = p
+        .http()
+        .put(format!(
+            "{}/v1/sandboxes/{}/files?path=/tmp/big",
+            p.url,
+            sb.id()
+        ))
+        .bearer_auth(&p.key)
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 413);
+    assert_eq!(&sb.read_file("/tmp/big").await.unwrap()[..], b"old");
+
     // Directories are not files.
     let e = sb.read_file("/tmp").await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::InvalidArgument), "{e}");

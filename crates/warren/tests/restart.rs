@@ -104,11 +104,11 @@ async fn restart_removes_half_made_leftovers() {
     let cg = warren_node::cgroups::Cgroups::new(&p.cgroup_parent).unwrap();
     let stray = cg.sandbox("abcdef0000000000cgrp");
     stray
-        .create(&warren_types::api::Resources {
+        .create(Some(&warren_types::api::Resources {
             cpu: 100,
             memory: warren_sdk::ByteSize(64 << 20),
             pids: 16,
-        })
+        }))
         .unwrap();
     let record = warren_node::state::load(&state.join("sandboxes").join(sb.id().as_str())).unwrap();
     // Kill the sandbox's init behind the daemon's back.

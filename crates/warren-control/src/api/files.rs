@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 use warren_http::{Error, Json};
 use warren_types::api::{FileEntry, FileList, MkdirRequest, RenameRequest};
-use warren_types::error::ErrorBody;
+use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
 use super::{S, pass, pass_json};
 
@@ -49,6 +49,19 @@ pub async fn write(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Error> {
+    // Refuse an upload the node would refuse before sending a byte of it.
+    let (_, node) = super::forward::route(&c, &id)?;
+    let limit = node.info().max_upload;
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit.bytes()) {
+        return Err(Error(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("the upload is larger than the {limit} allowed (max_upload)"),
+        )));
+    }
     pass(&c, &id, Method::PUT, &uri, &headers, body).await
 }
 

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use warren_node::pool::WARM_PREFIX as WARM;
 use warren_sdk::Client;
 
 /// Whether the tests run as root (CI does). Tests that need root print SKIP otherwise.
@@ -236,11 +237,14 @@ impl Platform {
                 .flatten()
                 .flatten()
             {
-                out.push(e.path().display().to_string());
+                // The warm pool's inits are the node's own, not a sandbox's leftovers.
+                if !e.file_name().to_string_lossy().starts_with(WARM) {
+                    out.push(e.path().display().to_string());
+                }
             }
         }
         let cg = warren_node::cgroups::Cgroups::new(&self.cgroup_parent).unwrap();
-        for name in cg.existing() {
+        for name in cg.existing().into_iter().filter(|n| !n.starts_with(WARM)) {
             out.push(format!("cgroup {}/{name}", self.cgroup_parent));
         }
         let data = self.data.path().display().to_string();
