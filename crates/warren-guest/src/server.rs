@@ -82,49 +82,14 @@ async fn dispatch(
             };
             write_msg(w, &reply).await.map_err(io)
         }
-        Op::Exec(spec) | Op::Spawn(spec) if spec.argv.is_empty() => {
-            let _ = spec;
-            Err(OpError::invalid(
-                "empty command: give argv with at least a program, or cmd",
-            ))
-        }
         Op::Exec(spec) => {
-            let user = users::lookup(&spec.user)?;
-            let (proc, stdin) = g.table.start(&spec, &user, &g.env)?;
-            write_msg(
-                w,
-                &Reply::Started {
-                    process: proc.id,
-                    pid: proc.pid,
-                },
-            )
-            .await
-            .map_err(io)?;
-            if let Some(stdin) = stdin {
-                feed_stdin(r, stdin).await;
-            }
+            let proc = start(g, &spec, r, w).await?;
             stream_output(w, &proc).await.map_err(io)?;
             // Delivered: nobody needs to re-attach to it.
             g.table.forget(proc.id);
             Ok(())
         }
-        Op::Spawn(spec) => {
-            let user = users::lookup(&spec.user)?;
-            let (proc, stdin) = g.table.start(&spec, &user, &g.env)?;
-            write_msg(
-                w,
-                &Reply::Started {
-                    process: proc.id,
-                    pid: proc.pid,
-                },
-            )
-            .await
-            .map_err(io)?;
-            if let Some(stdin) = stdin {
-                feed_stdin(r, stdin).await;
-            }
-            Ok(())
-        }
+        Op::Spawn(spec) => start(g, &spec, r, w).await.map(|_| ()),
         Op::Attach { process } => {
             let proc = g.table.get(process)?;
             stream_output(w, &proc).await.map_err(io)
@@ -230,6 +195,28 @@ async fn dispatch(
             write_msg(w, &Reply::Entry(entry)).await.map_err(io)
         }
     }
+}
+
+/// Starts a command, answers `Started`, and feeds it the stdin frames that follow.
+async fn start(
+    g: &Guest,
+    spec: &warren_types::guest::ExecSpec,
+    r: &mut OwnedReadHalf,
+    w: &mut OwnedWriteHalf,
+) -> Result<std::sync::Arc<Proc>, OpError> {
+    let user = users::lookup(&spec.user)?;
+    let (proc, stdin) = g.table.start(spec, &user, &g.env)?;
+    let started = Reply::Started {
+        process: proc.id,
+        pid: proc.pid,
+    };
+    write_msg(w, &started)
+        .await
+        .map_err(|e| OpError::new(ErrorCode::Unavailable, format!("connection: {e}")))?;
+    if let Some(stdin) = stdin {
+        feed_stdin(r, stdin).await;
+    }
+    Ok(proc)
 }
 
 /// Copies stdin frames from the connection into the process until an empty frame or the end

@@ -347,41 +347,40 @@ impl SandboxCgroup {
     /// Freezes (`true`) or thaws every process, and waits until the kernel says it is done.
     pub fn set_frozen(&self, frozen: bool) -> io::Result<()> {
         let d = self.freezer_dir();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        match &self.layout {
-            Layout::V2 { .. } => {
-                write(&d.join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
-                let want = if frozen { "frozen 1" } else { "frozen 0" };
-                loop {
-                    let ev = fs::read_to_string(d.join("cgroup.events"))?;
-                    if ev.lines().any(|l| l == want) {
-                        return Ok(());
-                    }
-                    if Instant::now() > deadline {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "cgroup did not freeze in 10 s",
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            }
+        // v2: write once, then watch cgroup.events. v1: write the state until it reads back
+        // (writing FROZEN again makes the kernel retry tasks that were busy).
+        let (file, value, check, want) = match &self.layout {
+            Layout::V2 { .. } => (
+                "cgroup.freeze",
+                if frozen { "1" } else { "0" },
+                "cgroup.events",
+                if frozen { "frozen 1" } else { "frozen 0" },
+            ),
             Layout::V1 { .. } => {
-                let want = if frozen { "FROZEN" } else { "THAWED" };
-                loop {
-                    // Writing FROZEN again makes the kernel retry tasks that were busy.
-                    write(&d.join("freezer.state"), want)?;
-                    if fs::read_to_string(d.join("freezer.state"))?.trim() == want {
-                        return Ok(());
-                    }
-                    if Instant::now() > deadline {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "cgroup did not freeze in 10 s",
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
-                }
+                let state = if frozen { "FROZEN" } else { "THAWED" };
+                ("freezer.state", state, "freezer.state", state)
+            }
+        };
+        let v1 = matches!(self.layout, Layout::V1 { .. });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        write(&d.join(file), value)?;
+        loop {
+            if fs::read_to_string(d.join(check))?
+                .lines()
+                .any(|l| l.trim() == want)
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let what = if frozen { "freeze" } else { "thaw" };
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("cgroup did not {what} in 10 s"),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            if v1 {
+                write(&d.join(file), value)?;
             }
         }
     }
