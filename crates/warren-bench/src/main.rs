@@ -1,0 +1,197 @@
+//! `warren-bench`: Warren against bubblewrap and runc on this machine, in one run.
+//!
+//! Run as root after `cargo build --release --workspace` (it starts `target/release/warren up`
+//! and uses `target/release/warren-guest`, both beside its own executable):
+//!
+//! ```text
+//! target/release/warren-bench [--quick]
+//! ```
+//!
+//! It prints Markdown tables of medians and percentiles, with the project's targets beside
+//! them. It reports; it never fails because a number is bad. Every sandbox, container,
+//! process, cgroup and temp dir it makes is removed before it exits.
+
+mod host;
+mod peers;
+mod report;
+mod stats;
+mod warren_lib;
+mod warren_rest;
+
+use std::path::PathBuf;
+
+use stats::CycleStats;
+
+/// Sizes of every measurement.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub quick: bool,
+    /// Cycles at concurrency 1.
+    pub n_c1: usize,
+    /// Cycles at concurrency `conc`.
+    pub n_cn: usize,
+    pub conc: usize,
+    /// Exec round trips on one warm sandbox.
+    pub n_exec: usize,
+    /// Idle Warren sandboxes for the memory measurement, created `idle_conc` at a time.
+    pub n_idle: usize,
+    pub idle_conc: usize,
+    /// Idle bwrap instances.
+    pub n_peer_idle: usize,
+    /// Unrecorded cycles before each measured phase.
+    pub warmup: usize,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                quick,
+                n_c1: 30,
+                n_cn: 64,
+                conc: 32,
+                n_exec: 100,
+                n_idle: 100,
+                idle_conc: 16,
+                n_peer_idle: 100,
+                warmup: 3,
+            }
+        } else {
+            Plan {
+                quick,
+                n_c1: 200,
+                n_cn: 320,
+                conc: 32,
+                n_exec: 500,
+                n_idle: 500,
+                idle_conc: 16,
+                n_peer_idle: 100,
+                warmup: 5,
+            }
+        }
+    }
+}
+
+/// One progress line about a phase.
+pub fn cycle_result(r: &Result<CycleStats, String>) -> String {
+    match r {
+        Ok(s) => format!(
+            "{}; cycle p50/p99 {}; {:.1}/s; own CPU {} per cycle; host CPU {}",
+            s.count(),
+            s.cycle.p50_p99(),
+            s.creates_per_sec(),
+            s.cpu_own_per_cycle().map(stats::ms).unwrap_or_default(),
+            s.cpu()
+                .map(|(per, share)| format!(
+                    "{} per cycle, {:.0} % busy",
+                    stats::ms(per),
+                    share * 100.0
+                ))
+                .unwrap_or_default()
+        ),
+        Err(e) => format!("failed: {}", stats::short(e, 300)),
+    }
+}
+
+const USAGE: &str = "\
+usage: warren-bench [--quick]
+
+Benchmarks Warren (through `warren up`'s REST API, and its node library in-process) against
+bubblewrap and runc on this machine and prints Markdown tables. Run as root, after
+`cargo build --release --workspace`: it starts the `warren` and `warren-guest` binaries that
+sit beside its own executable.
+
+  --quick   fewer iterations (a smoke run of every measurement)
+";
+
+fn main() -> std::process::ExitCode {
+    let mut quick = false;
+    for a in std::env::args().skip(1) {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return std::process::ExitCode::SUCCESS;
+            }
+            other => {
+                eprint!("warren-bench: unknown argument {other:?}\n\n{USAGE}");
+                return std::process::ExitCode::from(2);
+            }
+        }
+    }
+    let exe_dir: PathBuf = match std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(PathBuf::from))
+    {
+        Some(d) => d,
+        None => {
+            eprintln!("warren-bench: cannot tell where its own executable is");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
+        })
+        .unwrap_or(false);
+    if !root {
+        eprintln!(
+            "warren-bench: not running as root: Warren, runc and the cgroup readings need root, so \
+             most measurements will report that they did not run"
+        );
+    }
+    let plan = Plan::new(quick);
+    let machine = host::Machine::read();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("warren-bench: tokio runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let results = rt.block_on(async {
+        let started = std::time::Instant::now();
+        let rest = warren_rest::run(&plan, &exe_dir).await;
+        if let Err(e) = &rest {
+            eprintln!("warren-bench: REST measurements failed: {e}");
+        }
+        let lib = warren_lib::run(&plan, &exe_dir, false).await;
+        if let Err(e) = &lib {
+            eprintln!("warren-bench: node library measurements failed: {e}");
+        }
+        let lib_cold = warren_lib::run(&plan, &exe_dir, true).await;
+        if let Err(e) = &lib_cold {
+            eprintln!("warren-bench: node library (no warm pool) measurements failed: {e}");
+        }
+        let plain = peers::plain(&plan).await;
+        let plain_exec = peers::plain_exec(&plan).await;
+        let bwrap = peers::bwrap(&plan).await;
+        let runc = peers::runc(&plan).await;
+        if let Err(e) = &runc {
+            eprintln!("warren-bench: runc failed: {e}");
+        }
+        let bwrap_idle = peers::bwrap_idle(plan.n_peer_idle).await;
+        report::Results {
+            rest,
+            lib,
+            lib_cold,
+            plain,
+            plain_exec,
+            bwrap,
+            runc,
+            bwrap_idle,
+            took: started.elapsed(),
+            loadavg_end: host::Machine::loadavg(),
+        }
+    });
+    // Do not wait for stray blocking tasks (e.g. a stuck guest socket) at exit.
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    print!("{}", report::render(&plan, &machine, &results));
+    std::process::ExitCode::SUCCESS
+}
