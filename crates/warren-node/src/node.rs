@@ -337,12 +337,7 @@ pub(crate) fn teardown(
         let _ = cgroup.set_frozen(false);
     }
     if let Some(fd) = pidfd {
-        for _ in 0..500 {
-            if warren_sys::process::pidfd_exited(fd) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        warren_sys::process::pidfd_wait(fd, Duration::from_secs(1));
         warren_sys::process::pidfd_reap(fd);
     }
     if cgroup.exists() && cgroup.remove(Duration::from_secs(2)).is_err() {

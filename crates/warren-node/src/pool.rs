@@ -67,12 +67,7 @@ impl Warm {
         let pidfd: OwnedFd = self.spawned.pidfd;
         let _ = warren_sys::process::pidfd_kill(&pidfd);
         drop(self.spawned.config);
-        for _ in 0..500 {
-            if warren_sys::process::pidfd_exited(&pidfd) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        warren_sys::process::pidfd_wait(&pidfd, Duration::from_secs(1));
         warren_sys::process::pidfd_reap(&pidfd);
         let _ = self.cgroup.remove(Duration::from_secs(2));
         let _ = std::fs::remove_file(&self.socket);

@@ -5,8 +5,9 @@
 //! safely (`rustix`), we use it; raw `libc` calls are for what it lacks (clone3, setfsuid,
 //! interface flags).
 //!
-//! - [`spawn`]: clone3 straight into new namespaces and exec, with no Rust code running in the
-//!   child between the two (safe to call from a multi-threaded daemon).
+//! - [`spawn`]: a vfork-style clone (or clone3 into a v2 cgroup) straight into new namespaces
+//!   and exec, with no Rust code beyond raw system calls in the child (safe to call from a
+//!   multi-threaded daemon).
 //! - [`process`]: pidfds, process identity (pid + start time), reaping.
 //! - [`mount`]: mounts, bind mounts, pivot_root.
 //! - [`creds`]: capabilities, securebits, no_new_privs, per-thread file system credentials.

@@ -38,11 +38,26 @@ pub fn pidfd_kill(pidfd: impl AsFd) -> io::Result<()> {
 
 /// Whether the process behind a pidfd has exited (the pidfd polls readable).
 pub fn pidfd_exited(pidfd: impl AsFd) -> bool {
+    pidfd_wait(pidfd, std::time::Duration::ZERO)
+}
+
+/// Waits up to `timeout` for the process behind a pidfd to exit; returns whether it has.
+pub fn pidfd_wait(pidfd: impl AsFd, timeout: std::time::Duration) -> bool {
     let mut fds = [rustix::event::PollFd::new(
         &pidfd,
         rustix::event::PollFlags::IN,
     )];
-    matches!(rustix::event::poll(&mut fds, Some(&rustix::time::Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0)
+    let ts = rustix::time::Timespec {
+        tv_sec: timeout.as_secs() as i64,
+        tv_nsec: timeout.subsec_nanos() as i64,
+    };
+    loop {
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            Ok(n) => return n > 0,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => return false,
+        }
+    }
 }
 
 /// Reaps the process behind a pidfd if it is our child and has exited. Returns whether it was

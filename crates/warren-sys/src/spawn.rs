@@ -1,9 +1,10 @@
-//! Starting a sandbox's init: one `clone3` into new namespaces, then `execve` at once.
+//! Starting a sandbox's init: one clone into new namespaces, then `execve` at once.
 //!
-//! The node daemon is multi-threaded (tokio), so the child of a fork must not run Rust code that
-//! could take a lock (malloc, stdio): only raw system calls on memory prepared before the clone.
-//! That is what [`spawn`] does, like `posix_spawn`, but with clone3's namespace, pidfd and
-//! cgroup features.
+//! The node daemon is multi-threaded (tokio), so the child of a clone must not run Rust code
+//! that could take a lock (malloc, stdio): only raw system calls on memory prepared before the
+//! clone. That is what [`spawn`] does, like `posix_spawn`: `clone(CLONE_VM | CLONE_VFORK)` on
+//! a small stack of its own (no page tables copied from the daemon), or, when the child must
+//! start inside a cgroup v2 directory, `clone3(CLONE_INTO_CGROUP)` fork-style.
 
 use std::ffi::{CStr, CString};
 use std::io::{self, Read};
@@ -160,30 +161,19 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
     let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     let err_w_raw = err_w.as_raw_fd();
 
-    let mut pidfd: libc::c_int = -1;
-    // SAFETY: clone_args is a plain C struct; all-zero is its documented default.
-    let mut cl: libc::clone_args = unsafe { std::mem::zeroed() };
-    cl.flags = spec.namespaces.clone_flags() | libc::CLONE_PIDFD as u64;
-    cl.pidfd = &mut pidfd as *mut libc::c_int as u64;
-    cl.exit_signal = libc::SIGCHLD as u64;
-    if let Some(cg) = spec.into_cgroup {
-        cl.flags |= CLONE_INTO_CGROUP;
-        cl.cgroup = cg.as_raw_fd() as u64;
-    }
-
-    // SAFETY: clone3 with no stack and no CLONE_VM behaves like fork: the child gets a copy of
-    // this address space. The child runs only `child_after_clone`, which makes raw system
-    // calls on memory prepared above and never returns.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &cl as *const libc::clone_args,
-            std::mem::size_of::<libc::clone_args>(),
-        )
+    let child = ChildArgs {
+        joins: &joins,
+        moves: &moves,
+        program: &program,
+        argv: &argv,
+        envp: &envp,
+        err_fd: err_w_raw,
     };
-    if ret == 0 {
-        child_after_clone(&joins, &moves, &program, &argv, &envp, err_w_raw);
-    }
+    let mut pidfd: libc::c_int = -1;
+    let ret = match spec.into_cgroup {
+        None => clone_vfork(spec.namespaces.clone_flags(), &child, &mut pidfd),
+        Some(cg) => clone3_into_cgroup(spec.namespaces.clone_flags(), cg, &child, &mut pidfd),
+    };
     if ret < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -212,7 +202,131 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
     Ok(Spawned { pid, pidfd })
 }
 
-/// Runs in the child between clone3 and execve. Raw system calls only; never returns.
+/// What the child needs, all prepared before the clone.
+struct ChildArgs<'a> {
+    joins: &'a [RawFd],
+    moves: &'a [(RawFd, RawFd)],
+    program: &'a CStr,
+    argv: &'a [*const libc::c_char],
+    envp: &'a [*const libc::c_char],
+    err_fd: RawFd,
+}
+
+/// Stack for the vfork-style child: it runs a few raw system calls and execs.
+const CHILD_STACK: usize = 64 * 1024;
+
+/// `clone(CLONE_VM | CLONE_VFORK)` into new namespaces, like `posix_spawn`: the child borrows
+/// this address space (no page tables copied, no copy-on-write faults afterwards, which cost
+/// a large multi-threaded daemon more than the rest of the spawn) and this thread sleeps until
+/// the child has exec'd or failed. Returns the child's pid, or -1 with errno set.
+fn clone_vfork(ns_flags: u64, child: &ChildArgs<'_>, pidfd: &mut libc::c_int) -> i64 {
+    let mut stack = vec![0u8; CHILD_STACK];
+    // The stack grows down: hand clone its (16-byte aligned) top.
+    let top = (stack.as_mut_ptr() as usize + CHILD_STACK) & !15;
+    let flags = ns_flags as libc::c_int
+        | libc::CLONE_VM
+        | libc::CLONE_VFORK
+        | libc::CLONE_PIDFD
+        | libc::SIGCHLD;
+    // Block every signal while the child shares our memory; it restores default handlers
+    // before it unblocks them, so no handler of ours ever runs in it.
+    // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask only write into it.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to the two sets above.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    // SAFETY: `top` is the top of `stack`, which outlives the child's use of it: with
+    // CLONE_VFORK this call returns only once the child has exec'd or exited. The child runs
+    // `vfork_child` on that stack, touching only `child` (read-only, prepared above) and
+    // making raw system calls. CLONE_PIDFD stores the pidfd in `pidfd` (the parent_tid slot).
+    let ret = unsafe {
+        libc::clone(
+            vfork_child,
+            top as *mut libc::c_void,
+            flags,
+            child as *const ChildArgs<'_> as *mut libc::c_void,
+            pidfd as *mut libc::c_int,
+        )
+    };
+    let err = io::Error::last_os_error();
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    drop(stack);
+    if ret < 0 {
+        // SAFETY: errno is this thread's; restore the clone's error for the caller.
+        unsafe { *libc::__errno_location() = err.raw_os_error().unwrap_or(libc::EINVAL) };
+        return -1;
+    }
+    ret as i64
+}
+
+extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the ChildArgs the parent passed, alive while the parent waits for us.
+    let a = unsafe { &*(arg as *const ChildArgs<'_>) };
+    // Our copy of the signal table still names the parent's handlers; reset them so that
+    // unblocking signals before exec cannot run parent code in this shared address space.
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: a raw rt_sigaction with a zeroed sigaction (SIG_DFL, no flags, empty mask).
+        unsafe {
+            let dfl: libc::sigaction = std::mem::zeroed();
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                &dfl as *const libc::sigaction,
+                std::ptr::null_mut::<libc::sigaction>(),
+                8usize,
+            );
+        }
+    }
+    child_after_clone(a.joins, a.moves, a.program, a.argv, a.envp, a.err_fd)
+}
+
+/// clone3 with `CLONE_INTO_CGROUP` (cgroup v2): the child starts in its cgroup, with no
+/// migration. Fork-style (no new stack), so the child runs on a copy of this thread's stack.
+/// Returns the child's pid, or -1 with errno set; in the child it never returns.
+fn clone3_into_cgroup(
+    ns_flags: u64,
+    cgroup: BorrowedFd<'_>,
+    child: &ChildArgs<'_>,
+    pidfd: &mut libc::c_int,
+) -> i64 {
+    // SAFETY: clone_args is a plain C struct; all-zero is its documented default.
+    let mut cl: libc::clone_args = unsafe { std::mem::zeroed() };
+    cl.flags = ns_flags | libc::CLONE_PIDFD as u64 | CLONE_INTO_CGROUP;
+    cl.pidfd = pidfd as *mut libc::c_int as u64;
+    cl.exit_signal = libc::SIGCHLD as u64;
+    cl.cgroup = cgroup.as_raw_fd() as u64;
+    // SAFETY: clone3 with no stack and no CLONE_VM behaves like fork: the child gets a copy of
+    // this address space. The child runs only `child_after_clone`, which makes raw system
+    // calls on memory prepared before the clone and never returns.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &cl as *const libc::clone_args,
+            std::mem::size_of::<libc::clone_args>(),
+        )
+    };
+    if ret == 0 {
+        child_after_clone(
+            child.joins,
+            child.moves,
+            child.program,
+            child.argv,
+            child.envp,
+            child.err_fd,
+        );
+    }
+    ret
+}
+
+/// Runs in the child between the clone and execve. Raw system calls only; never returns.
 fn child_after_clone(
     joins: &[RawFd],
     moves: &[(RawFd, RawFd)],
@@ -268,4 +382,57 @@ fn child_after_clone(
         );
     }
     fail(4)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    use std::path::Path;
+
+    use super::*;
+
+    fn plain<'a>(
+        program: &'a Path,
+        args: &'a [&'a str],
+        fds: &'a [(BorrowedFd<'a>, RawFd)],
+    ) -> SpawnSpec<'a> {
+        SpawnSpec {
+            program,
+            args,
+            env: &[("PATH", "/usr/bin:/bin")],
+            namespaces: Namespaces::default(),
+            join_cgroups: &[],
+            into_cgroup: None,
+            fds,
+        }
+    }
+
+    #[test]
+    fn moves_descriptors_and_execs() {
+        let (mut r, w) = std::io::pipe().unwrap();
+        let fds = [(w.as_fd(), 3)];
+        let s = spawn(&plain(
+            Path::new("/bin/sh"),
+            &["sh", "-c", "echo hi >&3"],
+            &fds,
+        ))
+        .unwrap();
+        drop(w);
+        let mut out = String::new();
+        r.read_to_string(&mut out).unwrap();
+        assert_eq!(out, "hi\n");
+        assert!(crate::process::pidfd_wait(
+            &s.pidfd,
+            std::time::Duration::from_secs(5)
+        ));
+        assert!(crate::process::pidfd_reap(&s.pidfd));
+    }
+
+    #[test]
+    fn a_failed_exec_is_an_error_naming_the_step() {
+        let err = spawn(&plain(Path::new("/nonexistent/prog"), &["prog"], &[])).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert!(err.to_string().contains("execve failed"), "{err}");
+    }
 }

@@ -12,6 +12,9 @@ use serde::Deserialize;
 use warren_control::{Control, ControlConfig, Endpoint};
 use warren_node::{Node, NodeConfig};
 
+/// How long requests in flight may take to finish once `warren up` is asked to stop.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Options of `warren up`. Flags override the config file; the file overrides defaults.
 #[derive(Debug, Clone, clap::Args)]
 #[command(
@@ -163,9 +166,29 @@ async fn serve(
         "warren: serving http://{listen} (node {}, {} sandboxes re-adopted). Try: warren sandbox create --image host",
         node.id, report.adopted
     );
-    axum::serve(tcp, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    // On Ctrl-C or SIGTERM, stop accepting and give requests in flight (streams included) a
+    // grace period; then stop anyway.
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = axum::serve(tcp, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        let _ = stopping_tx.send(());
+    });
+    let grace = async move {
+        if stopping_rx.await.is_ok() {
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        r = server => r?,
+        _ = grace => eprintln!(
+            "warren: requests still in flight after {} s; stopping anyway",
+            SHUTDOWN_GRACE.as_secs()
+        ),
+    }
+    // The control plane goes first, so its collector stops polling the node.
+    drop(started);
     node_server.abort();
     let _ = std::fs::remove_file(&sock);
     node.shutdown().await;
