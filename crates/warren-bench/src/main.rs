@@ -52,7 +52,7 @@ impl Plan {
                 conc: 32,
                 n_exec: 100,
                 n_idle: 100,
-                idle_conc: 16,
+                idle_conc: 32,
                 n_peer_idle: 100,
                 warmup: 3,
             }
@@ -64,7 +64,7 @@ impl Plan {
                 conc: 32,
                 n_exec: 500,
                 n_idle: 500,
-                idle_conc: 16,
+                idle_conc: 32,
                 n_peer_idle: 100,
                 warmup: 5,
             }

@@ -9,7 +9,8 @@
 //!   `CLONE_INTO_CGROUP`.
 //! - **v1** (and hybrid, like the development machines): a directory per controller (cpu,
 //!   memory, pids, freezer, and the `name=systemd` hierarchy when present, so a service
-//!   manager stopping the daemon's unit cannot take sandboxes with it). A new init joins them
+//!   manager stopping the daemon's unit cannot take sandboxes with it; only where systemd
+//!   runs). A new init joins them
 //!   by writing to each `cgroup.procs` before it execs.
 
 use std::fs;
@@ -111,7 +112,9 @@ impl Layout {
             memory: find("memory").ok_or_else(|| missing("memory"))?,
             pids: find("pids").ok_or_else(|| missing("pids"))?,
             freezer: find("freezer").ok_or_else(|| missing("freezer"))?,
-            systemd: find("name=systemd"),
+            // Only where systemd runs: its hierarchy is what lets a stop of the daemon's unit
+            // spare the sandboxes; elsewhere it would be one more cgroup per sandbox for nothing.
+            systemd: find("name=systemd").filter(|_| Path::new("/run/systemd/system").is_dir()),
             hybrid: v2.is_some(),
         })
     }
@@ -486,7 +489,12 @@ mod tests {
         assert_eq!(l.name(), "hybrid");
         let dirs = l.dirs("warren", "abc");
         assert_eq!(dirs[0], PathBuf::from("/sys/fs/cgroup/cpu/warren/abc"));
-        assert_eq!(dirs.len(), 5, "cpu, memory, pids, freezer, name=systemd");
+        let systemd = Path::new("/run/systemd/system").is_dir();
+        assert_eq!(
+            dirs.len(),
+            if systemd { 5 } else { 4 },
+            "cpu, memory, pids, freezer (+ name=systemd under systemd)"
+        );
     }
 
     #[test]
