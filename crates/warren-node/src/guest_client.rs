@@ -142,3 +142,36 @@ impl GuestConn {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+    use warren_types::guest::{Hello, Op, encode_message};
+
+    use super::*;
+
+    /// A guest that speaks another protocol version is refused with both versions named.
+    #[tokio::test]
+    async fn a_guest_of_another_protocol_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let hello = Hello {
+                protocol: PROTOCOL_VERSION + 1,
+                agent: "9.9.9".into(),
+            };
+            s.write_all(&encode_message(&hello)).await.unwrap();
+        });
+        let err = GuestConn::open(&path, Op::Ping)
+            .await
+            .err()
+            .expect("refused");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("protocol {}", PROTOCOL_VERSION + 1)) && msg.contains("9.9.9"),
+            "{msg}"
+        );
+    }
+}

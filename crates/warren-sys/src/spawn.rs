@@ -436,3 +436,70 @@ mod tests {
         assert!(err.to_string().contains("execve failed"), "{err}");
     }
 }
+
+/// The cgroup v2 path (`clone3` with `CLONE_INTO_CGROUP`), exercised on whatever cgroup2 mount
+/// the machine has: CLONE_INTO_CGROUP needs no controller, so a hybrid host's hugetlb-only
+/// `unified` hierarchy serves.
+#[cfg(test)]
+mod v2_tests {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    fn cgroup2_mount() -> Option<PathBuf> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        info.lines().find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let mount_point = left.split(' ').nth(4)?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| PathBuf::from(mount_point))
+        })
+    }
+
+    #[test]
+    fn clone_into_cgroup_starts_the_child_in_it() {
+        let Some(root) = cgroup2_mount() else {
+            eprintln!("SKIP clone_into_cgroup_starts_the_child_in_it: no cgroup2 mount");
+            return;
+        };
+        let dir = root.join(format!("warren-test-spawn-{}", std::process::id()));
+        if std::fs::create_dir(&dir).is_err() {
+            eprintln!(
+                "SKIP clone_into_cgroup_starts_the_child_in_it: cannot create {} (needs root)",
+                dir.display()
+            );
+            return;
+        }
+        let cg = std::fs::File::open(&dir).unwrap();
+        let (mut r, w) = std::io::pipe().unwrap();
+        let fds = [(w.as_fd(), 3)];
+        let spec = SpawnSpec {
+            program: Path::new("/bin/sh"),
+            args: &["sh", "-c", "cat /proc/self/cgroup >&3"],
+            env: &[("PATH", "/usr/bin:/bin")],
+            namespaces: Namespaces::default(),
+            join_cgroups: &[],
+            into_cgroup: Some(cg.as_fd()),
+            fds: &fds,
+        };
+        let spawned = spawn(&spec);
+        drop(w);
+        let mut out = String::new();
+        let _ = r.read_to_string(&mut out);
+        if let Ok(s) = &spawned {
+            crate::process::pidfd_wait(&s.pidfd, std::time::Duration::from_secs(5));
+            crate::process::pidfd_reap(&s.pidfd);
+        }
+        let _ = std::fs::remove_dir(&dir);
+        spawned.unwrap();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("0::") && l.ends_with(&name)),
+            "{out}"
+        );
+    }
+}
