@@ -11,7 +11,8 @@ use crate::api;
     paths(
         api::system::health, api::system::nodes, api::system::openapi,
         api::sandboxes::create, api::sandboxes::list, api::sandboxes::get, api::sandboxes::kill,
-        api::sandboxes::pause, api::sandboxes::resume,
+        api::sandboxes::pause, api::sandboxes::resume, api::sandboxes::set_timeout,
+        api::sandboxes::trajectory, api::tasks::act, api::tasks::list,
         api::commands::exec, api::commands::start, api::commands::list, api::commands::get,
         api::commands::forget, api::commands::wait, api::commands::signal, api::commands::output,
         api::files::read, api::files::write, api::files::remove, api::files::list, api::files::stat,
@@ -20,6 +21,7 @@ use crate::api;
     modifiers(&Security),
     tags(
         (name = "sandboxes", description = "Create, list, pause, resume and kill sandboxes."),
+        (name = "tasks", description = "Pause, resume or stop every sandbox of a training task at once."),
         (name = "commands", description = "Run commands: exec and background processes."),
         (name = "files", description = "Move files in and out of sandboxes."),
         (name = "system", description = "Health, nodes, this document."),

@@ -7,7 +7,7 @@
 //! cgroup, socket or directory without a live sandbox.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use warren_types::guest::{Op, Reply};
@@ -127,16 +127,7 @@ impl Node {
                 Err(_) => return Err("its guest agent did not answer within 10 s".into()),
             }
         };
-        Ok(Arc::new(Sandbox {
-            dir: dir.to_path_buf(),
-            socket,
-            cgroup,
-            pidfd,
-            phase: Mutex::new(phase),
-            lifecycle: tokio::sync::Mutex::new(()),
-            tasks: Mutex::new(Vec::new()),
-            record,
-        }))
+        Ok(Sandbox::new(record, dir.to_path_buf(), socket, cgroup, pidfd, phase))
     }
 
     /// Removes cgroups, sockets and trash that no live sandbox owns. Returns how many.

@@ -17,7 +17,8 @@ use serde::Deserialize;
 use warren_http::{Error, Json, Query};
 use warren_types::api::{
     CreateSandbox, ExecRequest, FileList, MkdirRequest, NodeInfo, ProcessInfo, ProcessList,
-    RenameRequest, Sandbox as SandboxView, SandboxList, SandboxState, SignalRequest,
+    RenameRequest, Sandbox as SandboxView, SandboxList, SandboxState, SetTimeout, SignalRequest,
+    TaskAction, TaskList, TaskResult,
 };
 use warren_types::error::{ApiError, ErrorCode};
 use warren_types::id::SandboxId;
@@ -35,6 +36,10 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         .route("/v1/sandboxes/{id}", get(get_one).delete(kill))
         .route("/v1/sandboxes/{id}/pause", post(pause))
         .route("/v1/sandboxes/{id}/resume", post(resume))
+        .route("/v1/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/v1/sandboxes/{id}/trajectory", get(trajectory))
+        .route("/v1/tasks", get(tasks))
+        .route("/v1/tasks/{task}/{action}", post(task_action))
         .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/sandboxes/{id}/processes", post(spawn).get(processes))
         .route(
@@ -189,6 +194,54 @@ async fn pause(State(n): S, Path(id): Path<String>) -> Result<Json<SandboxView>,
 async fn resume(State(n): S, Path(id): Path<String>) -> Result<Json<SandboxView>, Error> {
     let id = parse_id(&n, &id)?;
     Ok(Json(n.resume(&id).await?))
+}
+
+async fn set_timeout(
+    State(n): S,
+    Path(id): Path<String>,
+    Json(req): Json<SetTimeout>,
+) -> Result<Json<SandboxView>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(n.set_timeout(&id, req.timeout).await?))
+}
+
+async fn trajectory(State(n): S, Path(id): Path<String>) -> Result<Response, Error> {
+    let id = parse_id(&n, &id)?;
+    let sb = n.get(&id)?;
+    if !sb.record.trajectory {
+        return Err(Error(ApiError::invalid(format!(
+            "sandbox {id} does not record its trajectory: create it with \"trajectory\": true"
+        ))));
+    }
+    let log = sb
+        .trajectory()
+        .map_err(|e| Error(crate::error::NodeError::host("reading the trajectory", e).to_api()))?;
+    Ok(([(header::CONTENT_TYPE, warren_http::NDJSON)], log).into_response())
+}
+
+async fn tasks(State(n): S) -> Json<TaskList> {
+    Json(TaskList { tasks: n.tasks() })
+}
+
+/// Parses a task action from a path.
+pub fn parse_task_action(action: &str) -> Result<TaskAction, Error> {
+    match action {
+        "pause" => Ok(TaskAction::Pause),
+        "resume" => Ok(TaskAction::Resume),
+        "stop" => Ok(TaskAction::Stop),
+        _ => Err(Error(ApiError::new(
+            ErrorCode::NotFound,
+            format!("no task action {action:?}: use pause, resume or stop"),
+        ))),
+    }
+}
+
+async fn task_action(
+    State(n): S,
+    Path((task, action)): Path<(String, String)>,
+) -> Result<Json<TaskResult>, Error> {
+    let action = parse_task_action(&action)?;
+    Ok(Json(n.task_action(&task, action).await))
 }
 
 fn wants_stream(headers: &HeaderMap, req: &ExecRequest) -> bool {

@@ -349,10 +349,14 @@ impl SandboxCgroup {
 
     /// Freezes (`true`) or thaws every process, and waits until the kernel says it is done.
     pub fn set_frozen(&self, frozen: bool) -> io::Result<()> {
-        let d = self.freezer_dir();
-        // v2: write once, then watch cgroup.events. v1: write the state until it reads back
-        // (writing FROZEN again makes the kernel retry tasks that were busy).
-        let (file, value, check, want) = match &self.layout {
+        self.start_freeze(frozen)?;
+        self.wait_frozen(frozen)
+    }
+
+    /// The freezer's control file, the value to write, the file to read back and the line
+    /// that says it is done.
+    fn freezer_files(&self, frozen: bool) -> (&'static str, &'static str, &'static str, &'static str) {
+        match &self.layout {
             Layout::V2 { .. } => (
                 "cgroup.freeze",
                 if frozen { "1" } else { "0" },
@@ -363,15 +367,24 @@ impl SandboxCgroup {
                 let state = if frozen { "FROZEN" } else { "THAWED" };
                 ("freezer.state", state, "freezer.state", state)
             }
-        };
+        }
+    }
+
+    /// Asks the kernel to freeze (or thaw); it works on it asynchronously.
+    pub fn start_freeze(&self, frozen: bool) -> io::Result<()> {
+        let (file, value, _, _) = self.freezer_files(frozen);
+        write(&self.freezer_dir().join(file), value)
+    }
+
+    /// Waits until the freeze (or thaw) is done. On v1, writing FROZEN again makes the kernel
+    /// retry tasks that were busy.
+    pub fn wait_frozen(&self, frozen: bool) -> io::Result<()> {
+        let (file, value, check, want) = self.freezer_files(frozen);
+        let d = self.freezer_dir();
         let v1 = matches!(self.layout, Layout::V1 { .. });
         let deadline = Instant::now() + Duration::from_secs(10);
-        write(&d.join(file), value)?;
         loop {
-            if fs::read_to_string(d.join(check))?
-                .lines()
-                .any(|l| l.trim() == want)
-            {
+            if fs::read_to_string(d.join(check))?.lines().any(|l| l.trim() == want) {
                 return Ok(());
             }
             if Instant::now() > deadline {

@@ -10,11 +10,11 @@ use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use warren_types::ByteSize;
-use warren_types::api::{CreateSandbox, Resources, Sandbox as SandboxView};
+use warren_types::api::{CreateSandbox, ExecRequest, Resources, Sandbox as SandboxView, TrajectoryEntry};
 use warren_types::guest::{Activate, InitConfig, Op, Reply, RootfsSpec};
 use warren_types::id::SandboxId;
 
@@ -88,6 +88,17 @@ pub fn validate(
         }
     }
     check_env(&req.env)?;
+    if let Some(idle) = req.idle_timeout {
+        if idle == 0 || idle > cfg.max_timeout {
+            return bad(format!(
+                "idle_timeout {idle} s is out of range: give 1 to {} seconds, or leave it out for none",
+                cfg.max_timeout
+            ));
+        }
+    }
+    if req.on_idle.is_some() && req.idle_timeout.is_none() {
+        return bad("on_idle needs an idle_timeout".into());
+    }
     Ok((Resources { cpu, memory, pids }, timeout))
 }
 
@@ -268,6 +279,9 @@ impl Node {
             pid: 0,
             start_time: 0,
             idempotency_key: idempotency_key.clone(),
+            idle_timeout: req.idle_timeout,
+            on_idle: req.on_idle.unwrap_or_default(),
+            trajectory: req.trajectory || req.replay.is_some(),
         };
         let sb = self.launch(record, rootfs).await?;
         reservation.kept = true;
@@ -276,6 +290,14 @@ impl Node {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.clone(), sb.clone());
         self.watch(&sb);
+        if let Some(entries) = req.replay {
+            if let Err(e) = self.rebuild(&sb, &entries).await {
+                let _ = self.kill(&id).await;
+                return Err(e);
+            }
+            *sb.replay.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(crate::trajectory::Replay::new(entries));
+        }
         if let Some(key) = &idempotency_key {
             self.idempotency
                 .lock()
@@ -284,6 +306,40 @@ impl Node {
         }
         tracing::info!(sandbox_id = %id, image = %req.image, task = ?req.task, "created");
         Ok((sb.view(&self.id), true))
+    }
+
+    /// Re-applies a trajectory to a new sandbox: commands run again, files are written again.
+    async fn rebuild(&self, sb: &Arc<Sandbox>, entries: &[TrajectoryEntry]) -> Result<(), NodeError> {
+        let id = &sb.record.id;
+        for (i, e) in entries.iter().enumerate() {
+            let step = |e: NodeError| NodeError::Invalid(format!("replaying entry {i} of the trajectory: {e}"));
+            match e {
+                TrajectoryEntry::Exec { argv, env, cwd, user, stdin_b64, result, .. } => {
+                    let req = ExecRequest {
+                        argv: Some(argv.clone()),
+                        env: env.clone(),
+                        cwd: cwd.clone(),
+                        user: Some(user.clone()),
+                        stdin_b64: stdin_b64.clone(),
+                        max_output: Some(ByteSize(result.status.stdout_bytes.max(result.status.stderr_bytes).max(1))),
+                        ..ExecRequest::default()
+                    };
+                    let p = crate::exec::prepare(&req, Some(crate::exec::DEFAULT_EXEC_TIMEOUT)).map_err(step)?;
+                    self.exec_live(id, p).await.map_err(step)?;
+                }
+                TrajectoryEntry::WriteFile { path, user, mode, content_b64, .. } => {
+                    use base64::Engine;
+                    let data = base64::engine::general_purpose::STANDARD
+                        .decode(content_b64)
+                        .map_err(|e| NodeError::Invalid(format!("trajectory entry {i}: content_b64: {e}")))?;
+                    let body = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(data))]);
+                    self.write_file_live(id, path.clone(), Some(user.clone()), *mode, body)
+                        .await
+                        .map_err(step)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Starts the sandbox's init (a warm one from the pool when there is one) and waits for its
@@ -314,16 +370,7 @@ impl Node {
         let t_started = t0.elapsed();
         record.pid = started.pid;
         record.start_time = started.start_time;
-        let sb = Arc::new(Sandbox {
-            record,
-            dir,
-            socket,
-            cgroup,
-            pidfd: started.pidfd,
-            phase: Mutex::new(Phase::Running),
-            lifecycle: tokio::sync::Mutex::new(()),
-            tasks: Mutex::new(Vec::new()),
-        });
+        let sb = Sandbox::new(record, dir, socket, cgroup, started.pidfd, Phase::Running);
         let ready = async {
             state::save(&sb.dir, &sb.record)
                 .map_err(|e| NodeError::host("saving the sandbox's state", e))?;

@@ -1,18 +1,22 @@
 //! Running commands in a sandbox through its guest agent.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use warren_types::ByteSize;
-use warren_types::api::{Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, ProcessInfo};
+use warren_types::api::{
+    Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, ProcessInfo, TrajectoryEntry,
+};
 use warren_types::guest::{ExecSpec, FrameKind, Op, Reply, StdinMode};
 use warren_types::id::SandboxId;
 
 use crate::create::check_env;
 use crate::error::NodeError;
 use crate::guest_client::{GuestConn, GuestError, Incoming};
-use crate::node::{Node, Sandbox};
+use crate::node::{Busy, Node, Sandbox};
+use crate::trajectory::{Key, Outcome};
 
 /// Default per-stream output cap.
 pub const DEFAULT_MAX_OUTPUT: u64 = 64 << 20;
@@ -25,6 +29,8 @@ pub const DEFAULT_EXEC_TIMEOUT: f64 = 600.0;
 pub struct Prepared {
     pub spec: ExecSpec,
     pub stdin: Option<Vec<u8>>,
+    /// The request's own environment (for the trajectory log).
+    pub env: BTreeMap<String, String>,
 }
 
 /// Checks an exec request; `default_timeout` applies when it names none.
@@ -108,6 +114,7 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
             },
         },
         stdin,
+        env: req.env.clone(),
     })
 }
 
@@ -141,11 +148,13 @@ impl Node {
         op: Op,
     ) -> Result<(Arc<Sandbox>, GuestConn), NodeError> {
         let sb = self.get(id)?;
+        // Busy first: a sandbox resumed for this operation must not look idle meanwhile.
+        let busy = Busy::new(&sb);
         self.ensure_running(&sb).await?;
         let conn = GuestConn::open(&sb.socket, op)
             .await
             .map_err(|e| guest_failure(&sb, e))?;
-        Ok((sb, conn))
+        Ok((sb, conn.hold(busy)))
     }
 
     /// Starts a command; returns the connection positioned after `Started`.
@@ -179,6 +188,26 @@ impl Node {
 
     /// Runs a command to completion and returns its output.
     pub async fn exec(&self, id: &SandboxId, p: Prepared) -> Result<ExecResult, NodeError> {
+        let sb = self.get(id)?;
+        let (argv, env, cwd, user, stdin) =
+            (p.spec.argv.clone(), p.env.clone(), p.spec.cwd.clone(), p.spec.user.clone(), p.stdin.clone());
+        let key = Key::Exec { argv: &argv, env: &env, cwd: cwd.as_deref(), user: &user, stdin: stdin.as_deref() };
+        let replay_ended = match sb.replay_step(&key) {
+            Some(Outcome::Hit(TrajectoryEntry::Exec { result, .. })) => {
+                sb.record(key.entry(Some(&result)));
+                return Ok(ExecResult { replayed: true, ..result });
+            }
+            Some(_) => true,
+            None => false,
+        };
+        let mut r = self.exec_live(id, p).await?;
+        sb.record(key.entry(Some(&r)));
+        r.replay_ended = replay_ended;
+        Ok(r)
+    }
+
+    /// Runs a command to completion, with no trajectory bookkeeping.
+    pub(crate) async fn exec_live(&self, id: &SandboxId, p: Prepared) -> Result<ExecResult, NodeError> {
         let (sb, mut conn, _, _) = self.start_command(id, p, false).await?;
         let (mut out, mut err) = (Vec::new(), Vec::new());
         loop {
@@ -346,6 +375,8 @@ fn result(status: ExitStatus, out: Vec<u8>, err: Vec<u8>) -> ExecResult {
         stderr,
         stdout_encoding,
         stderr_encoding,
+        replayed: false,
+        replay_ended: false,
     }
 }
 

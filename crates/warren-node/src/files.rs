@@ -11,9 +11,17 @@ use crate::error::NodeError;
 use crate::exec::{guest_failure, unexpected};
 use crate::guest_client::{GuestError, Incoming};
 use crate::node::Node;
+use crate::trajectory::{Key, Outcome};
 
 fn user_or_default(user: Option<String>) -> String {
     user.unwrap_or_else(|| "user".to_string())
+}
+
+fn too_large(limit: u64) -> NodeError {
+    NodeError::TooLarge(format!(
+        "the upload is larger than the {} allowed (max_upload)",
+        ByteSize(limit)
+    ))
 }
 
 fn check(path: &str) -> Result<(), NodeError> {
@@ -88,6 +96,48 @@ impl Node {
                 "mode must be permission bits, at most 0o7777 (4095)".into(),
             ));
         }
+        let sb = self.get(id)?;
+        if !sb.record.trajectory {
+            return self.write_file_live(id, path, user, mode, body).await;
+        }
+        // Recorded: the whole upload goes into the log (it is bounded by max_upload).
+        let limit = self.cfg.max_upload.bytes();
+        let mut data = Vec::new();
+        while let Some(chunk) = body.next().await {
+            let chunk =
+                chunk.map_err(|e| NodeError::Invalid(format!("reading the upload: {e}")))?;
+            if data.len() as u64 + chunk.len() as u64 > limit {
+                while let Some(Ok(_)) = body.next().await {}
+                return Err(too_large(limit));
+            }
+            data.extend_from_slice(&chunk);
+        }
+        let user = user_or_default(user);
+        let key = Key::WriteFile { path: &path, user: &user, mode, content: &data };
+        if let Some(Outcome::Hit(_)) = sb.replay_step(&key) {
+            // Written already when the trajectory was re-applied.
+            sb.record(key.entry(None));
+            return self.stat(id, path.clone(), Some(user.clone())).await;
+        }
+        let once = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from(data.clone()))]);
+        let entry = self.write_file_live(id, path.clone(), Some(user.clone()), mode, once).await?;
+        sb.record(key.entry(None));
+        Ok(entry)
+    }
+
+    /// Writes a file from a stream, with no trajectory bookkeeping.
+    pub(crate) async fn write_file_live<S, E>(
+        &self,
+        id: &SandboxId,
+        path: String,
+        user: Option<String>,
+        mode: Option<u32>,
+        mut body: S,
+    ) -> Result<FileEntry, NodeError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
         let limit = self.cfg.max_upload.bytes();
         let (sb, mut conn) = self
             .open(
@@ -110,10 +160,7 @@ impl Node {
                 // Read the rest so the client, still sending, gets the answer rather than a
                 // broken connection.
                 while let Some(Ok(_)) = body.next().await {}
-                return Err(NodeError::TooLarge(format!(
-                    "the upload is larger than the {} allowed (max_upload)",
-                    ByteSize(limit)
-                )));
+                return Err(too_large(limit));
             }
             if !chunk.is_empty() && conn.send(FrameKind::Data, &chunk).await.is_err() {
                 // The guest refused early (e.g. permission denied) and hung up: its reply

@@ -39,6 +39,8 @@ pub enum GuestError {
 pub struct GuestConn {
     r: BufReader<OwnedReadHalf>,
     w: OwnedWriteHalf,
+    /// Keeps the sandbox marked busy (for the idle timeout) while the operation runs.
+    busy: Option<crate::node::Busy>,
 }
 
 impl GuestConn {
@@ -59,6 +61,7 @@ impl GuestConn {
         let mut conn = GuestConn {
             r: BufReader::with_capacity(64 * 1024, r),
             w,
+            busy: None,
         };
         let hello = tokio::time::timeout(HELLO_TIMEOUT, conn.frame())
             .await
@@ -82,6 +85,12 @@ impl GuestConn {
             )),
             None => Err(GuestError::Closed),
         }
+    }
+
+    /// Counts the operation as the sandbox's activity for as long as it runs.
+    pub(crate) fn hold(mut self, busy: crate::node::Busy) -> Self {
+        self.busy = Some(busy);
+        self
     }
 
     async fn frame(&mut self) -> Result<Option<(FrameKind, Vec<u8>)>, GuestError> {

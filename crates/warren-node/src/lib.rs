@@ -20,6 +20,9 @@ pub mod images;
 pub mod node;
 pub mod pool;
 pub mod state;
+pub mod tasks;
+pub mod timers;
+pub mod trajectory;
 
 use std::collections::HashMap;
 use std::os::unix::fs::DirBuilderExt;
@@ -115,6 +118,7 @@ impl Node {
         });
         let report = node.adopt().await;
         node.refill();
+        node.start_timers();
         tracing::info!(
             node_id = %node.id,
             cgroups = node.cgroups.layout.name(),

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -76,14 +77,79 @@ pub struct Sandbox {
     /// Serialises pause, resume and kill.
     pub(crate) lifecycle: tokio::sync::Mutex<()>,
     pub(crate) tasks: Mutex<Vec<AbortHandle>>,
+    /// When the absolute timeout kills it, ms since the epoch (`set_timeout` moves it).
+    pub(crate) deadline_ms: AtomicU64,
+    /// API activity, for the idle timeout.
+    pub(crate) activity: Mutex<Activity>,
+    /// A trajectory being replayed (see [`crate::trajectory`]).
+    pub(crate) replay: Mutex<Option<crate::trajectory::Replay>>,
+    /// Serialises appends to the trajectory log.
+    pub(crate) log: Mutex<()>,
+}
+
+/// API activity on a sandbox.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Activity {
+    /// When the last operation ended (or the sandbox started), ms since the epoch.
+    pub last_ms: u64,
+    /// Operations in flight.
+    pub busy: u32,
+}
+
+/// Marks a sandbox busy while alive; its end counts as activity.
+pub(crate) struct Busy(Arc<Sandbox>);
+
+impl Busy {
+    pub(crate) fn new(sb: &Arc<Sandbox>) -> Busy {
+        sb.activity.lock().unwrap_or_else(|p| p.into_inner()).busy += 1;
+        Busy(sb.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut a = self.0.activity.lock().unwrap_or_else(|p| p.into_inner());
+        a.busy = a.busy.saturating_sub(1);
+        a.last_ms = state::now_ms();
+    }
 }
 
 impl Sandbox {
+    /// A sandbox around a started (or adopted) init.
+    pub(crate) fn new(
+        record: Record,
+        dir: PathBuf,
+        socket: PathBuf,
+        cgroup: SandboxCgroup,
+        pidfd: OwnedFd,
+        phase: Phase,
+    ) -> Arc<Sandbox> {
+        Arc::new(Sandbox {
+            deadline_ms: AtomicU64::new(record.expires_ms),
+            activity: Mutex::new(Activity { last_ms: state::now_ms(), busy: 0 }),
+            replay: Mutex::new(None),
+            log: Mutex::new(()),
+            record,
+            dir,
+            socket,
+            cgroup,
+            pidfd,
+            phase: Mutex::new(phase),
+            lifecycle: tokio::sync::Mutex::new(()),
+            tasks: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The record as it should be saved now (the deadline moves).
+    pub(crate) fn current_record(&self) -> Record {
+        Record { expires_ms: self.deadline_ms.load(Ordering::Relaxed), ..self.record.clone() }
+    }
+
     pub fn phase(&self) -> Phase {
         *self.phase.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn set_phase(&self, p: Phase) {
+    pub(crate) fn set_phase(&self, p: Phase) {
         *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = p;
     }
 
@@ -104,7 +170,10 @@ impl Sandbox {
             },
             resources: r.resources,
             created_at: state::rfc3339(r.created_ms),
-            expires_at: state::rfc3339(r.expires_ms),
+            expires_at: state::rfc3339(self.deadline_ms.load(Ordering::Relaxed)),
+            idle_timeout: r.idle_timeout,
+            on_idle: r.on_idle,
+            trajectory: r.trajectory,
         }
     }
 }
@@ -252,7 +321,8 @@ impl Node {
         self.destroy(sb.clone()).await;
     }
 
-    /// Starts the tasks that watch a sandbox: its init's exit and its absolute timeout.
+    /// Starts the task that watches a sandbox's init for its exit. (Timeouts are the
+    /// [`crate::timers`] sweep's.)
     pub(crate) fn watch(self: &Arc<Self>, sb: &Arc<Sandbox>) {
         let mut tasks = Vec::new();
         if let Ok(fd) = sb.pidfd.try_clone() {
@@ -273,19 +343,6 @@ impl Node {
                 .abort_handle(),
             );
         }
-        let node = Arc::downgrade(self);
-        let id = sb.record.id.clone();
-        let left = sb.record.expires_ms.saturating_sub(state::now_ms());
-        tasks.push(
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(left)).await;
-                if let Some(node) = node.upgrade() {
-                    tracing::info!(sandbox_id = %id, "absolute timeout reached");
-                    let _ = node.kill(&id).await;
-                }
-            })
-            .abort_handle(),
-        );
         *sb.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
     }
 

@@ -7,6 +7,7 @@
 //!   sandboxes/<id>/upper, work     the sandbox's writable layer
 //!   sandboxes/<id>/l0, l1, ...     symlinks to its read-only layers
 //!   sandboxes/<id>/guest.log       the guest agent's stderr (host-only)
+//!   sandboxes/<id>/trajectory.jsonl its recorded operations, when asked for
 //!   sockets/<id>.sock              the guest's control socket (host-only)
 //!   images/                        built-in image skeletons
 //!   trash/                         directories of killed sandboxes being deleted
@@ -19,7 +20,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use warren_types::api::Resources;
+use warren_types::api::{IdleAction, Resources};
 use warren_types::id::SandboxId;
 
 /// Current record format.
@@ -52,6 +53,15 @@ pub struct Record {
     pub start_time: u64,
     /// The `Idempotency-Key` it was created with.
     pub idempotency_key: Option<String>,
+    /// Seconds of API inactivity before `on_idle`.
+    #[serde(default)]
+    pub idle_timeout: Option<u64>,
+    /// What idleness does.
+    #[serde(default)]
+    pub on_idle: IdleAction,
+    /// Whether its operations are recorded (`trajectory.jsonl`).
+    #[serde(default)]
+    pub trajectory: bool,
 }
 
 /// Writes `record` to `dir/state.json` atomically (temp file, rename).
@@ -112,6 +122,9 @@ mod tests {
             pid: 42,
             start_time: 7,
             idempotency_key: None,
+            idle_timeout: Some(60),
+            on_idle: IdleAction::Stop,
+            trajectory: true,
         };
         save(dir.path(), &r).unwrap();
         assert_eq!(load(dir.path()).unwrap(), r);

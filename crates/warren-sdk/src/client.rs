@@ -8,7 +8,10 @@ use std::time::Duration;
 use reqwest::header::{HeaderValue, RETRY_AFTER};
 use reqwest::{Method, RequestBuilder, Response, Url};
 use serde::de::DeserializeOwned;
-use warren_types::api::{CreateSandbox, Health, NodeInfo, NodeList, SandboxList, SandboxState};
+use warren_types::api::{
+    CreateSandbox, Health, NodeInfo, NodeList, SandboxList, SandboxState, TaskAction, TaskInfo,
+    TaskList, TaskResult,
+};
 use warren_types::error::ErrorCode;
 use warren_types::id::SandboxId;
 
@@ -212,6 +215,26 @@ impl Client {
         let rb = self.request(Method::GET, self.endpoint("/v1/nodes", &[])?);
         let list: NodeList = self.json(rb).await?;
         Ok(list.nodes)
+    }
+
+    /// Pauses, resumes or stops every sandbox of `task` (`POST /v1/tasks/{task}/{action}`).
+    pub async fn task_action(&self, task: &str, action: TaskAction) -> Result<TaskResult> {
+        if task.is_empty() {
+            return Err(Error::Invalid("task name is empty".into()));
+        }
+        let mut url = self.endpoint("/v1/tasks", &[])?;
+        url.path_segments_mut()
+            .map_err(|_| Error::Invalid("the base URL cannot take a path".into()))?
+            .push(task)
+            .push(action.as_str());
+        self.json(self.request(Method::POST, url)).await
+    }
+
+    /// Every task with sandboxes (`GET /v1/tasks`).
+    pub async fn tasks(&self) -> Result<Vec<TaskInfo>> {
+        let rb = self.request(Method::GET, self.endpoint("/v1/tasks", &[])?);
+        let list: TaskList = self.json(rb).await?;
+        Ok(list.tasks)
     }
 
     /// Whether Warren and its nodes answer (`GET /v1/health`; needs no key).

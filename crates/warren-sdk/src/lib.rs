@@ -47,7 +47,8 @@ pub use sandbox::Sandbox;
 pub use warren_types::api::Sandbox as SandboxInfo;
 pub use warren_types::api::{
     CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, FileEntry, FileKind,
-    Health, NodeInfo, ProcessInfo, Resources, SandboxState,
+    Health, IdleAction, NodeInfo, ProcessInfo, Resources, SandboxState, TaskAction, TaskInfo,
+    TaskResult, TrajectoryEntry,
 };
 pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};
 

@@ -88,6 +88,28 @@ impl Sandbox {
         self.client.json(rb).await
     }
 
+    /// Gives the sandbox `secs` seconds to live from now (`POST /v1/sandboxes/{id}/timeout`).
+    pub async fn set_timeout(&self, secs: u64) -> Result<SandboxInfo> {
+        let rb = self
+            .client
+            .request(Method::POST, self.endpoint("/timeout", &[])?)
+            .json(&warren_types::api::SetTimeout { timeout: secs });
+        self.client.json(rb).await
+    }
+
+    /// The trajectory log so far (`GET /v1/sandboxes/{id}/trajectory`), for sandboxes created
+    /// with `trajectory: true`.
+    pub async fn trajectory(&self) -> Result<Vec<warren_types::api::TrajectoryEntry>> {
+        let rb = self
+            .client
+            .request(Method::GET, self.endpoint("/trajectory", &[])?);
+        let body = self.client.send(rb).await?.bytes().await.map_err(crate::Error::Transport)?;
+        body.split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).map_err(|e| crate::Error::Decode(format!("trajectory entry: {e}"))))
+            .collect()
+    }
+
     /// Thaws a paused sandbox.
     pub async fn resume(&self) -> Result<SandboxInfo> {
         let rb = self

@@ -40,6 +40,34 @@ pub struct CreateSandbox {
     /// Environment variables for every command run in the sandbox.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Seconds without API activity (commands, files, processes) after which `on_idle`
+    /// happens. None: never idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<u64>,
+    /// What idleness does: `pause` (default; the next operation resumes it) or `stop`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_idle: Option<IdleAction>,
+    /// Record every exec and file write in the sandbox's trajectory log
+    /// (`GET /v1/sandboxes/{id}/trajectory`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trajectory: bool,
+    /// A trajectory log to replay: the new sandbox re-applies it to rebuild its state, then
+    /// answers the same leading operations with the recorded results (see
+    /// [`TrajectoryEntry`]). Implies `trajectory`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<Vec<TrajectoryEntry>>,
+}
+
+/// What an idle sandbox does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum IdleAction {
+    /// Freeze it; the next operation resumes it.
+    #[default]
+    Pause,
+    /// Kill it.
+    Stop,
 }
 
 /// The state of a sandbox.
@@ -101,6 +129,24 @@ pub struct Sandbox {
     pub created_at: String,
     /// When its absolute timeout kills it, RFC 3339.
     pub expires_at: String,
+    /// Idle timeout in seconds, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<u64>,
+    /// What idleness does.
+    #[serde(default)]
+    pub on_idle: IdleAction,
+    /// Whether its trajectory is recorded.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trajectory: bool,
+}
+
+/// `POST /v1/sandboxes/{id}/timeout`: a new absolute lifetime, counted from now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SetTimeout {
+    /// Seconds from now until the sandbox is killed.
+    pub timeout: u64,
 }
 
 /// `GET /v1/sandboxes`.
@@ -215,6 +261,13 @@ pub struct ExecResult {
     /// `base64` when stderr was not valid UTF-8.
     #[serde(default, skip_serializing_if = "Encoding::is_utf8")]
     pub stderr_encoding: Encoding,
+    /// This is the recorded result of a replayed trajectory: the command was not run again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replayed: bool,
+    /// This operation did not match the replayed trajectory, so replay ended here and it ran
+    /// live (as will every later one).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay_ended: bool,
 }
 
 /// One line of a streaming exec (`"stream": true`): newline-delimited JSON, one event a line.
@@ -360,6 +413,120 @@ pub struct RenameRequest {
 
 fn yes() -> bool {
     true
+}
+
+/// A task-level operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum TaskAction {
+    /// Pause every sandbox of the task.
+    Pause,
+    /// Resume every sandbox of the task.
+    Resume,
+    /// Kill every sandbox of the task.
+    Stop,
+}
+
+impl TaskAction {
+    /// The action's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskAction::Pause => "pause",
+            TaskAction::Resume => "resume",
+            TaskAction::Stop => "stop",
+        }
+    }
+}
+
+/// A sandbox a task-level operation failed on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskFailure {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// Why.
+    pub error: crate::error::ApiError,
+}
+
+/// `POST /v1/tasks/{task}/pause|resume|stop`: what happened to the task's sandboxes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskResult {
+    /// The task.
+    pub task: String,
+    /// What was done.
+    pub action: TaskAction,
+    /// How many sandboxes it succeeded on.
+    pub succeeded: u32,
+    /// The ones it failed on, with why.
+    #[serde(default)]
+    pub failed: Vec<TaskFailure>,
+}
+
+/// A task and how many sandboxes it has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskInfo {
+    /// The task's name.
+    pub name: String,
+    /// Its sandboxes.
+    pub sandboxes: u32,
+    /// How many of them run.
+    pub running: u32,
+    /// How many are paused.
+    pub paused: u32,
+}
+
+/// `GET /v1/tasks`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskList {
+    /// Every task with at least one sandbox, by name.
+    pub tasks: Vec<TaskInfo>,
+}
+
+/// One operation of a trajectory log (`GET /v1/sandboxes/{id}/trajectory` gives them as JSON
+/// lines, oldest first).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum TrajectoryEntry {
+    /// A command and what it gave.
+    Exec {
+        /// What ran.
+        argv: Vec<String>,
+        /// Its extra environment.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        env: BTreeMap<String, String>,
+        /// Its working directory, as asked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<String>,
+        /// Who ran it.
+        user: String,
+        /// SHA-256 of its stdin, hex (empty input: none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stdin_sha256: Option<String>,
+        /// Its stdin, base64, so a replay can give it again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stdin_b64: Option<String>,
+        /// What it gave.
+        result: ExecResult,
+    },
+    /// A file written through the API.
+    WriteFile {
+        /// Where.
+        path: String,
+        /// As whom.
+        user: String,
+        /// Mode asked for, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u32>,
+        /// SHA-256 of the content, hex.
+        sha256: String,
+        /// The content, base64.
+        content_b64: String,
+    },
 }
 
 /// A node as the control plane sees it: `GET /v1/nodes`.

@@ -9,6 +9,7 @@ pub(crate) mod files;
 pub mod forward;
 pub(crate) mod sandboxes;
 pub(crate) mod system;
+pub(crate) mod tasks;
 
 use std::sync::Arc;
 
@@ -37,6 +38,10 @@ pub fn router(c: Arc<Control>) -> Router {
         )
         .route("/v1/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/v1/sandboxes/{id}/resume", post(sandboxes::resume))
+        .route("/v1/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/v1/sandboxes/{id}/trajectory", get(sandboxes::trajectory))
+        .route("/v1/tasks", get(tasks::list))
+        .route("/v1/tasks/{task}/{action}", post(tasks::act))
         .route("/v1/sandboxes/{id}/exec", post(commands::exec))
         .route(
             "/v1/sandboxes/{id}/processes",

@@ -5,7 +5,9 @@ use axum::extract::Path;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 use warren_http::{Error, Json, Query};
-use warren_types::api::{CreateSandbox, Sandbox, SandboxList, SandboxState};
+use warren_types::api::{
+    CreateSandbox, Sandbox, SandboxList, SandboxState, SetTimeout, TrajectoryEntry,
+};
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
 use super::forward::{forward_json, unavailable};
@@ -210,4 +212,39 @@ pub async fn resume(
     headers: HeaderMap,
 ) -> Result<Response, Error> {
     pass(&c, &id, Method::POST, &uri, &headers, Body::empty()).await
+}
+
+/// Give a sandbox a new absolute lifetime, counted from now (extend or shorten it). Legal in
+/// every state; a paused sandbox stays paused.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/timeout", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    request_body = SetTimeout,
+    responses((status = 200, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn set_timeout(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(req): Json<SetTimeout>,
+) -> Result<Response, Error> {
+    super::pass_json(&c, &id, &uri, &headers, &req).await
+}
+
+/// The sandbox's trajectory log: every exec and file write, as JSON lines
+/// ([`TrajectoryEntry`]), oldest first. Only for sandboxes created with `"trajectory": true`.
+/// Pass the entries as `replay` to create a sandbox that rebuilds this one's state and answers
+/// the same leading operations with these results.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/trajectory", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    responses((status = 200, body = TrajectoryEntry, content_type = "application/x-ndjson"),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn trajectory(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::GET, &uri, &headers, Body::empty()).await
 }

@@ -11,6 +11,7 @@ mod node;
 mod output;
 mod ps;
 mod sandbox;
+mod task;
 
 use std::process::ExitCode;
 
@@ -112,6 +113,13 @@ enum Command {
             See `warren sandbox <COMMAND> --help` for each command's options."
     )]
     Sandbox(sandbox::SandboxCommand),
+    /// Pause, resume or stop every sandbox of a training task at once.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  warren task pause run-7     # training preempted\n  \
+            warren task resume run-7\n  warren task stop run-7\n  warren task ls"
+    )]
+    Task(task::TaskCommand),
     /// Run a command in a sandbox and stream its output.
     Exec(exec::ExecArgs),
     /// Copy a file into or out of a sandbox.
@@ -160,6 +168,7 @@ async fn run(global: Global, command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Up(_) => unreachable!("handled before the runtime starts"),
         Command::Sandbox(cmd) => sandbox::run(&client, json, cmd).await,
+        Command::Task(cmd) => task::run(&client, json, cmd).await,
         Command::Exec(args) => exec::run(&client, json, args).await,
         Command::Cp(args) => cp::run(&client, json, args).await,
         Command::Ps(args) => ps::run(&client, json, args).await,

@@ -43,6 +43,21 @@ pub enum SandboxCommand {
     /// Thaw a paused sandbox.
     #[command(after_help = "Examples:\n  warren sandbox resume $id")]
     Resume(IdArg),
+    /// Give a sandbox a new lifetime, counted from now.
+    #[command(after_help = "Examples:\n  warren sandbox timeout $id 7200     # two more hours")]
+    Timeout(TimeoutArgs),
+    /// Print a sandbox's trajectory log (JSON lines), for one created with --trajectory.
+    #[command(after_help = "Examples:\n  warren sandbox trajectory $id > episode.jsonl")]
+    Trajectory(IdArg),
+}
+
+/// Options of `sandbox timeout`.
+#[derive(Debug, Args)]
+pub struct TimeoutArgs {
+    /// The sandbox's id.
+    id: String,
+    /// Seconds from now until it is killed.
+    seconds: u64,
 }
 
 /// Options of `sandbox create`.
@@ -75,6 +90,15 @@ pub struct CreateArgs {
     /// Make retries safe: a second create with the same key returns the first sandbox.
     #[arg(long, value_name = "KEY")]
     idempotency_key: Option<String>,
+    /// Seconds without API activity after which --on-idle happens.
+    #[arg(long, value_name = "SECONDS")]
+    idle_timeout: Option<u64>,
+    /// What idleness does: pause (the next command resumes it) or stop.
+    #[arg(long, value_name = "ACTION", requires = "idle_timeout", value_parser = ["pause", "stop"])]
+    on_idle: Option<String>,
+    /// Record every exec and file write (see `warren sandbox trajectory`).
+    #[arg(long)]
+    trajectory: bool,
 }
 
 impl CreateArgs {
@@ -88,6 +112,12 @@ impl CreateArgs {
             timeout: self.timeout,
             labels: args::to_map(self.labels),
             env: args::to_map(self.env),
+            idle_timeout: self.idle_timeout,
+            on_idle: self.on_idle.map(|a| {
+                if a == "stop" { warren_sdk::IdleAction::Stop } else { warren_sdk::IdleAction::Pause }
+            }),
+            trajectory: self.trajectory,
+            replay: None,
         }
     }
 }
@@ -176,6 +206,19 @@ pub async fn run(client: &Client, json: bool, cmd: SandboxCommand) -> anyhow::Re
         SandboxCommand::Resume(a) => {
             let info = client.sandbox(&a.id)?.resume().await?;
             brief(json, &info)?;
+        }
+        SandboxCommand::Timeout(a) => {
+            let info = client.sandbox(&a.id)?.set_timeout(a.seconds).await?;
+            if json {
+                output::json(&info)?;
+            } else {
+                println!("{} expires {}", info.id, info.expires_at);
+            }
+        }
+        SandboxCommand::Trajectory(a) => {
+            for e in client.sandbox(&a.id)?.trajectory().await? {
+                println!("{}", serde_json::to_string(&e)?);
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
