@@ -16,7 +16,7 @@ use crate::api;
         api::commands::exec, api::commands::start, api::commands::list, api::commands::get,
         api::commands::forget, api::commands::wait, api::commands::signal, api::commands::output,
         api::files::read, api::files::write, api::files::remove, api::files::list, api::files::stat,
-        api::files::mkdir, api::files::rename,
+        api::files::mkdir, api::files::rename, api::files::download_tar, api::files::upload_tar,
     ),
     modifiers(&Security),
     tags(

@@ -16,6 +16,7 @@ mod files;
 mod procs;
 mod server;
 mod setup;
+mod tarball;
 mod users;
 mod wire;
 

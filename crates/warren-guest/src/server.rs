@@ -11,6 +11,7 @@ use warren_types::guest::{FrameKind, Hello, Op, PROTOCOL_VERSION, Reply, Request
 
 use crate::files;
 use crate::procs::{Proc, Table};
+use crate::tarball;
 use crate::users;
 use crate::wire::{OpError, read_frame, write_frame, write_msg};
 
@@ -155,6 +156,62 @@ async fn dispatch(
             }
         }
         Op::WriteFile { path, user, mode } => write_file(path, user, mode, r, w).await,
+        Op::UploadTar { path, user } => {
+            let (tx, reader) = tarball::upload_channel();
+            let target = path.clone();
+            let unpack = tokio::spawn(files::as_user(user.clone(), move |u| {
+                let dir = files::resolve(u, &target)?;
+                tarball::unpack(reader, &dir)?;
+                files::entry(&dir)
+            }));
+            let mut complete = false;
+            while let Ok(Some((FrameKind::Data, data))) = read_frame(r).await {
+                if data.is_empty() {
+                    complete = true;
+                    break;
+                }
+                if tx.send(data).await.is_err() {
+                    break; // the unpacker stopped: its error says why
+                }
+            }
+            drop(tx);
+            let result = unpack
+                .await
+                .map_err(|e| OpError::new(ErrorCode::Internal, format!("unpack task: {e}")))?;
+            let entry = result?;
+            if !complete {
+                return Err(OpError::new(
+                    ErrorCode::Unavailable,
+                    format!("the upload into {path} ended early; what arrived was unpacked"),
+                ));
+            }
+            write_msg(w, &Reply::Entry(entry)).await.map_err(io)
+        }
+        Op::DownloadTar { path, user } => {
+            let dir = path.clone();
+            let entry = files::as_user(user.clone(), move |u| {
+                files::entry(&files::resolve(u, &dir)?)
+            })
+            .await?;
+            if entry.kind != warren_types::api::FileKind::Dir {
+                return Err(OpError::invalid(format!("{path} is not a directory")));
+            }
+            let (writer, mut rx) = tarball::download_channel();
+            let pack = tokio::spawn(files::as_user(user, move |u| {
+                let dir = files::resolve(u, &path)?;
+                tarball::pack(&dir, writer)
+            }));
+            write_msg(w, &Reply::Entry(entry)).await.map_err(io)?;
+            while let Some(chunk) = rx.recv().await {
+                write_frame(w, FrameKind::Data, &chunk).await.map_err(io)?;
+            }
+            match pack.await {
+                Ok(Ok(())) => write_frame(w, FrameKind::Data, &[]).await.map_err(io),
+                // The stream is cut without its end frame: the reader sees the failure.
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(OpError::new(ErrorCode::Internal, format!("pack task: {e}"))),
+            }
+        }
         Op::List { path, user } => {
             let entries =
                 files::as_user(user, move |u| files::list(&files::resolve(u, &path)?)).await?;

@@ -127,7 +127,14 @@ impl Node {
                 Err(_) => return Err("its guest agent did not answer within 10 s".into()),
             }
         };
-        Ok(Sandbox::new(record, dir.to_path_buf(), socket, cgroup, pidfd, phase))
+        Ok(Sandbox::new(
+            record,
+            dir.to_path_buf(),
+            socket,
+            cgroup,
+            pidfd,
+            phase,
+        ))
     }
 
     /// Removes cgroups, sockets and trash that no live sandbox owns. Returns how many.

@@ -54,6 +54,10 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
             get(read_file).put(write_file).delete(remove),
         )
         .route("/v1/sandboxes/{id}/files/list", get(list_dir))
+        .route(
+            "/v1/sandboxes/{id}/files/tar",
+            get(download_tar).put(upload_tar),
+        )
         .route("/v1/sandboxes/{id}/files/stat", get(stat))
         .route("/v1/sandboxes/{id}/files/mkdir", post(mkdir))
         .route("/v1/sandboxes/{id}/files/rename", post(rename))
@@ -396,6 +400,43 @@ async fn write_file(
 ) -> Result<Json<warren_types::api::FileEntry>, Error> {
     let id = parse_id(&n, &id)?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
+    check_declared_size(&n, &headers)?;
+    Ok(Json(
+        n.write_file(&id, q.path, q.user, mode, body.into_data_stream())
+            .await?,
+    ))
+}
+
+async fn download_tar(
+    State(n): S,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+) -> Result<Response, Error> {
+    let id = parse_id(&n, &id)?;
+    let (_, stream) = n.download_tar(&id, q.path, q.user).await?;
+    Ok(Response::builder()
+        .header(header::CONTENT_TYPE, "application/x-tar")
+        .body(Body::from_stream(stream))
+        .unwrap_or_default())
+}
+
+async fn upload_tar(
+    State(n): S,
+    Path(id): Path<String>,
+    Query(q): Query<FileQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<warren_types::api::FileEntry>, Error> {
+    let id = parse_id(&n, &id)?;
+    check_declared_size(&n, &headers)?;
+    Ok(Json(
+        n.upload_tar(&id, q.path, q.user, body.into_data_stream())
+            .await?,
+    ))
+}
+
+/// Refuses a body whose declared size is over `max_upload` before reading it.
+fn check_declared_size(n: &Node, headers: &HeaderMap) -> Result<(), Error> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -409,10 +450,7 @@ async fn write_file(
             ),
         )));
     }
-    Ok(Json(
-        n.write_file(&id, q.path, q.user, mode, body.into_data_stream())
-            .await?,
-    ))
+    Ok(())
 }
 
 async fn remove(

@@ -355,7 +355,10 @@ impl SandboxCgroup {
 
     /// The freezer's control file, the value to write, the file to read back and the line
     /// that says it is done.
-    fn freezer_files(&self, frozen: bool) -> (&'static str, &'static str, &'static str, &'static str) {
+    fn freezer_files(
+        &self,
+        frozen: bool,
+    ) -> (&'static str, &'static str, &'static str, &'static str) {
         match &self.layout {
             Layout::V2 { .. } => (
                 "cgroup.freeze",
@@ -384,7 +387,10 @@ impl SandboxCgroup {
         let v1 = matches!(self.layout, Layout::V1 { .. });
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if fs::read_to_string(d.join(check))?.lines().any(|l| l.trim() == want) {
+            if fs::read_to_string(d.join(check))?
+                .lines()
+                .any(|l| l.trim() == want)
+            {
                 return Ok(());
             }
             if Instant::now() > deadline {

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use warren_types::ByteSize;
-use warren_types::api::{CreateSandbox, ExecRequest, Resources, Sandbox as SandboxView, TrajectoryEntry};
+use warren_types::api::{
+    CreateSandbox, ExecRequest, Resources, Sandbox as SandboxView, TrajectoryEntry,
+};
 use warren_types::guest::{Activate, InitConfig, Op, Reply, RootfsSpec};
 use warren_types::id::SandboxId;
 
@@ -88,13 +90,13 @@ pub fn validate(
         }
     }
     check_env(&req.env)?;
-    if let Some(idle) = req.idle_timeout {
-        if idle == 0 || idle > cfg.max_timeout {
-            return bad(format!(
-                "idle_timeout {idle} s is out of range: give 1 to {} seconds, or leave it out for none",
-                cfg.max_timeout
-            ));
-        }
+    if let Some(idle) = req.idle_timeout
+        && (idle == 0 || idle > cfg.max_timeout)
+    {
+        return bad(format!(
+            "idle_timeout {idle} s is out of range: give 1 to {} seconds, or leave it out for none",
+            cfg.max_timeout
+        ));
     }
     if req.on_idle.is_some() && req.idle_timeout.is_none() {
         return bad("on_idle needs an idle_timeout".into());
@@ -309,30 +311,61 @@ impl Node {
     }
 
     /// Re-applies a trajectory to a new sandbox: commands run again, files are written again.
-    async fn rebuild(&self, sb: &Arc<Sandbox>, entries: &[TrajectoryEntry]) -> Result<(), NodeError> {
+    async fn rebuild(
+        &self,
+        sb: &Arc<Sandbox>,
+        entries: &[TrajectoryEntry],
+    ) -> Result<(), NodeError> {
         let id = &sb.record.id;
         for (i, e) in entries.iter().enumerate() {
-            let step = |e: NodeError| NodeError::Invalid(format!("replaying entry {i} of the trajectory: {e}"));
+            let step = |e: NodeError| {
+                NodeError::Invalid(format!("replaying entry {i} of the trajectory: {e}"))
+            };
             match e {
-                TrajectoryEntry::Exec { argv, env, cwd, user, stdin_b64, result, .. } => {
+                TrajectoryEntry::Exec {
+                    argv,
+                    env,
+                    cwd,
+                    user,
+                    stdin_b64,
+                    result,
+                    ..
+                } => {
                     let req = ExecRequest {
                         argv: Some(argv.clone()),
                         env: env.clone(),
                         cwd: cwd.clone(),
                         user: Some(user.clone()),
                         stdin_b64: stdin_b64.clone(),
-                        max_output: Some(ByteSize(result.status.stdout_bytes.max(result.status.stderr_bytes).max(1))),
+                        max_output: Some(ByteSize(
+                            result
+                                .status
+                                .stdout_bytes
+                                .max(result.status.stderr_bytes)
+                                .max(1),
+                        )),
                         ..ExecRequest::default()
                     };
-                    let p = crate::exec::prepare(&req, Some(crate::exec::DEFAULT_EXEC_TIMEOUT)).map_err(step)?;
+                    let p = crate::exec::prepare(&req, Some(crate::exec::DEFAULT_EXEC_TIMEOUT))
+                        .map_err(step)?;
                     self.exec_live(id, p).await.map_err(step)?;
                 }
-                TrajectoryEntry::WriteFile { path, user, mode, content_b64, .. } => {
+                TrajectoryEntry::WriteFile {
+                    path,
+                    user,
+                    mode,
+                    content_b64,
+                    ..
+                } => {
                     use base64::Engine;
                     let data = base64::engine::general_purpose::STANDARD
                         .decode(content_b64)
-                        .map_err(|e| NodeError::Invalid(format!("trajectory entry {i}: content_b64: {e}")))?;
-                    let body = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from(data))]);
+                        .map_err(|e| {
+                            NodeError::Invalid(format!("trajectory entry {i}: content_b64: {e}"))
+                        })?;
+                    let body = futures_util::stream::iter([Ok::<_, std::io::Error>(
+                        bytes::Bytes::from(data),
+                    )]);
                     self.write_file_live(id, path.clone(), Some(user.clone()), *mode, body)
                         .await
                         .map_err(step)?;

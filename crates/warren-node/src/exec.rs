@@ -189,16 +189,29 @@ impl Node {
     /// Runs a command to completion and returns its output.
     pub async fn exec(&self, id: &SandboxId, p: Prepared) -> Result<ExecResult, NodeError> {
         let sb = self.get(id)?;
-        let (argv, env, cwd, user, stdin) =
-            (p.spec.argv.clone(), p.env.clone(), p.spec.cwd.clone(), p.spec.user.clone(), p.stdin.clone());
-        let key = Key::Exec { argv: &argv, env: &env, cwd: cwd.as_deref(), user: &user, stdin: stdin.as_deref() };
-        let replay_ended = match sb.replay_step(&key) {
-            Some(Outcome::Hit(TrajectoryEntry::Exec { result, .. })) => {
+        let (argv, env, cwd, user, stdin) = (
+            p.spec.argv.clone(),
+            p.env.clone(),
+            p.spec.cwd.clone(),
+            p.spec.user.clone(),
+            p.stdin.clone(),
+        );
+        let key = Key::Exec {
+            argv: &argv,
+            env: &env,
+            cwd: cwd.as_deref(),
+            user: &user,
+            stdin: stdin.as_deref(),
+        };
+        let replay_ended = match recorded(&sb, &key) {
+            Ok(result) => {
                 sb.record(key.entry(Some(&result)));
-                return Ok(ExecResult { replayed: true, ..result });
+                return Ok(ExecResult {
+                    replayed: true,
+                    ..result
+                });
             }
-            Some(_) => true,
-            None => false,
+            Err(ended) => ended,
         };
         let mut r = self.exec_live(id, p).await?;
         sb.record(key.entry(Some(&r)));
@@ -207,7 +220,11 @@ impl Node {
     }
 
     /// Runs a command to completion, with no trajectory bookkeeping.
-    pub(crate) async fn exec_live(&self, id: &SandboxId, p: Prepared) -> Result<ExecResult, NodeError> {
+    pub(crate) async fn exec_live(
+        &self,
+        id: &SandboxId,
+        p: Prepared,
+    ) -> Result<ExecResult, NodeError> {
         let (sb, mut conn, _, _) = self.start_command(id, p, false).await?;
         let (mut out, mut err) = (Vec::new(), Vec::new());
         loop {
@@ -224,6 +241,35 @@ impl Node {
 
     /// Runs a command and streams its events into `tx`.
     pub async fn exec_stream(&self, id: &SandboxId, p: Prepared, tx: warren_http::ndjson::Sender) {
+        let sb = match self.get(id) {
+            Ok(sb) => sb,
+            Err(e) => {
+                tx.send(&ExecEvent::Error(e.to_api())).await;
+                return;
+            }
+        };
+        let (argv, env, cwd, user, stdin) = (
+            p.spec.argv.clone(),
+            p.env.clone(),
+            p.spec.cwd.clone(),
+            p.spec.user.clone(),
+            p.stdin.clone(),
+        );
+        let key = Key::Exec {
+            argv: &argv,
+            env: &env,
+            cwd: cwd.as_deref(),
+            user: &user,
+            stdin: stdin.as_deref(),
+        };
+        let replay_ended = match recorded(&sb, &key) {
+            Ok(result) => {
+                sb.record(key.entry(Some(&result)));
+                replay_events(&result, &tx).await;
+                return;
+            }
+            Err(ended) => ended,
+        };
         let (sb, conn, process, pid) = match self.start_command(id, p, false).await {
             Ok(v) => v,
             Err(e) => {
@@ -231,16 +277,19 @@ impl Node {
                 return;
             }
         };
-        if !tx
-            .send(&ExecEvent::Start {
-                process_id: process,
-                pid,
-            })
-            .await
-        {
+        let start = ExecEvent::Start {
+            process_id: process,
+            pid,
+            replayed: false,
+            replay_ended,
+        };
+        if !tx.send(&start).await {
             return;
         }
-        forward(&sb, conn, tx).await;
+        let keep = sb.record.trajectory;
+        if let Some((status, out, err)) = forward(&sb, conn, tx, keep).await {
+            sb.record(key.entry(Some(&result(status, out, err))));
+        }
     }
 
     /// Starts a background command.
@@ -316,7 +365,9 @@ impl Node {
     /// Streams a process's output from the start (what is kept), then follows it.
     pub async fn attach(&self, id: &SandboxId, process: u64, tx: warren_http::ndjson::Sender) {
         match self.open(id, Op::Attach { process }).await {
-            Ok((sb, conn)) => forward(&sb, conn, tx).await,
+            Ok((sb, conn)) => {
+                forward(&sb, conn, tx, false).await;
+            }
             Err(e) => {
                 tx.send(&ExecEvent::Error(e.to_api())).await;
             }
@@ -334,19 +385,35 @@ impl Node {
 }
 
 /// Forwards output frames and the exit as events, until the end or the client leaves.
-async fn forward(sb: &Sandbox, mut conn: GuestConn, tx: warren_http::ndjson::Sender) {
+async fn forward(
+    sb: &Sandbox,
+    mut conn: GuestConn,
+    tx: warren_http::ndjson::Sender,
+    keep: bool,
+) -> Option<(ExitStatus, Vec<u8>, Vec<u8>)> {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
     loop {
         let ev = match conn.next().await {
-            Ok(Some(Incoming::Data(FrameKind::Stdout, d))) => ExecEvent::Stdout {
-                data: B64.encode(d),
-            },
-            Ok(Some(Incoming::Data(FrameKind::Stderr, d))) => ExecEvent::Stderr {
-                data: B64.encode(d),
-            },
+            Ok(Some(Incoming::Data(FrameKind::Stdout, d))) => {
+                if keep {
+                    out.extend_from_slice(&d);
+                }
+                ExecEvent::Stdout {
+                    data: B64.encode(d),
+                }
+            }
+            Ok(Some(Incoming::Data(FrameKind::Stderr, d))) => {
+                if keep {
+                    err.extend_from_slice(&d);
+                }
+                ExecEvent::Stderr {
+                    data: B64.encode(d),
+                }
+            }
             Ok(Some(Incoming::Data(..))) => continue,
             Ok(Some(Incoming::Reply(Reply::Exit(status)))) => {
-                tx.send(&ExecEvent::Exit(status)).await;
-                return;
+                tx.send(&ExecEvent::Exit(status.clone())).await;
+                return Some((status, out, err));
             }
             Ok(Some(Incoming::Reply(other))) => ExecEvent::Error(unexpected(other).to_api()),
             Ok(None) => ExecEvent::Error(guest_failure(sb, GuestError::Closed).to_api()),
@@ -354,6 +421,51 @@ async fn forward(sb: &Sandbox, mut conn: GuestConn, tx: warren_http::ndjson::Sen
         };
         let last = matches!(ev, ExecEvent::Error(_));
         if !tx.send(&ev).await || last {
+            return None;
+        }
+    }
+}
+
+/// The recorded result of a command being replayed; otherwise whether replay ended just now.
+fn recorded(sb: &Sandbox, key: &Key<'_>) -> Result<ExecResult, bool> {
+    match sb.replay_step(key) {
+        Some(Outcome::Hit(e)) => match *e {
+            TrajectoryEntry::Exec { result, .. } => Ok(result),
+            TrajectoryEntry::WriteFile { .. } => Err(true),
+        },
+        Some(Outcome::Ended) => Err(true),
+        None => Err(false),
+    }
+}
+
+/// Sends a recorded result as the events a live run would have given.
+async fn replay_events(r: &ExecResult, tx: &warren_http::ndjson::Sender) {
+    let start = ExecEvent::Start {
+        process_id: 0,
+        pid: 0,
+        replayed: true,
+        replay_ended: false,
+    };
+    let bytes = |text: &str, enc: Encoding| match enc {
+        Encoding::Utf8 => text.as_bytes().to_vec(),
+        Encoding::Base64 => B64.decode(text).unwrap_or_default(),
+    };
+    let out = bytes(&r.stdout, r.stdout_encoding);
+    let err = bytes(&r.stderr, r.stderr_encoding);
+    let mut events = vec![start];
+    if !out.is_empty() {
+        events.push(ExecEvent::Stdout {
+            data: B64.encode(out),
+        });
+    }
+    if !err.is_empty() {
+        events.push(ExecEvent::Stderr {
+            data: B64.encode(err),
+        });
+    }
+    events.push(ExecEvent::Exit(r.status.clone()));
+    for ev in events {
+        if !tx.send(&ev).await {
             return;
         }
     }

@@ -43,15 +43,37 @@ impl Node {
         user: Option<String>,
     ) -> Result<Download, NodeError> {
         check(&path)?;
-        let (sb, mut conn) = self
-            .open(
-                id,
-                Op::ReadFile {
-                    path,
-                    user: user_or_default(user),
-                },
-            )
-            .await?;
+        self.download(
+            id,
+            Op::ReadFile {
+                path,
+                user: user_or_default(user),
+            },
+        )
+        .await
+    }
+
+    /// Packs a directory as a tar stream.
+    pub async fn download_tar(
+        &self,
+        id: &SandboxId,
+        path: String,
+        user: Option<String>,
+    ) -> Result<Download, NodeError> {
+        check(&path)?;
+        self.download(
+            id,
+            Op::DownloadTar {
+                path,
+                user: user_or_default(user),
+            },
+        )
+        .await
+    }
+
+    /// An operation answered by an entry, then data frames ended by an empty one.
+    async fn download(&self, id: &SandboxId, op: Op) -> Result<Download, NodeError> {
+        let (sb, mut conn) = self.open(id, op).await?;
         let entry = match conn.reply().await.map_err(|e| guest_failure(&sb, e))? {
             Reply::Entry(e) => e,
             other => return Err(unexpected(other)),
@@ -66,10 +88,7 @@ impl Node {
                 Ok(Some(Incoming::Reply(Reply::Error { message, .. }))) => {
                     Some((Err(std::io::Error::other(message)), None))
                 }
-                Ok(_) => Some((
-                    Err(std::io::Error::other("the file transfer ended early")),
-                    None,
-                )),
+                Ok(_) => Some((Err(std::io::Error::other("the transfer ended early")), None)),
                 Err(e) => Some((Err(std::io::Error::other(e.to_string())), None)),
             }
         });
@@ -113,14 +132,21 @@ impl Node {
             data.extend_from_slice(&chunk);
         }
         let user = user_or_default(user);
-        let key = Key::WriteFile { path: &path, user: &user, mode, content: &data };
+        let key = Key::WriteFile {
+            path: &path,
+            user: &user,
+            mode,
+            content: &data,
+        };
         if let Some(Outcome::Hit(_)) = sb.replay_step(&key) {
             // Written already when the trajectory was re-applied.
             sb.record(key.entry(None));
             return self.stat(id, path.clone(), Some(user.clone())).await;
         }
         let once = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from(data.clone()))]);
-        let entry = self.write_file_live(id, path.clone(), Some(user.clone()), mode, once).await?;
+        let entry = self
+            .write_file_live(id, path.clone(), Some(user.clone()), mode, once)
+            .await?;
         sb.record(key.entry(None));
         Ok(entry)
     }
@@ -132,6 +158,50 @@ impl Node {
         path: String,
         user: Option<String>,
         mode: Option<u32>,
+        body: S,
+    ) -> Result<FileEntry, NodeError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        let op = Op::WriteFile {
+            path,
+            user: user_or_default(user),
+            mode,
+        };
+        self.upload(id, op, body).await
+    }
+
+    /// Unpacks a tar stream into a directory (not recorded in the trajectory log).
+    pub async fn upload_tar<S, E>(
+        &self,
+        id: &SandboxId,
+        path: String,
+        user: Option<String>,
+        body: S,
+    ) -> Result<FileEntry, NodeError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        check(&path)?;
+        self.upload(
+            id,
+            Op::UploadTar {
+                path,
+                user: user_or_default(user),
+            },
+            body,
+        )
+        .await
+    }
+
+    /// An operation fed by data frames (at most `max_upload` bytes, ended by an empty one) and
+    /// answered by an entry.
+    async fn upload<S, E>(
+        &self,
+        id: &SandboxId,
+        op: Op,
         mut body: S,
     ) -> Result<FileEntry, NodeError>
     where
@@ -139,23 +209,14 @@ impl Node {
         E: std::fmt::Display,
     {
         let limit = self.cfg.max_upload.bytes();
-        let (sb, mut conn) = self
-            .open(
-                id,
-                Op::WriteFile {
-                    path,
-                    user: user_or_default(user),
-                    mode,
-                },
-            )
-            .await?;
+        let (sb, mut conn) = self.open(id, op).await?;
         let mut total = 0u64;
         while let Some(chunk) = body.next().await {
             let chunk =
                 chunk.map_err(|e| NodeError::Invalid(format!("reading the upload: {e}")))?;
             total += chunk.len() as u64;
             if total > limit {
-                // Dropping the connection without the end frame discards the partial file.
+                // Dropping the connection without the end frame discards a partial file.
                 drop(conn);
                 // Read the rest so the client, still sending, gets the answer rather than a
                 // broken connection.

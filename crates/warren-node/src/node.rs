@@ -126,7 +126,10 @@ impl Sandbox {
     ) -> Arc<Sandbox> {
         Arc::new(Sandbox {
             deadline_ms: AtomicU64::new(record.expires_ms),
-            activity: Mutex::new(Activity { last_ms: state::now_ms(), busy: 0 }),
+            activity: Mutex::new(Activity {
+                last_ms: state::now_ms(),
+                busy: 0,
+            }),
             replay: Mutex::new(None),
             log: Mutex::new(()),
             record,
@@ -142,7 +145,10 @@ impl Sandbox {
 
     /// The record as it should be saved now (the deadline moves).
     pub(crate) fn current_record(&self) -> Record {
-        Record { expires_ms: self.deadline_ms.load(Ordering::Relaxed), ..self.record.clone() }
+        Record {
+            expires_ms: self.deadline_ms.load(Ordering::Relaxed),
+            ..self.record.clone()
+        }
     }
 
     pub fn phase(&self) -> Phase {

@@ -29,15 +29,27 @@ impl Node {
         let failed = match action {
             TaskAction::Stop => {
                 let kills = sandboxes.iter().map(|sb| async move {
-                    self.kill(&sb.record.id).await.err().map(|e| (sb.record.id.clone(), e))
+                    self.kill(&sb.record.id)
+                        .await
+                        .err()
+                        .map(|e| (sb.record.id.clone(), e))
                 });
-                futures_util::future::join_all(kills).await.into_iter().flatten().collect()
+                futures_util::future::join_all(kills)
+                    .await
+                    .into_iter()
+                    .flatten()
+                    .collect()
             }
             TaskAction::Pause => self.freeze_all(&sandboxes, true).await,
             TaskAction::Resume => self.freeze_all(&sandboxes, false).await,
         };
-        let failed: Vec<TaskFailure> =
-            failed.into_iter().map(|(id, e)| TaskFailure { id, error: e.to_api() }).collect();
+        let failed: Vec<TaskFailure> = failed
+            .into_iter()
+            .map(|(id, e)| TaskFailure {
+                id,
+                error: e.to_api(),
+            })
+            .collect();
         TaskResult {
             task: task.to_string(),
             action,
@@ -56,8 +68,16 @@ impl Node {
         for sb in sandboxes {
             guards.push(sb.lifecycle.lock().await);
         }
-        let (from, to) = if frozen { (Phase::Running, Phase::Paused) } else { (Phase::Paused, Phase::Running) };
-        let todo: Vec<Arc<Sandbox>> = sandboxes.iter().filter(|s| s.phase() == from).cloned().collect();
+        let (from, to) = if frozen {
+            (Phase::Running, Phase::Paused)
+        } else {
+            (Phase::Paused, Phase::Running)
+        };
+        let todo: Vec<Arc<Sandbox>> = sandboxes
+            .iter()
+            .filter(|s| s.phase() == from)
+            .cloned()
+            .collect();
         let cgroups: Vec<_> = todo.iter().map(|s| s.cgroup.clone()).collect();
         let results = blocking(move || {
             let started: Vec<_> = cgroups.iter().map(|c| c.start_freeze(frozen)).collect();
@@ -75,7 +95,14 @@ impl Node {
                 Ok(()) => sb.set_phase(to),
                 Err(e) => failed.push((
                     sb.record.id.clone(),
-                    NodeError::host(if frozen { "freezing the sandbox" } else { "thawing the sandbox" }, e),
+                    NodeError::host(
+                        if frozen {
+                            "freezing the sandbox"
+                        } else {
+                            "thawing the sandbox"
+                        },
+                        e,
+                    ),
                 )),
             }
         }
@@ -88,7 +115,12 @@ impl Node {
         let mut by: BTreeMap<String, TaskInfo> = BTreeMap::new();
         for v in self.list(&Default::default()) {
             let Some(task) = v.task else { continue };
-            let t = by.entry(task.clone()).or_insert(TaskInfo { name: task, sandboxes: 0, running: 0, paused: 0 });
+            let t = by.entry(task.clone()).or_insert(TaskInfo {
+                name: task,
+                sandboxes: 0,
+                running: 0,
+                paused: 0,
+            });
             t.sandboxes += 1;
             match v.state {
                 SandboxState::Running => t.running += 1,

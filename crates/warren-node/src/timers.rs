@@ -38,8 +38,13 @@ impl Node {
 
     fn sweep(self: &Arc<Self>) {
         let now = state::now_ms();
-        let sandboxes: Vec<_> =
-            self.sandboxes.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+        let sandboxes: Vec<_> = self
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
         for sb in sandboxes {
             let phase = sb.phase();
             if phase == Phase::Stopping {
@@ -54,7 +59,9 @@ impl Node {
                 });
                 continue;
             }
-            let Some(idle) = sb.record.idle_timeout else { continue };
+            let Some(idle) = sb.record.idle_timeout else {
+                continue;
+            };
             if phase != Phase::Running {
                 continue;
             }
@@ -83,7 +90,8 @@ impl Node {
             )));
         }
         let sb = self.get(id)?;
-        sb.deadline_ms.store(state::now_ms() + secs * 1000, Ordering::Relaxed);
+        sb.deadline_ms
+            .store(state::now_ms() + secs * 1000, Ordering::Relaxed);
         let (dir, record) = (sb.dir.clone(), sb.current_record());
         blocking(move || state::save(&dir, &record))
             .await

@@ -1,5 +1,6 @@
-//! The trajectory log (the paper's fast-forward): every exec and file write of a sandbox that
-//! asked for it, as JSON lines in `<sandbox dir>/trajectory.jsonl`, and its replay.
+//! The trajectory log (the paper's fast-forward): every exec (plain or streaming) and file
+//! write of a sandbox that asked for it, as JSON lines in `<sandbox dir>/trajectory.jsonl`, and
+//! its replay.
 //!
 //! Replay: a sandbox created with `replay: [entries]` first re-applies them in order (commands
 //! run again, files written again with their recorded content) to rebuild its state. From then
@@ -11,7 +12,7 @@
 //!
 //! What re-running cannot restore is said plainly: a command whose effects differ from run to
 //! run (`date > f`) leaves the rebuilt state different from the original, though the rollout is
-//! shown the original outputs. Streaming execs and background processes are not recorded. The
+//! shown the original outputs. Background processes and tar uploads are not recorded. The
 //! replay position lives in the daemon's memory: a restart of the node daemon ends a replay.
 
 use std::collections::BTreeMap;
@@ -55,7 +56,7 @@ pub enum Key<'a> {
 /// What the replay says about an operation.
 pub enum Outcome {
     /// It matched the next entry: answer with this recorded entry.
-    Hit(TrajectoryEntry),
+    Hit(Box<TrajectoryEntry>),
     /// It did not match: replay is over, run it live.
     Ended,
 }
@@ -63,15 +64,31 @@ pub enum Outcome {
 /// SHA-256 of `data`, hex.
 pub fn sha256(data: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 impl Key<'_> {
     fn matches(&self, e: &TrajectoryEntry) -> bool {
         match (self, e) {
             (
-                Key::Exec { argv, env, cwd, user, stdin },
-                TrajectoryEntry::Exec { argv: a, env: en, cwd: c, user: u, stdin_sha256, .. },
+                Key::Exec {
+                    argv,
+                    env,
+                    cwd,
+                    user,
+                    stdin,
+                },
+                TrajectoryEntry::Exec {
+                    argv: a,
+                    env: en,
+                    cwd: c,
+                    user: u,
+                    stdin_sha256,
+                    ..
+                },
             ) => {
                 *argv == a.as_slice()
                     && *env == en
@@ -80,8 +97,19 @@ impl Key<'_> {
                     && stdin.filter(|s| !s.is_empty()).map(sha256) == *stdin_sha256
             }
             (
-                Key::WriteFile { path, user, mode, content },
-                TrajectoryEntry::WriteFile { path: p, user: u, mode: m, sha256: h, .. },
+                Key::WriteFile {
+                    path,
+                    user,
+                    mode,
+                    content,
+                },
+                TrajectoryEntry::WriteFile {
+                    path: p,
+                    user: u,
+                    mode: m,
+                    sha256: h,
+                    ..
+                },
             ) => path == p && user == u && mode == m && sha256(content) == *h,
             _ => false,
         }
@@ -90,7 +118,13 @@ impl Key<'_> {
     /// The log entry for this operation with its result.
     pub fn entry(&self, result: Option<&ExecResult>) -> Option<TrajectoryEntry> {
         match self {
-            Key::Exec { argv, env, cwd, user, stdin } => {
+            Key::Exec {
+                argv,
+                env,
+                cwd,
+                user,
+                stdin,
+            } => {
                 let mut result = result?.clone();
                 result.replayed = false;
                 result.replay_ended = false;
@@ -105,7 +139,12 @@ impl Key<'_> {
                     result,
                 })
             }
-            Key::WriteFile { path, user, mode, content } => Some(TrajectoryEntry::WriteFile {
+            Key::WriteFile {
+                path,
+                user,
+                mode,
+                content,
+            } => Some(TrajectoryEntry::WriteFile {
                 path: path.to_string(),
                 user: user.to_string(),
                 mode: *mode,
@@ -136,7 +175,7 @@ impl Sandbox {
                     // Every entry served: the rollout has caught up.
                     *r = None;
                 }
-                Some(Outcome::Hit(hit))
+                Some(Outcome::Hit(Box::new(hit)))
             }
             _ => {
                 *r = None;
@@ -147,8 +186,12 @@ impl Sandbox {
 
     /// Appends an entry to the log, if this sandbox keeps one.
     pub(crate) fn record(&self, entry: Option<TrajectoryEntry>) {
-        let (true, Some(entry)) = (self.record.trajectory, entry) else { return };
-        let Ok(mut line) = serde_json::to_vec(&entry) else { return };
+        let (true, Some(entry)) = (self.record.trajectory, entry) else {
+            return;
+        };
+        let Ok(mut line) = serde_json::to_vec(&entry) else {
+            return;
+        };
         line.push(b'\n');
         let _g = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let res = std::fs::OpenOptions::new()
@@ -179,8 +222,17 @@ mod tests {
     fn exec_entry(cmd: &str, out: &str) -> TrajectoryEntry {
         let env = BTreeMap::new();
         let argv = vec!["sh".to_string(), "-c".to_string(), cmd.to_string()];
-        let key = Key::Exec { argv: &argv, env: &env, cwd: None, user: "user", stdin: None };
-        let r = ExecResult { stdout: out.into(), ..ExecResult::default() };
+        let key = Key::Exec {
+            argv: &argv,
+            env: &env,
+            cwd: None,
+            user: "user",
+            stdin: None,
+        };
+        let r = ExecResult {
+            stdout: out.into(),
+            ..ExecResult::default()
+        };
         key.entry(Some(&r)).unwrap()
     }
 
@@ -189,15 +241,73 @@ mod tests {
         let env = BTreeMap::new();
         let argv = vec!["sh".to_string(), "-c".to_string(), "date".to_string()];
         let e = exec_entry("date", "t1");
-        assert!(Key::Exec { argv: &argv, env: &env, cwd: None, user: "user", stdin: None }.matches(&e));
-        assert!(Key::Exec { argv: &argv, env: &env, cwd: None, user: "user", stdin: Some(b"") }.matches(&e));
-        assert!(!Key::Exec { argv: &argv, env: &env, cwd: None, user: "root", stdin: None }.matches(&e));
-        assert!(!Key::Exec { argv: &argv, env: &env, cwd: Some("/tmp"), user: "user", stdin: None }.matches(&e));
-        assert!(!Key::Exec { argv: &argv, env: &env, cwd: None, user: "user", stdin: Some(b"x") }.matches(&e));
-        let w = Key::WriteFile { path: "/f", user: "user", mode: None, content: b"abc" };
+        assert!(
+            Key::Exec {
+                argv: &argv,
+                env: &env,
+                cwd: None,
+                user: "user",
+                stdin: None
+            }
+            .matches(&e)
+        );
+        assert!(
+            Key::Exec {
+                argv: &argv,
+                env: &env,
+                cwd: None,
+                user: "user",
+                stdin: Some(b"")
+            }
+            .matches(&e)
+        );
+        assert!(
+            !Key::Exec {
+                argv: &argv,
+                env: &env,
+                cwd: None,
+                user: "root",
+                stdin: None
+            }
+            .matches(&e)
+        );
+        assert!(
+            !Key::Exec {
+                argv: &argv,
+                env: &env,
+                cwd: Some("/tmp"),
+                user: "user",
+                stdin: None
+            }
+            .matches(&e)
+        );
+        assert!(
+            !Key::Exec {
+                argv: &argv,
+                env: &env,
+                cwd: None,
+                user: "user",
+                stdin: Some(b"x")
+            }
+            .matches(&e)
+        );
+        let w = Key::WriteFile {
+            path: "/f",
+            user: "user",
+            mode: None,
+            content: b"abc",
+        };
         let we = w.entry(None).unwrap();
         assert!(w.matches(&we));
-        assert!(!Key::WriteFile { path: "/f", user: "user", mode: None, content: b"abd" }.matches(&we));
+        assert!(
+            !Key::WriteFile {
+                path: "/f",
+                user: "user",
+                mode: None,
+                content: b"abd"
+            }
+            .matches(&we)
+        );
         assert!(!w.matches(&e));
     }
 

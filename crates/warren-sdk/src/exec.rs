@@ -220,7 +220,9 @@ mod tests {
             evs[0],
             ExecEvent::Start {
                 process_id: 1,
-                pid: 7
+                pid: 7,
+                replayed: false,
+                replay_ended: false,
             }
         );
         match &evs[1] {

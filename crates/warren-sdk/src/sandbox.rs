@@ -103,10 +103,19 @@ impl Sandbox {
         let rb = self
             .client
             .request(Method::GET, self.endpoint("/trajectory", &[])?);
-        let body = self.client.send(rb).await?.bytes().await.map_err(crate::Error::Transport)?;
+        let body = self
+            .client
+            .send(rb)
+            .await?
+            .bytes()
+            .await
+            .map_err(crate::Error::Transport)?;
         body.split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
-            .map(|l| serde_json::from_slice(l).map_err(|e| crate::Error::Decode(format!("trajectory entry: {e}"))))
+            .map(|l| {
+                serde_json::from_slice(l)
+                    .map_err(|e| crate::Error::Decode(format!("trajectory entry: {e}")))
+            })
             .collect()
     }
 

@@ -281,6 +281,13 @@ pub enum ExecEvent {
         process_id: u64,
         /// Its pid inside the sandbox.
         pid: i32,
+        /// The events that follow are a replayed trajectory's recorded ones: the command did
+        /// not run again (process_id and pid are then 0).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        replayed: bool,
+        /// The command did not match the replayed trajectory: replay ended, it runs live.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        replay_ended: bool,
     },
     /// Bytes written to stdout, base64.
     Stdout {

@@ -195,6 +195,24 @@ pub enum Op {
         /// Acting user.
         user: String,
     },
+    /// Unpack the tar stream in the [`FrameKind::Data`] frames that follow (ended by an empty
+    /// one) into directory `path` (made if missing), as the user: [`Reply::Entry`] of the
+    /// directory. Entries that would land outside `path` are refused.
+    UploadTar {
+        /// Directory to unpack into.
+        path: String,
+        /// Acting user: the files belong to them.
+        user: String,
+    },
+    /// Pack directory `path` (its contents, relative names) as a tar stream:
+    /// [`Reply::Entry`] of the directory, [`FrameKind::Data`] frames, an empty data frame.
+    /// Symlinks are archived as symlinks.
+    DownloadTar {
+        /// Directory to pack.
+        path: String,
+        /// Acting user (reads with their permissions).
+        user: String,
+    },
     /// Write a file from the [`FrameKind::Data`] frames that follow (ended by an empty one),
     /// creating parent directories: [`Reply::Entry`].
     WriteFile {

@@ -139,3 +139,132 @@ async fn file_operations() {
     let e = sb.read_file("/tmp").await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::InvalidArgument), "{e}");
 }
+
+/// Whole directories in and out as tar streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directories_move_as_tar() {
+    require_root!();
+    let p = Platform::start();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let url = |q: &str| format!("{}/v1/sandboxes/{}/files/tar?{q}", p.url, sb.id());
+
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data, mode) in [
+        ("src/main.py", &b"print(1)\n"[..], 0o644),
+        ("run.sh", &b"#!/bin/sh\necho run\n"[..], 0o755),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_cksum();
+        b.append_data(&mut h, path, data).unwrap();
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    b.append_link(&mut h, "python", "/usr/bin/python3").unwrap();
+    let archive = b.into_inner().unwrap();
+    let resp = p
+        .http()
+        .put(url("path=proj"))
+        .bearer_auth(&p.key)
+        .body(archive)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status().as_u16(),
+        200,
+        "{}",
+        resp.text().await.unwrap()
+    );
+    let r = sb
+        .exec(&shell(
+            "cd proj && stat -c '%n %U %a' src/main.py run.sh && ./run.sh && readlink python",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.stdout, "src/main.py user 644\nrun.sh user 755\nrun\n/usr/bin/python3\n",
+        "{}",
+        r.stderr
+    );
+
+    // And back out.
+    let resp = p
+        .http()
+        .get(url("path=/home/user/proj"))
+        .bearer_auth(&p.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let bytes = resp.bytes().await.unwrap();
+    let mut names: Vec<String> = tar::Archive::new(&bytes[..])
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().display().to_string())
+        .collect();
+    names.sort();
+    assert!(
+        names.iter().any(|n| n.ends_with("src/main.py"))
+            && names.iter().any(|n| n.ends_with("python")),
+        "{names:?}"
+    );
+
+    // An entry that climbs out is refused, and nothing lands outside.
+    let mut raw = tar::Header::new_old();
+    raw.as_old_mut().name[..13].copy_from_slice(b"../escaped.tx");
+    raw.set_size(1);
+    raw.set_mode(0o644);
+    raw.set_cksum();
+    let mut evil = raw.as_bytes().to_vec();
+    evil.extend_from_slice(b"x");
+    evil.resize(512 * 2, 0);
+    evil.extend_from_slice(&[0u8; 1024]);
+    let resp = p
+        .http()
+        .put(url("path=/home/user/in"))
+        .bearer_auth(&p.key)
+        .body(evil)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status().as_u16(),
+        400,
+        "{}",
+        resp.text().await.unwrap()
+    );
+    let r = sb
+        .exec(&shell("ls /home/user/escaped.tx 2>&1 | grep -c 'No such'"))
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "1\n");
+    // Not a tar at all.
+    let resp = p
+        .http()
+        .put(url("path=/home/user/in2"))
+        .bearer_auth(&p.key)
+        .body(vec![7u8; 700])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    // A file is not a directory to pack.
+    let resp = p
+        .http()
+        .get(url("path=/etc/hostname"))
+        .bearer_auth(&p.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+}

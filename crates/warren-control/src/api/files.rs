@@ -49,19 +49,7 @@ pub async fn write(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Error> {
-    // Refuse an upload the node would refuse before sending a byte of it.
-    let (_, node) = super::forward::route(&c, &id)?;
-    let limit = node.info().max_upload;
-    let declared = headers
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit.bytes()) {
-        return Err(Error(ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            format!("the upload is larger than the {limit} allowed (max_upload)"),
-        )));
-    }
+    let body = refuse_oversized(&c, &id, &headers, body).await?;
     pass(&c, &id, Method::PUT, &uri, &headers, body).await
 }
 
@@ -144,4 +132,73 @@ pub async fn rename(
     Json(req): Json<RenameRequest>,
 ) -> Result<Response, Error> {
     pass_json(&c, &id, &uri, &headers, &req).await
+}
+
+/// Refuses an upload the node would refuse, before sending a byte of it to the node. The body
+/// is read and dropped first (up to [`DRAIN_LIMIT`]), so that a client still sending it reads
+/// the 413 rather than a broken connection.
+async fn refuse_oversized(
+    c: &crate::Control,
+    id: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Body, Error> {
+    let (_, node) = super::forward::route(c, id)?;
+    let limit = node.info().max_upload;
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let Some(len) = declared.filter(|len| *len > limit.bytes()) else {
+        return Ok(body);
+    };
+    if len <= DRAIN_LIMIT {
+        let mut stream = body.into_data_stream();
+        while let Some(Ok(_)) = futures_util::StreamExt::next(&mut stream).await {}
+    }
+    Err(Error(ApiError::new(
+        ErrorCode::PayloadTooLarge,
+        format!("the upload is larger than the {limit} allowed (max_upload)"),
+    )))
+}
+
+/// Most bytes of a refused upload read (and dropped) before answering.
+const DRAIN_LIMIT: u64 = 64 << 20;
+
+/// Download a directory's contents as a tar stream (symlinks as symlinks).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/tar", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id."),
+        ("path" = String, Query, description = "Directory."),
+        ("user" = Option<String>, Query, description = "Acting user; default `user`.")),
+    responses((status = 200, description = "A tar stream of the directory's contents.", content_type = "application/x-tar"),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn download_tar(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::GET, &uri, &headers, Body::empty()).await
+}
+
+/// Upload a directory: the body is a tar stream, unpacked into `path` (made if missing) as the
+/// acting user. Entries that would land outside `path` are refused. Not recorded in the
+/// trajectory log.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files/tar", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id."),
+        ("path" = String, Query, description = "Directory to unpack into."),
+        ("user" = Option<String>, Query, description = "Acting user (owner of the files); default `user`.")),
+    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    responses((status = 200, body = FileEntry), (status = 400, body = ErrorBody), (status = 413, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn upload_tar(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Error> {
+    let body = refuse_oversized(&c, &id, &headers, body).await?;
+    pass(&c, &id, Method::PUT, &uri, &headers, body).await
 }

@@ -68,6 +68,10 @@ pub fn router(c: Arc<Control>) -> Router {
             get(files::read).put(files::write).delete(files::remove),
         )
         .route("/v1/sandboxes/{id}/files/list", get(files::list))
+        .route(
+            "/v1/sandboxes/{id}/files/tar",
+            get(files::download_tar).put(files::upload_tar),
+        )
         .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/files/rename", post(files::rename))

@@ -43,15 +43,21 @@ pub async fn act(
         async move {
             let r = n.client.request(reqwest::Method::POST, &path).send().await;
             match r {
-                Ok(resp) if resp.status().is_success() => {
-                    resp.json::<TaskResult>().await.map_err(|e| unavailable(&n, &e))
-                }
+                Ok(resp) if resp.status().is_success() => resp
+                    .json::<TaskResult>()
+                    .await
+                    .map_err(|e| unavailable(&n, &e)),
                 Ok(resp) => Err(unavailable(&n, &format!("status {}", resp.status()))),
                 Err(e) => Err(unavailable(&n, &e)),
             }
         }
     });
-    let mut total = TaskResult { task, action, succeeded: 0, failed: Vec::new() };
+    let mut total = TaskResult {
+        task,
+        action,
+        succeeded: 0,
+        failed: Vec::new(),
+    };
     let mut unreachable = None;
     for r in futures_util::future::join_all(asks).await {
         match r {
@@ -79,28 +85,46 @@ pub async fn act(
     security(("api_key" = [])))]
 pub async fn list(axum::extract::State(c): S) -> Result<Json<TaskList>, Error> {
     let asks = c.nodes.all().into_iter().map(|n| async move {
-        match n.client.request(reqwest::Method::GET, "/v1/tasks").send().await {
+        match n
+            .client
+            .request(reqwest::Method::GET, "/v1/tasks")
+            .send()
+            .await
+        {
             Ok(resp) if resp.status().is_success() => resp.json::<TaskList>().await.ok(),
             _ => None,
         }
     });
     let mut by: std::collections::BTreeMap<String, TaskInfo> = Default::default();
-    for part in futures_util::future::join_all(asks).await.into_iter().flatten() {
+    for part in futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+    {
         for t in part.tasks {
-            let e = by.entry(t.name.clone()).or_insert(TaskInfo { name: t.name.clone(), sandboxes: 0, running: 0, paused: 0 });
+            let e = by.entry(t.name.clone()).or_insert(TaskInfo {
+                name: t.name.clone(),
+                sandboxes: 0,
+                running: 0,
+                paused: 0,
+            });
             e.sandboxes += t.sandboxes;
             e.running += t.running;
             e.paused += t.paused;
         }
     }
-    Ok(Json(TaskList { tasks: by.into_values().collect() }))
+    Ok(Json(TaskList {
+        tasks: by.into_values().collect(),
+    }))
 }
 
 /// Percent-encodes a path segment.
 pub(crate) fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
             _ => format!("%{b:02X}"),
         })
         .collect()

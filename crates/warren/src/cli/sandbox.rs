@@ -114,7 +114,11 @@ impl CreateArgs {
             env: args::to_map(self.env),
             idle_timeout: self.idle_timeout,
             on_idle: self.on_idle.map(|a| {
-                if a == "stop" { warren_sdk::IdleAction::Stop } else { warren_sdk::IdleAction::Pause }
+                if a == "stop" {
+                    warren_sdk::IdleAction::Stop
+                } else {
+                    warren_sdk::IdleAction::Pause
+                }
             }),
             trajectory: self.trajectory,
             replay: None,

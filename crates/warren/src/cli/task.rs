@@ -18,10 +18,16 @@ pub enum TaskCommand {
     #[command(after_help = "Examples:\n  warren task resume run-7")]
     Resume(TaskArg),
     /// Kill every sandbox of a task.
-    #[command(visible_alias = "rm", after_help = "Examples:\n  warren task stop run-7")]
+    #[command(
+        visible_alias = "rm",
+        after_help = "Examples:\n  warren task stop run-7"
+    )]
     Stop(TaskArg),
     /// List tasks with their sandbox counts.
-    #[command(visible_alias = "list", after_help = "Examples:\n  warren task ls\n  warren task ls --json")]
+    #[command(
+        visible_alias = "list",
+        after_help = "Examples:\n  warren task ls\n  warren task ls --json"
+    )]
     Ls,
 }
 
@@ -66,5 +72,9 @@ pub async fn run(client: &Client, json: bool, cmd: TaskCommand) -> anyhow::Resul
             eprintln!("error: {}: {}", f.id, f.error.message);
         }
     }
-    Ok(if r.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if r.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }

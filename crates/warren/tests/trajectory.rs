@@ -1,0 +1,95 @@
+//! The trajectory log and its replay: a rollout restarted after preemption sees exactly what
+//! it saw before, even from non-idempotent commands.
+
+mod common;
+
+use common::Platform;
+use warren_sdk::{CreateSandbox, ErrorCode, shell};
+
+const STAMP: &str = "date +%s%N > f; cat f";
+const COUNTER: &str = "c=$(cat n 2>/dev/null || echo 0); echo $((c+1)) > n; cat n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_gives_the_recorded_results_then_runs_live() {
+    require_root!();
+    let p = Platform::start();
+    let c = p.client();
+    let first = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            trajectory: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let t1 = first.exec(&shell(STAMP)).await.unwrap().stdout;
+    let n1 = first.exec(&shell(COUNTER)).await.unwrap().stdout;
+    let n2 = first.exec(&shell(COUNTER)).await.unwrap().stdout;
+    assert_eq!((n1.as_str(), n2.as_str()), ("1\n", "2\n"));
+    first
+        .write_file("/home/user/notes.txt", "step 3")
+        .await
+        .unwrap();
+    let log = first.trajectory().await.unwrap();
+    assert_eq!(log.len(), 4);
+    first.kill().await.unwrap();
+
+    // Preempted; the rollout restarts from its log.
+    let second = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            replay: Some(log.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let r = second.exec(&shell(STAMP)).await.unwrap();
+    assert_eq!(
+        (r.stdout.as_str(), r.replayed),
+        (t1.as_str(), true),
+        "the recorded timestamp comes back"
+    );
+    let r = second.exec(&shell(COUNTER)).await.unwrap();
+    assert_eq!((r.stdout.as_str(), r.replayed), ("1\n", true));
+    let r = second.exec(&shell(COUNTER)).await.unwrap();
+    assert_eq!((r.stdout.as_str(), r.replayed), ("2\n", true));
+    // The state was rebuilt: the counter file holds what the log's steps left.
+    second
+        .write_file("/home/user/notes.txt", "step 3")
+        .await
+        .unwrap();
+    let r = second.exec(&shell("cat n; cat notes.txt")).await.unwrap();
+    assert_eq!((r.stdout.as_str(), r.replayed), ("2\nstep 3", false));
+    // The new sandbox's own log holds what its rollout saw.
+    assert_eq!(second.trajectory().await.unwrap().len(), 5);
+
+    // Divergence ends the replay: from there everything runs live.
+    let third = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            replay: Some(log),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let r = third.exec(&shell(STAMP)).await.unwrap();
+    assert!(r.replayed);
+    let r = third.exec(&shell("echo something else")).await.unwrap();
+    assert!(r.replay_ended && !r.replayed, "{r:?}");
+    let r = third.exec(&shell(COUNTER)).await.unwrap();
+    assert!(!r.replayed && !r.replay_ended);
+    assert_eq!(r.stdout, "3\n", "live again, on the rebuilt state");
+
+    // A sandbox without a log says how to get one.
+    let plain = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        plain.trajectory().await.unwrap_err().code(),
+        Some(ErrorCode::InvalidArgument)
+    );
+}
