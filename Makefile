@@ -24,6 +24,7 @@ test: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace
+	sdk/python/run-tests.sh
 
 bench: build
 	target/release/warren-bench

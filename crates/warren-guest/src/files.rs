@@ -171,8 +171,10 @@ pub fn mkdir(path: &str, parents: bool) -> Result<FileEntry, OpError> {
         .create(path);
     match r {
         Ok(()) => {}
+        // `mkdir -p` semantics: an existing directory is fine when making parents.
         Err(e)
-            if e.kind() == io::ErrorKind::AlreadyExists
+            if parents
+                && e.kind() == io::ErrorKind::AlreadyExists
                 && fs::metadata(path).is_ok_and(|m| m.is_dir()) => {}
         Err(e) => return Err(OpError::io(&e, "mkdir", path)),
     }

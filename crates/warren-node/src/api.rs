@@ -342,7 +342,8 @@ async fn signal(
 
 async fn output(State(n): S, Path((id, pid)): Path<(String, u64)>) -> Result<Response, Error> {
     let id = parse_id(&n, &id)?;
-    n.get(&id)?;
+    // A process that does not exist is a 404, not an error event in a 200 stream.
+    n.wait_process(&id, pid, Some(0)).await?;
     let (tx, resp) = warren_http::ndjson::channel();
     tokio::spawn(async move { n.attach(&id, pid, tx).await });
     Ok(resp)

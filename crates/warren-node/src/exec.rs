@@ -120,7 +120,9 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
 
 /// Maps a failure to talk to the guest onto what the caller sees.
 pub(crate) fn guest_failure(sb: &Sandbox, e: GuestError) -> NodeError {
-    if warren_sys::process::pidfd_exited(&sb.pidfd) {
+    // Being killed (kill, timeout, task stop: the phase says so before the signal is sent), or
+    // its init already dead: the sandbox is gone, which is not the host's failure.
+    if sb.phase() == crate::node::Phase::Stopping || warren_sys::process::pidfd_exited(&sb.pidfd) {
         return NodeError::Gone(sb.record.id.clone());
     }
     NodeError::host(

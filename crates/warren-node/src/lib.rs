@@ -135,6 +135,11 @@ impl Node {
         self.drain_warm_pool().await;
     }
 
+    /// Removes Warren's (empty) parent cgroups, once every sandbox is gone.
+    pub fn remove_cgroups(&self) -> std::io::Result<()> {
+        self.cgroups.remove_all()
+    }
+
     /// Kills every sandbox (for `warren up --kill-sandboxes-on-exit`).
     pub async fn kill_all(&self) -> usize {
         let ids: Vec<_> = self

@@ -7,8 +7,9 @@
 //! on, while the rollout's operations match the log's leading entries (same command, env, cwd,
 //! user and stdin; same file path, user, mode and content), it answers each with the recorded
 //! result (`replayed: true`) instead of running it: a rollout restarted after preemption sees
-//! exactly what it saw before. The first operation that does not match ends the replay
-//! (`replay_ended: true`) and everything from there runs live.
+//! exactly what it saw before. The first operation that does not match, or the first after
+//! the log's last entry, ends the replay (`replay_ended: true`) and everything from there runs
+//! live.
 //!
 //! What re-running cannot restore is said plainly: a command whose effects differ from run to
 //! run (`date > f`) leaves the rebuilt state different from the original, though the rollout is
@@ -171,10 +172,6 @@ impl Sandbox {
             Some(e) if key.matches(e) => {
                 let hit = e.clone();
                 replay.pos += 1;
-                if replay.pos == replay.entries.len() {
-                    // Every entry served: the rollout has caught up.
-                    *r = None;
-                }
                 Some(Outcome::Hit(Box::new(hit)))
             }
             _ => {

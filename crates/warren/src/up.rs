@@ -195,6 +195,10 @@ async fn serve(
     if kill_on_exit {
         let n = node.kill_all().await;
         eprintln!("warren: killed {n} sandboxes");
+        // Nothing runs any more: Warren's parent cgroups go too.
+        if let Err(e) = node.remove_cgroups() {
+            eprintln!("warren: could not remove its cgroups: {e}");
+        }
     } else {
         eprintln!("warren: stopped; sandboxes keep running and are re-adopted on the next start");
     }

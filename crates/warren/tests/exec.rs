@@ -114,6 +114,19 @@ async fn exec_semantics() {
     assert_eq!(r.status.stdout_bytes, 100000);
     assert_eq!(r.stderr, "err\n");
 
+    // A sandbox killed while a command runs: the command's caller learns it is gone (410).
+    let doomed = p
+        .client()
+        .create(&CreateSandbox { image: "host".into(), ..Default::default() })
+        .await
+        .unwrap();
+    let d2 = doomed.clone();
+    let running = tokio::spawn(async move { d2.exec(&argv(["sleep", "30"])).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    doomed.kill().await.unwrap();
+    let e = running.await.unwrap().unwrap_err();
+    assert_eq!(e.code(), Some(warren_sdk::ErrorCode::SandboxGone), "{e}");
+
     // Zombies are reaped: orphans of a finished command do not pile up.
     sb.exec(&shell(
         "for i in 1 2 3 4 5; do (sleep 0.01 &) ; done; sleep 0.2",

@@ -1,0 +1,407 @@
+"""Every API operation as a :class:`~warren._http.Call`: its route, its checked body, how it may
+be retried and how its answer is read. The sync and async handles only send these, so both
+behave the same by construction."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Dict, List, Mapping, Optional
+from urllib.parse import quote
+
+import httpx
+
+from . import _validate as v
+from ._http import Call, json_body
+from .errors import InvalidArgument
+from .trajectory import TrajectoryEntry, parse_jsonl
+from .types import (
+    ExecResult,
+    FileEntry,
+    Health,
+    NodeInfo,
+    ProcessInfo,
+    SandboxInfo,
+    TaskInfo,
+    TaskResult,
+)
+
+#: The server's default exec timeout, seconds (the answer may take this long).
+DEFAULT_EXEC_TIMEOUT = 600.0
+#: Extra seconds to wait for an answer beyond a command's own timeout.
+ANSWER_MARGIN = 30.0
+#: Seconds a task-level operation may take to answer (it acts on every sandbox of the task).
+TASK_TIMEOUT = 600.0
+
+
+def _info(resp: httpx.Response) -> SandboxInfo:
+    return SandboxInfo.from_json(json_body(resp))
+
+
+def _entry(resp: httpx.Response) -> FileEntry:
+    return FileEntry.from_json(json_body(resp))
+
+
+def _process(resp: httpx.Response) -> ProcessInfo:
+    return ProcessInfo.from_json(json_body(resp))
+
+
+def _task_result(resp: httpx.Response) -> TaskResult:
+    return TaskResult.from_json(json_body(resp))
+
+
+def _bytes(resp: httpx.Response) -> bytes:
+    return resp.content
+
+
+# Sandboxes.
+
+
+def create(
+    backend: str,
+    *,
+    image: Any,
+    task: Any = None,
+    cpu: Any = None,
+    memory: Any = None,
+    pids: Any = None,
+    timeout: Any = None,
+    idle_timeout: Any = None,
+    on_idle: Any = None,
+    labels: Any = None,
+    env: Any = None,
+    trajectory: Any = False,
+    idempotency_key: Any = None,
+    replay: Optional[List[TrajectoryEntry]] = None,
+) -> Call[SandboxInfo]:
+    """``POST /v1/sandboxes``, always with an ``Idempotency-Key`` (one per create, kept across
+    its retries) so a retried create never makes two sandboxes."""
+    assert backend == "container", backend
+    body: Dict[str, Any] = {"image": v.string(image, "image")}
+    if task is not None:
+        body["task"] = v.string(task, "task")
+    for name, val, minimum in (
+        ("cpu", cpu, 1),
+        ("pids", pids, 1),
+        ("timeout", timeout, 1),
+        ("idle_timeout", idle_timeout, 1),
+    ):
+        n = v.opt_whole(val, name, minimum=minimum)
+        if n is not None:
+            body[name] = n
+    mem = v.size(memory, "memory")
+    if mem is not None:
+        body["memory"] = mem
+    if on_idle is not None:
+        body["on_idle"] = v.choice(on_idle, "on_idle", v.ON_IDLE)
+        if idle_timeout is None:
+            raise InvalidArgument("on_idle needs an idle_timeout (seconds without activity)")
+    lab = v.str_map(labels, "labels")
+    if lab:
+        body["labels"] = lab
+    envs = v.str_map(env, "env")
+    if envs:
+        body["env"] = envs
+    if v.boolean(trajectory, "trajectory"):
+        body["trajectory"] = True
+    if replay is not None:
+        body["replay"] = replay
+    key = (
+        str(uuid.uuid4())
+        if idempotency_key is None
+        else v.string(idempotency_key, "idempotency_key")
+    )
+    if len(key) > 256 or not key.isprintable() or not key.isascii():
+        raise InvalidArgument("idempotency_key must be 1 to 256 printable ASCII characters")
+    return Call(
+        "POST",
+        "/v1/sandboxes",
+        json=body,
+        headers={"Idempotency-Key": key},
+        idempotent=True,
+        parse=_info,
+    )
+
+
+def list_sandboxes(
+    task: Any = None, labels: Any = None, state: Any = None
+) -> Call[List[SandboxInfo]]:
+    params: Dict[str, str] = {}
+    if task is not None:
+        params["task"] = v.string(task, "task")
+    lab = v.str_map(labels, "labels")
+    if lab:
+        for k, val in lab.items():
+            if "," in k or "=" in k or "," in val:
+                raise InvalidArgument(
+                    f"label filter {k!r}={val!r} cannot be sent: keys without ',' or '=', "
+                    "values without ','"
+                )
+        params["label"] = ",".join(f"{k}={val}" for k, val in lab.items())
+    st = v.choice(state, "state", v.STATES)
+    if st is not None:
+        params["state"] = st
+
+    def parse(resp: httpx.Response) -> List[SandboxInfo]:
+        return [SandboxInfo.from_json(s) for s in json_body(resp)["sandboxes"]]
+
+    return Call("GET", "/v1/sandboxes", params=params or None, parse=parse)
+
+
+def _sb(sid: str, rest: str = "") -> str:
+    return f"/v1/sandboxes/{sid}{rest}"
+
+
+def get(sid: str) -> Call[SandboxInfo]:
+    return Call("GET", _sb(sid), parse=_info)
+
+
+def kill(sid: str) -> Call[None]:
+    return Call("DELETE", _sb(sid))
+
+
+def pause(sid: str) -> Call[SandboxInfo]:
+    return Call("POST", _sb(sid, "/pause"), parse=_info)
+
+
+def resume(sid: str) -> Call[SandboxInfo]:
+    return Call("POST", _sb(sid, "/resume"), parse=_info)
+
+
+def set_timeout(sid: str, seconds: Any) -> Call[SandboxInfo]:
+    n = v.whole(seconds, "timeout", minimum=1)
+    return Call("POST", _sb(sid, "/timeout"), json={"timeout": n}, parse=_info)
+
+
+def trajectory(sid: str) -> Call[List[TrajectoryEntry]]:
+    def parse(resp: httpx.Response) -> List[TrajectoryEntry]:
+        return parse_jsonl(resp.content.decode("utf-8"))
+
+    return Call("GET", _sb(sid, "/trajectory"), parse=parse)
+
+
+# Commands and processes.
+
+
+def exec_body(
+    cmd: Any,
+    *,
+    env: Any,
+    cwd: Any,
+    user: Any,
+    timeout: Any,
+    stdin: Any,
+    max_output: Any,
+) -> Dict[str, Any]:
+    body = v.command(cmd)
+    envs = v.str_map(env, "env")
+    if envs:
+        body["env"] = envs
+    if cwd is not None:
+        body["cwd"] = v.path(cwd, "cwd")
+    u = v.user(user)
+    if u is not None:
+        body["user"] = u
+    t = v.seconds(timeout, "timeout")
+    if t is not None:
+        body["timeout"] = t
+    body.update(v.stdin(stdin))
+    mo = v.size(max_output, "max_output")
+    if mo is not None:
+        body["max_output"] = mo
+    return body
+
+
+def _answer_timeout(body: Mapping[str, Any]) -> Optional[float]:
+    t = body.get("timeout", DEFAULT_EXEC_TIMEOUT)
+    return None if t == 0 else t + ANSWER_MARGIN
+
+
+def exec_(sid: str, body: Dict[str, Any]) -> Call[ExecResult]:
+    def parse(resp: httpx.Response) -> ExecResult:
+        return ExecResult.from_json(json_body(resp))
+
+    return Call(
+        "POST",
+        _sb(sid, "/exec"),
+        json=body,
+        idempotent=False,
+        read_timeout=_answer_timeout(body),
+        parse=parse,
+    )
+
+
+def exec_stream(sid: str, body: Dict[str, Any]) -> Call[None]:
+    return Call(
+        "POST",
+        _sb(sid, "/exec"),
+        json=dict(body, stream=True),
+        idempotent=False,
+        headers={"Accept": "application/x-ndjson"},
+        read_timeout=None,
+    )
+
+
+def start_process(sid: str, body: Dict[str, Any]) -> Call[ProcessInfo]:
+    return Call("POST", _sb(sid, "/processes"), json=body, idempotent=False, parse=_process)
+
+
+def list_processes(sid: str) -> Call[List[ProcessInfo]]:
+    def parse(resp: httpx.Response) -> List[ProcessInfo]:
+        return [ProcessInfo.from_json(p) for p in json_body(resp)["processes"]]
+
+    return Call("GET", _sb(sid, "/processes"), parse=parse)
+
+
+def get_process(sid: str, pid: Any) -> Call[ProcessInfo]:
+    return Call("GET", _sb(sid, f"/processes/{v.process_id(pid)}"), parse=_process)
+
+
+def wait_process(sid: str, pid: Any, timeout: Any) -> Call[ProcessInfo]:
+    t = v.seconds(timeout, "timeout")
+    params = None if t is None else {"timeout": repr(t)}
+    return Call(
+        "POST",
+        _sb(sid, f"/processes/{v.process_id(pid)}/wait"),
+        params=params,
+        read_timeout=None if t is None else t + ANSWER_MARGIN,
+        parse=_process,
+    )
+
+
+def signal_process(sid: str, pid: Any, signal: Any) -> Call[None]:
+    return Call(
+        "POST",
+        _sb(sid, f"/processes/{v.process_id(pid)}/signal"),
+        json={"signal": v.signal_name(signal)},
+    )
+
+
+def forget_process(sid: str, pid: Any) -> Call[None]:
+    return Call("DELETE", _sb(sid, f"/processes/{v.process_id(pid)}"))
+
+
+def process_output(sid: str, pid: Any) -> Call[None]:
+    return Call("GET", _sb(sid, f"/processes/{v.process_id(pid)}/output"), read_timeout=None)
+
+
+# Files.
+
+
+def _file_params(path: Any, user: Any, what: str = "path") -> Dict[str, str]:
+    params = {"path": v.path(path, what)}
+    u = v.user(user)
+    if u is not None:
+        params["user"] = u
+    return params
+
+
+def read_file(sid: str, path: Any, user: Any) -> Call[bytes]:
+    return Call("GET", _sb(sid, "/files"), params=_file_params(path, user), parse=_bytes)
+
+
+def write_file(sid: str, path: Any, data: Any, mode: Any, user: Any) -> Call[FileEntry]:
+    params = _file_params(path, user)
+    m = v.mode(mode)
+    if m is not None:
+        params["mode"] = m
+    return Call(
+        "PUT",
+        _sb(sid, "/files"),
+        params=params,
+        content=v.data(data),
+        headers={"Content-Type": "application/octet-stream"},
+        idempotent=False,
+        parse=_entry,
+    )
+
+
+def list_dir(sid: str, path: Any, user: Any) -> Call[List[FileEntry]]:
+    def parse(resp: httpx.Response) -> List[FileEntry]:
+        return [FileEntry.from_json(e) for e in json_body(resp)["entries"]]
+
+    return Call("GET", _sb(sid, "/files/list"), params=_file_params(path, user), parse=parse)
+
+
+def stat(sid: str, path: Any, user: Any) -> Call[FileEntry]:
+    return Call("GET", _sb(sid, "/files/stat"), params=_file_params(path, user), parse=_entry)
+
+
+def remove(sid: str, path: Any, recursive: Any, user: Any) -> Call[None]:
+    params = _file_params(path, user)
+    if v.boolean(recursive, "recursive"):
+        params["recursive"] = "true"
+    return Call("DELETE", _sb(sid, "/files"), params=params, idempotent=False)
+
+
+def mkdir(sid: str, path: Any, parents: Any, user: Any) -> Call[FileEntry]:
+    body: Dict[str, Any] = {"path": v.path(path), "parents": v.boolean(parents, "parents")}
+    u = v.user(user)
+    if u is not None:
+        body["user"] = u
+    return Call("POST", _sb(sid, "/files/mkdir"), json=body, idempotent=False, parse=_entry)
+
+
+def rename(sid: str, src: Any, dst: Any, user: Any) -> Call[FileEntry]:
+    body: Dict[str, Any] = {"from": v.path(src, "src"), "to": v.path(dst, "dst")}
+    u = v.user(user)
+    if u is not None:
+        body["user"] = u
+    return Call("POST", _sb(sid, "/files/rename"), json=body, idempotent=False, parse=_entry)
+
+
+def upload_tar(sid: str, remote_dir: Any, tar: bytes, user: Any) -> Call[Optional[FileEntry]]:
+    def parse(resp: httpx.Response) -> Optional[FileEntry]:
+        return FileEntry.from_json(json_body(resp)) if resp.content.strip() else None
+
+    return Call(
+        "PUT",
+        _sb(sid, "/files/tar"),
+        params=_file_params(remote_dir, user, "remote_dir"),
+        content=tar,
+        headers={"Content-Type": "application/x-tar"},
+        idempotent=False,
+        parse=parse,
+    )
+
+
+def download_tar(sid: str, remote_dir: Any, user: Any) -> Call[bytes]:
+    return Call(
+        "GET",
+        _sb(sid, "/files/tar"),
+        params=_file_params(remote_dir, user, "remote_dir"),
+        parse=_bytes,
+    )
+
+
+# Tasks and the platform.
+
+
+def task_action(name: Any, action: str) -> Call[TaskResult]:
+    task = v.string(name, "task name")
+    return Call(
+        "POST",
+        f"/v1/tasks/{quote(task, safe='')}/{action}",
+        read_timeout=TASK_TIMEOUT,
+        parse=_task_result,
+    )
+
+
+def list_tasks() -> Call[List[TaskInfo]]:
+    def parse(resp: httpx.Response) -> List[TaskInfo]:
+        return [TaskInfo.from_json(t) for t in json_body(resp)["tasks"]]
+
+    return Call("GET", "/v1/tasks", parse=parse)
+
+
+def health() -> Call[Health]:
+    def parse(resp: httpx.Response) -> Health:
+        return Health.from_json(json_body(resp))
+
+    return Call("GET", "/v1/health", parse=parse)
+
+
+def nodes() -> Call[List[NodeInfo]]:
+    def parse(resp: httpx.Response) -> List[NodeInfo]:
+        return [NodeInfo.from_json(n) for n in json_body(resp)["nodes"]]
+
+    return Call("GET", "/v1/nodes", parse=parse)

@@ -1,0 +1,173 @@
+"""The asyncio client: the twin of :class:`warren.Client`, every request awaited.
+
+One :class:`AsyncClient` holds one connection pool (1,000 connections by default), so it can
+drive thousands of sandboxes from one event loop::
+
+    async with warren.AsyncClient() as client:
+        sbs = await asyncio.gather(*[client.containers.create(image="host") for _ in range(1000)])
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from . import _ops
+from . import _validate as v
+from ._config import resolve_key, resolve_url
+from ._http import AsyncTransport
+from .async_sandbox import AsyncSandbox
+from .client import Size
+from .trajectory import LogSource, load
+from .types import Health, NodeInfo, SandboxInfo, TaskInfo, TaskResult
+
+
+class AsyncContainers:
+    """Container sandboxes: ``client.containers`` (see :class:`warren.client.Containers`)."""
+
+    backend = "container"
+
+    def __init__(self, t: AsyncTransport) -> None:
+        self._t = t
+
+    async def create(
+        self,
+        *,
+        image: str,
+        task: Optional[str] = None,
+        cpu: Optional[int] = None,
+        memory: Optional[Size] = None,
+        pids: Optional[int] = None,
+        timeout: Optional[int] = None,
+        idle_timeout: Optional[int] = None,
+        on_idle: Optional[str] = None,
+        labels: Optional[Dict[str, str]] = None,
+        env: Optional[Dict[str, str]] = None,
+        trajectory: bool = False,
+        idempotency_key: Optional[str] = None,
+    ) -> AsyncSandbox:
+        """Creates a container sandbox (arguments as :meth:`warren.client.Containers.create`).
+        ``async with await client.containers.create(...) as sb:`` kills it on leaving."""
+        call = _ops.create(
+            self.backend,
+            image=image,
+            task=task,
+            cpu=cpu,
+            memory=memory,
+            pids=pids,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            on_idle=on_idle,
+            labels=labels,
+            env=env,
+            trajectory=trajectory,
+            idempotency_key=idempotency_key,
+        )
+        return AsyncSandbox(self._t, await self._t.call(call))
+
+    async def replay(self, log: LogSource, *, image: str, **create_args: Any) -> AsyncSandbox:
+        """Creates a sandbox that replays a trajectory log (see
+        :meth:`warren.client.Containers.replay`)."""
+        entries = load(log)
+        call = _ops.create(self.backend, image=image, replay=entries, **create_args)
+        return AsyncSandbox(self._t, await self._t.call(call))
+
+
+class AsyncSandboxes:
+    """Sandboxes of every backend: ``client.sandboxes``."""
+
+    def __init__(self, t: AsyncTransport) -> None:
+        self._t = t
+
+    async def list(
+        self,
+        *,
+        task: Optional[str] = None,
+        labels: Optional[Dict[str, str]] = None,
+        state: Optional[str] = None,
+    ) -> List[SandboxInfo]:
+        """Sandboxes, oldest first, filtered by task, labels (all of them) and state."""
+        return await self._t.call(_ops.list_sandboxes(task, labels, state))
+
+    async def get(self, sandbox_id: str) -> AsyncSandbox:
+        """A handle on an existing sandbox; raises :class:`~warren.NotFound` if there is none."""
+        return AsyncSandbox(self._t, await self._t.call(_ops.get(v.sandbox_id(sandbox_id))))
+
+
+class AsyncTasks:
+    """Task-level operations: ``client.tasks``."""
+
+    def __init__(self, t: AsyncTransport) -> None:
+        self._t = t
+
+    async def pause(self, name: str) -> TaskResult:
+        """Pauses every sandbox of the task."""
+        return await self._t.call(_ops.task_action(name, "pause"))
+
+    async def resume(self, name: str) -> TaskResult:
+        """Resumes every sandbox of the task."""
+        return await self._t.call(_ops.task_action(name, "resume"))
+
+    async def stop(self, name: str) -> TaskResult:
+        """Kills every sandbox of the task."""
+        return await self._t.call(_ops.task_action(name, "stop"))
+
+    async def list(self) -> List[TaskInfo]:
+        """Every task with sandboxes, and how many are running and paused."""
+        return await self._t.call(_ops.list_tasks())
+
+
+class AsyncClient:
+    """A client of Warren's REST API for asyncio; arguments as :class:`warren.Client`, with a
+    pool of ``max_connections=1000`` by default. Use ``async with``, or ``await close()``."""
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        *,
+        timeout: Optional[float] = 120.0,
+        max_retries: int = 5,
+        backoff: float = 0.25,
+        backoff_max: float = 8.0,
+        max_connections: int = 1000,
+    ) -> None:
+        key, hint = resolve_key(api_key)
+        self._t = AsyncTransport(
+            resolve_url(url),
+            key,
+            hint,
+            timeout=timeout,
+            max_retries=max_retries,
+            backoff=backoff,
+            backoff_max=backoff_max,
+            max_connections=v.whole(max_connections, "max_connections", minimum=1),
+        )
+        self.containers = AsyncContainers(self._t)
+        self.sandboxes = AsyncSandboxes(self._t)
+        self.tasks = AsyncTasks(self._t)
+
+    @property
+    def url(self) -> str:
+        """The base address this client talks to."""
+        return self._t.url
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(url={self.url!r})"
+
+    async def health(self) -> Health:
+        """Whether Warren and its nodes answer (needs no key)."""
+        return await self._t.call(_ops.health())
+
+    async def nodes(self) -> List[NodeInfo]:
+        """The nodes with their capacity and load."""
+        return await self._t.call(_ops.nodes())
+
+    async def close(self) -> None:
+        """Closes the connection pool (sandboxes are not touched)."""
+        await self._t.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()

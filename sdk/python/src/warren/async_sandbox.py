@@ -1,0 +1,323 @@
+"""A handle on one sandbox (asyncio): the twin of :mod:`warren.sandbox`, every method awaited."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Awaitable,
+    Callable,
+    Dict,
+    Generator,
+    List,
+    Optional,
+    Union,
+)
+
+import httpx
+
+from . import _ops, _tar
+from . import _validate as v
+from .errors import NotFound, ProtocolError, SandboxGone, Unavailable, WarrenError
+from .events import ExecEvent, Exit, parse
+from .sandbox import Command, ProcessRef, Stdin
+from .trajectory import TrajectoryEntry
+from .types import ExecResult, ExitStatus, FileEntry, ProcessInfo, SandboxInfo
+
+if TYPE_CHECKING:
+    from ._http import AsyncTransport, Opened
+
+
+class AsyncEventStream:
+    """The events of a streaming exec or of a process's output, as they happen.
+
+    ``async for ev in stream`` (the request is sent when iteration starts), or
+    ``async with stream:`` to send it at once and be sure the connection is closed on leaving.
+    It ends after :class:`~warren.events.Exit`; ``exit`` holds the final status once seen.
+    """
+
+    def __init__(self, open_: Callable[[], Awaitable[Opened]], what: str) -> None:
+        self._open = open_
+        self._what = what
+        self._opened: Optional[Opened] = None
+        self._resp: Optional[httpx.Response] = None
+        self._lines: Any = None
+        self.exit: Optional[ExitStatus] = None
+        self._done = False
+
+    async def _start(self) -> None:
+        if self._resp is None and not self._done:
+            self._opened = await self._open()
+            self._resp = self._opened.response
+            self._lines = self._resp.aiter_lines()
+
+    def __await__(self) -> Generator[Any, None, AsyncEventStream]:
+        async def started() -> AsyncEventStream:
+            await self._start()
+            return self
+
+        return started().__await__()
+
+    def __aiter__(self) -> AsyncEventStream:
+        return self
+
+    async def __anext__(self) -> ExecEvent:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            await self._start()
+            async for line in self._lines:
+                if not line.strip():
+                    continue
+                ev = parse(line)
+                if isinstance(ev, Exit):
+                    self.exit = ev.status
+                    await self.aclose()
+                return ev
+        except httpx.HTTPError as e:
+            await self.aclose()
+            raise Unavailable(
+                f"the event stream of {self._what} was cut: {e or type(e).__name__}"
+            ) from None
+        except WarrenError:
+            await self.aclose()
+            raise
+        await self.aclose()
+        raise ProtocolError(f"the event stream of {self._what} ended before its exit event")
+
+    async def aclose(self) -> None:
+        """Stops reading and closes the connection (the command itself goes on)."""
+        self._done = True
+        if self._opened is not None:
+            opened, self._opened = self._opened, None
+            try:
+                await opened.response.aclose()
+            finally:
+                opened.release()
+
+    def __del__(self) -> None:
+        # Abandoned without being closed: at least stop counting its connection as busy.
+        opened = getattr(self, "_opened", None)
+        if opened is not None:
+            self._opened = None
+            opened.release()
+
+    async def __aenter__(self) -> AsyncEventStream:
+        await self._start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class AsyncProcesses:
+    """Background processes of a sandbox: ``sandbox.processes``."""
+
+    def __init__(self, sb: AsyncSandbox) -> None:
+        self._sb = sb
+
+    async def start(
+        self,
+        cmd: Command,
+        *,
+        env: Optional[Dict[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Union[str, int, None] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[Stdin] = None,
+        max_output: Union[int, str, None] = None,
+    ) -> ProcessInfo:
+        """Starts a command in the background and returns at once (no timeout by default)."""
+        body = _ops.exec_body(
+            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output
+        )
+        return await self._sb._t.call(_ops.start_process(self._sb.id, body))
+
+    async def list(self) -> List[ProcessInfo]:
+        """Running processes, and finished ones not yet forgotten, oldest first."""
+        return await self._sb._t.call(_ops.list_processes(self._sb.id))
+
+    async def get(self, process: ProcessRef) -> ProcessInfo:
+        """One process, by the id ``start`` returned."""
+        return await self._sb._t.call(_ops.get_process(self._sb.id, process))
+
+    async def wait(self, process: ProcessRef, timeout: Optional[float] = None) -> ProcessInfo:
+        """Waits for a process to exit, at most ``timeout`` seconds; look at ``running``."""
+        return await self._sb._t.call(_ops.wait_process(self._sb.id, process, timeout))
+
+    async def signal(self, process: ProcessRef, signal: Union[str, int] = "TERM") -> None:
+        """Sends a signal to the process and its process group."""
+        await self._sb._t.call(_ops.signal_process(self._sb.id, process, signal))
+
+    def output(self, process: ProcessRef) -> AsyncEventStream:
+        """The process's output from its start, then live until it exits (``async for``)."""
+        call = _ops.process_output(self._sb.id, process)
+        return AsyncEventStream(lambda: self._sb._t.open(call), f"process {v.process_id(process)}")
+
+    async def forget(self, process: ProcessRef) -> None:
+        """Forgets a process and its kept output (a running one keeps running)."""
+        await self._sb._t.call(_ops.forget_process(self._sb.id, process))
+
+
+class AsyncFiles:
+    """Files in a sandbox: ``sandbox.files`` (see :class:`warren.sandbox.Files`)."""
+
+    def __init__(self, sb: AsyncSandbox) -> None:
+        self._sb = sb
+
+    async def read(self, path: str, *, user: Union[str, int, None] = None) -> bytes:
+        """A file's bytes."""
+        return await self._sb._t.call(_ops.read_file(self._sb.id, path, user))
+
+    async def read_text(
+        self, path: str, *, user: Union[str, int, None] = None, encoding: str = "utf-8"
+    ) -> str:
+        """A file's contents as text."""
+        return (await self.read(path, user=user)).decode(encoding)
+
+    async def write(
+        self,
+        path: str,
+        data: Union[str, bytes],
+        *,
+        mode: Optional[int] = None,
+        user: Union[str, int, None] = None,
+    ) -> FileEntry:
+        """Writes a file (``str`` as UTF-8), replacing it and making missing parents."""
+        return await self._sb._t.call(_ops.write_file(self._sb.id, path, data, mode, user))
+
+    async def list(self, path: str = ".", *, user: Union[str, int, None] = None) -> List[FileEntry]:
+        """A directory's entries, sorted by name."""
+        return await self._sb._t.call(_ops.list_dir(self._sb.id, path, user))
+
+    async def stat(self, path: str, *, user: Union[str, int, None] = None) -> FileEntry:
+        """What is at ``path`` (a final symlink is described, not followed)."""
+        return await self._sb._t.call(_ops.stat(self._sb.id, path, user))
+
+    async def exists(self, path: str, *, user: Union[str, int, None] = None) -> bool:
+        """Whether anything is at ``path``."""
+        try:
+            await self.stat(path, user=user)
+            return True
+        except NotFound:
+            return False
+
+    async def remove(
+        self, path: str, *, recursive: bool = False, user: Union[str, int, None] = None
+    ) -> None:
+        """Removes a file, or a directory (``recursive=True`` for a non-empty one)."""
+        await self._sb._t.call(_ops.remove(self._sb.id, path, recursive, user))
+
+    async def mkdir(
+        self, path: str, *, parents: bool = True, user: Union[str, int, None] = None
+    ) -> FileEntry:
+        """Makes a directory (and missing parents, unless ``parents=False``)."""
+        return await self._sb._t.call(_ops.mkdir(self._sb.id, path, parents, user))
+
+    async def rename(self, src: str, dst: str, *, user: Union[str, int, None] = None) -> FileEntry:
+        """Renames (moves) a path, making missing parents of ``dst``."""
+        return await self._sb._t.call(_ops.rename(self._sb.id, src, dst, user))
+
+    async def upload_dir(
+        self, local_dir: Union[str, Path], remote_dir: str, *, user: Union[str, int, None] = None
+    ) -> Optional[FileEntry]:
+        """Copies a local directory's contents into ``remote_dir`` as one tar stream."""
+        tar = _tar.pack_dir(local_dir)
+        return await self._sb._t.call(_ops.upload_tar(self._sb.id, remote_dir, tar, user))
+
+    async def download_dir(
+        self, remote_dir: str, local_dir: Union[str, Path], *, user: Union[str, int, None] = None
+    ) -> Path:
+        """Copies ``remote_dir``'s contents into a local directory as one tar stream."""
+        data = await self._sb._t.call(_ops.download_tar(self._sb.id, remote_dir, user))
+        return _tar.unpack(data, local_dir)
+
+
+class AsyncSandbox:
+    """A handle on one sandbox (asyncio). See :class:`warren.sandbox.Sandbox`; the methods are
+    the same, awaited. ``async with`` kills the sandbox on leaving."""
+
+    def __init__(self, transport: AsyncTransport, info: SandboxInfo) -> None:
+        self._t = transport
+        self.id: str = info.id
+        """The sandbox's id."""
+        self.last_info: SandboxInfo = info
+        """The sandbox as this handle last saw it; call :meth:`info` for how it is now."""
+        self.files = AsyncFiles(self)
+        self.processes = AsyncProcesses(self)
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox(id={self.id!r})"
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            await self.kill()
+        except (NotFound, SandboxGone):
+            pass
+
+    async def exec(
+        self,
+        cmd: Command,
+        *,
+        env: Optional[Dict[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Union[str, int, None] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[Stdin] = None,
+        max_output: Union[int, str, None] = None,
+    ) -> ExecResult:
+        """Runs a command and waits for it (see :meth:`warren.sandbox.Sandbox.exec`)."""
+        body = _ops.exec_body(
+            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output
+        )
+        return await self._t.call(_ops.exec_(self.id, body))
+
+    def exec_stream(
+        self,
+        cmd: Command,
+        *,
+        env: Optional[Dict[str, str]] = None,
+        cwd: Optional[str] = None,
+        user: Union[str, int, None] = None,
+        timeout: Optional[float] = None,
+        stdin: Optional[Stdin] = None,
+        max_output: Union[int, str, None] = None,
+    ) -> AsyncEventStream:
+        """Runs a command and yields its events as they happen (``async for ev in ...``)."""
+        body = _ops.exec_body(
+            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output
+        )
+        call = _ops.exec_stream(self.id, body)
+        return AsyncEventStream(lambda: self._t.open(call), f"a command in sandbox {self.id}")
+
+    def _seen(self, info: SandboxInfo) -> SandboxInfo:
+        self.last_info = info
+        return info
+
+    async def info(self) -> SandboxInfo:
+        """The sandbox as it is now."""
+        return self._seen(await self._t.call(_ops.get(self.id)))
+
+    async def pause(self) -> SandboxInfo:
+        """Freezes the sandbox; any later operation resumes it."""
+        return self._seen(await self._t.call(_ops.pause(self.id)))
+
+    async def resume(self) -> SandboxInfo:
+        """Thaws a paused sandbox."""
+        return self._seen(await self._t.call(_ops.resume(self.id)))
+
+    async def kill(self) -> None:
+        """Kills the sandbox and releases everything it held."""
+        await self._t.call(_ops.kill(self.id))
+
+    async def set_timeout(self, seconds: int) -> SandboxInfo:
+        """A new absolute lifetime counted from now."""
+        return self._seen(await self._t.call(_ops.set_timeout(self.id, seconds)))
+
+    async def trajectory(self) -> List[TrajectoryEntry]:
+        """The trajectory log, oldest first (sandboxes created with ``trajectory=True``)."""
+        return await self._t.call(_ops.trajectory(self.id))

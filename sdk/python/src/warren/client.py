@@ -1,0 +1,234 @@
+"""The blocking client. :class:`warren.AsyncClient` has the same shape, to ``await``.
+
+::
+
+    client
+    ├── containers   create / replay container sandboxes   (a backend)
+    ├── sandboxes    list, get (re-attach by id)            (any backend)
+    ├── tasks        pause / resume / stop a whole task, list tasks
+    ├── health()
+    └── nodes()
+
+Each backend is an attribute with its own ``create`` arguments; container sandboxes are the
+one Warren runs today, and others (microVMs, VMs, function calls) will sit beside it as
+``client.microvms``, ``client.vms``, ``client.fncall``. Every backend's ``create`` returns the
+same :class:`~warren.sandbox.Sandbox` handle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Union
+
+from . import _ops
+from . import _validate as v
+from ._config import resolve_key, resolve_url
+from ._http import SyncTransport
+from .sandbox import Sandbox
+from .trajectory import LogSource, load
+from .types import Health, NodeInfo, SandboxInfo, TaskInfo, TaskResult
+
+Size = Union[int, str]
+
+
+class Containers:
+    """Container sandboxes: ``client.containers``."""
+
+    backend = "container"
+
+    def __init__(self, t: SyncTransport) -> None:
+        self._t = t
+
+    def create(
+        self,
+        *,
+        image: str,
+        task: Optional[str] = None,
+        cpu: Optional[int] = None,
+        memory: Optional[Size] = None,
+        pids: Optional[int] = None,
+        timeout: Optional[int] = None,
+        idle_timeout: Optional[int] = None,
+        on_idle: Optional[str] = None,
+        labels: Optional[Dict[str, str]] = None,
+        env: Optional[Dict[str, str]] = None,
+        trajectory: bool = False,
+        idempotency_key: Optional[str] = None,
+    ) -> Sandbox:
+        """Creates a container sandbox and returns a handle once it is ready for commands.
+
+        Args:
+            image: Image name, e.g. ``"host"`` (the host's own /usr, read-only).
+            task: The training task it belongs to (task-level operations act on all of one).
+            cpu: CPU limit in millicores (1000 = one core; server default 1000).
+            memory: Memory limit: bytes, or a string like ``"512Mi"`` (server default 512Mi).
+            pids: Most processes and threads (server default 1024).
+            timeout: Absolute lifetime in seconds, after which it is killed (default 3600).
+            idle_timeout: Seconds without API activity after which ``on_idle`` happens.
+            on_idle: ``"pause"`` (default; the next operation resumes it) or ``"stop"``.
+            labels: Free-form labels, filterable in ``client.sandboxes.list``.
+            env: Environment variables for every command.
+            trajectory: Record every exec and file write (``sandbox.trajectory()``).
+            idempotency_key: Sent as ``Idempotency-Key``; a create with a key already used
+                returns the sandbox the first one made. Default: a fresh UUID, kept across this
+                call's retries, so a retry never makes a second sandbox.
+
+        Raises:
+            CapacityError: No node had room, after the client's retries.
+            NotFound: The image does not exist.
+            InvalidArgument: A value out of range.
+        """
+        call = _ops.create(
+            self.backend,
+            image=image,
+            task=task,
+            cpu=cpu,
+            memory=memory,
+            pids=pids,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            on_idle=on_idle,
+            labels=labels,
+            env=env,
+            trajectory=trajectory,
+            idempotency_key=idempotency_key,
+        )
+        return Sandbox(self._t, self._t.call(call))
+
+    def replay(self, log: LogSource, *, image: str, **create_args: Any) -> Sandbox:
+        """Creates a sandbox that replays a trajectory log (the paper's fast-forward).
+
+        The new sandbox re-applies the log to rebuild its state, then answers the same leading
+        exec and file-write operations with the recorded results (``replayed=True``) until the
+        first one that differs, which runs live (``replay_ended=True``), as does everything
+        after it. Its own trajectory is recorded.
+
+        Args:
+            log: Entries as ``sandbox.trajectory()`` returned them, JSON lines text, or the path
+                of a JSON lines file (see :mod:`warren.trajectory`).
+            image, create_args: As for :meth:`create`.
+        """
+        entries = load(log)
+        call = _ops.create(self.backend, image=image, replay=entries, **create_args)
+        return Sandbox(self._t, self._t.call(call))
+
+
+class Sandboxes:
+    """Sandboxes of every backend: ``client.sandboxes``."""
+
+    def __init__(self, t: SyncTransport) -> None:
+        self._t = t
+
+    def list(
+        self,
+        *,
+        task: Optional[str] = None,
+        labels: Optional[Dict[str, str]] = None,
+        state: Optional[str] = None,
+    ) -> List[SandboxInfo]:
+        """Sandboxes, oldest first: only ``task``'s, only those with all ``labels``, only
+        those in ``state`` (``"running"`` or ``"paused"``)."""
+        return self._t.call(_ops.list_sandboxes(task, labels, state))
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        """A handle on an existing sandbox (e.g. after a restart of the program).
+
+        Raises:
+            NotFound: No such sandbox (it was killed, timed out, or never existed).
+        """
+        return Sandbox(self._t, self._t.call(_ops.get(v.sandbox_id(sandbox_id))))
+
+
+class Tasks:
+    """Task-level operations: ``client.tasks``. One request acts on every sandbox of a task,
+    on every node."""
+
+    def __init__(self, t: SyncTransport) -> None:
+        self._t = t
+
+    def pause(self, name: str) -> TaskResult:
+        """Pauses every sandbox of the task (memory kept; any operation on one resumes it)."""
+        return self._t.call(_ops.task_action(name, "pause"))
+
+    def resume(self, name: str) -> TaskResult:
+        """Resumes every sandbox of the task."""
+        return self._t.call(_ops.task_action(name, "resume"))
+
+    def stop(self, name: str) -> TaskResult:
+        """Kills every sandbox of the task."""
+        return self._t.call(_ops.task_action(name, "stop"))
+
+    def list(self) -> List[TaskInfo]:
+        """Every task with sandboxes, and how many are running and paused."""
+        return self._t.call(_ops.list_tasks())
+
+
+class Client:
+    """A client of Warren's REST API (blocking; thread-safe; one connection pool).
+
+    Args:
+        url: Base address; default ``WARREN_URL``, else ``http://127.0.0.1:7700``.
+        api_key: Default ``WARREN_API_KEY``, else ``$WARREN_DATA_DIR/admin.key``
+            (``/var/lib/warren/admin.key``) when readable.
+        timeout: Seconds to wait for an answer (commands wait for as long as their own timeout
+            needs); ``None``: no limit.
+        max_retries: Retries after a capacity (429) or unavailable (503) answer or a failed
+            connection; 0 turns retries off.
+        backoff: First delay between retries, seconds; doubled each retry, with jitter.
+        backoff_max: Longest delay between retries (a server's ``Retry-After`` is honoured
+            even when longer, up to 60 s).
+        max_connections: Size of the connection pool.
+
+    Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        api_key: Optional[str] = None,
+        *,
+        timeout: Optional[float] = 120.0,
+        max_retries: int = 5,
+        backoff: float = 0.25,
+        backoff_max: float = 8.0,
+        max_connections: int = 100,
+    ) -> None:
+        key, hint = resolve_key(api_key)
+        self._t = SyncTransport(
+            resolve_url(url),
+            key,
+            hint,
+            timeout=timeout,
+            max_retries=max_retries,
+            backoff=backoff,
+            backoff_max=backoff_max,
+            max_connections=v.whole(max_connections, "max_connections", minimum=1),
+        )
+        self.containers = Containers(self._t)
+        self.sandboxes = Sandboxes(self._t)
+        self.tasks = Tasks(self._t)
+
+    @property
+    def url(self) -> str:
+        """The base address this client talks to."""
+        return self._t.url
+
+    def __repr__(self) -> str:
+        return f"Client(url={self.url!r})"
+
+    def health(self) -> Health:
+        """Whether Warren and its nodes answer (needs no key)."""
+        return self._t.call(_ops.health())
+
+    def nodes(self) -> List[NodeInfo]:
+        """The nodes with their capacity and load."""
+        return self._t.call(_ops.nodes())
+
+    def close(self) -> None:
+        """Closes the connection pool (sandboxes are not touched)."""
+        self._t.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
