@@ -33,6 +33,40 @@ pub struct Prepared {
     pub env: BTreeMap<String, String>,
 }
 
+/// What identifies a command in the trajectory log, owned: the request itself moves on to the
+/// guest.
+pub(crate) struct Identity {
+    argv: Vec<String>,
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    user: String,
+    stdin: Option<Vec<u8>>,
+}
+
+impl Identity {
+    pub(crate) fn key(&self) -> Key<'_> {
+        Key::Exec {
+            argv: &self.argv,
+            env: &self.env,
+            cwd: self.cwd.as_deref(),
+            user: &self.user,
+            stdin: self.stdin.as_deref(),
+        }
+    }
+}
+
+impl Prepared {
+    pub(crate) fn identity(&self) -> Identity {
+        Identity {
+            argv: self.spec.argv.clone(),
+            env: self.env.clone(),
+            cwd: self.spec.cwd.clone(),
+            user: self.spec.user.clone(),
+            stdin: self.stdin.clone(),
+        }
+    }
+}
+
 /// Checks an exec request; `default_timeout` applies when it names none.
 pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepared, NodeError> {
     let bad = |m: &str| Err(NodeError::Invalid(m.to_string()));
@@ -191,20 +225,8 @@ impl Node {
     /// Runs a command to completion and returns its output.
     pub async fn exec(&self, id: &SandboxId, p: Prepared) -> Result<ExecResult, NodeError> {
         let sb = self.get(id)?;
-        let (argv, env, cwd, user, stdin) = (
-            p.spec.argv.clone(),
-            p.env.clone(),
-            p.spec.cwd.clone(),
-            p.spec.user.clone(),
-            p.stdin.clone(),
-        );
-        let key = Key::Exec {
-            argv: &argv,
-            env: &env,
-            cwd: cwd.as_deref(),
-            user: &user,
-            stdin: stdin.as_deref(),
-        };
+        let id_of = p.identity();
+        let key = id_of.key();
         let replay_ended = match recorded(&sb, &key) {
             Ok(result) => {
                 sb.record(key.entry(Some(&result)));
@@ -250,20 +272,8 @@ impl Node {
                 return;
             }
         };
-        let (argv, env, cwd, user, stdin) = (
-            p.spec.argv.clone(),
-            p.env.clone(),
-            p.spec.cwd.clone(),
-            p.spec.user.clone(),
-            p.stdin.clone(),
-        );
-        let key = Key::Exec {
-            argv: &argv,
-            env: &env,
-            cwd: cwd.as_deref(),
-            user: &user,
-            stdin: stdin.as_deref(),
-        };
+        let id_of = p.identity();
+        let key = id_of.key();
         let replay_ended = match recorded(&sb, &key) {
             Ok(result) => {
                 sb.record(key.entry(Some(&result)));
