@@ -117,7 +117,10 @@ async fn exec_semantics() {
     // A sandbox killed while a command runs: the command's caller learns it is gone (410).
     let doomed = p
         .client()
-        .create(&CreateSandbox { image: "host".into(), ..Default::default() })
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
         .await
         .unwrap();
     let d2 = doomed.clone();

@@ -60,7 +60,10 @@ async fn replay_gives_the_recorded_results_then_runs_live() {
         .unwrap();
     let r = second.exec(&shell("cat n; cat notes.txt")).await.unwrap();
     assert_eq!((r.stdout.as_str(), r.replayed), ("2\nstep 3", false));
-    assert!(r.replay_ended, "the first operation past the log's end says replay is over");
+    assert!(
+        r.replay_ended,
+        "the first operation past the log's end says replay is over"
+    );
     // The new sandbox's own log holds what its rollout saw.
     assert_eq!(second.trajectory().await.unwrap().len(), 5);
 
