@@ -13,6 +13,7 @@
 //! - [`creds`]: capabilities, securebits, no_new_privs, per-thread file system credentials.
 //! - [`net`]: bringing up loopback in a fresh network namespace.
 
+pub mod blockdev;
 pub mod creds;
 pub mod mount;
 pub mod net;

@@ -17,7 +17,11 @@ use crate::size::ByteSize;
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandbox {
-    /// Image name, e.g. `host` (the built-in image made from the host's own /usr).
+    /// Image: one name (e.g. `host`, the built-in image made from the host's own /usr, or an
+    /// imported one such as `base/python:3.12`), or an ordered list of names, bottom layer
+    /// first, as a JSON array or a comma-separated string (`base/python:3.12,tk/agent:v3`).
+    /// Upper layers win where they hold the same path.
+    #[serde(deserialize_with = "image_list")]
     pub image: String,
     /// The training task this sandbox belongs to; task-level operations act on all of a task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,8 +117,11 @@ pub struct Sandbox {
     pub node: NodeId,
     /// Its backend; `container` for now.
     pub backend: String,
-    /// The image it was created from.
+    /// The image it was created from (names, bottom first, comma-separated).
     pub image: String,
+    /// The digests of its read-only layers, bottom first; empty for the built-in `host` image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<String>,
     /// Its training task, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<String>,
@@ -584,4 +591,151 @@ pub struct Health {
     pub nodes_up: u32,
     /// Nodes known.
     pub nodes: u32,
+}
+
+/// Accepts an image as a string or an array of strings; arrays become comma-separated.
+fn image_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => Ok(s),
+        OneOrMany::Many(v) => {
+            if v.iter().any(|s| s.contains(',')) {
+                return Err(serde::de::Error::custom(
+                    "an image name in a list cannot contain a comma",
+                ));
+            }
+            Ok(v.join(","))
+        }
+    }
+}
+
+/// A named, versioned reference to an ordered list of layers (`GET /v1/images`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Image {
+    /// Its name, e.g. `base/python:3.12` or `ws/django@4f2a1c`.
+    pub name: String,
+    /// Layer digests (`sha256:…`), bottom first.
+    pub layers: Vec<String>,
+    /// Total size of its layer files in bytes.
+    pub size: u64,
+    /// When it was made, RFC 3339.
+    pub created_at: String,
+    /// Who made it (the API key's name).
+    pub creator: String,
+    /// The images it was built on, bottom first (for `image build`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parents: Vec<String>,
+    /// What it was made from: `directory`, `tar`, `tar+gzip`, `tar+zstd`, `oci`,
+    /// `docker-save`, `erofs` or `build`.
+    pub source: String,
+    /// Default environment for its sandboxes (a create's `env` wins).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Default user for commands, from the image's configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Default working directory for commands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+}
+
+/// One layer file in the store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Layer {
+    /// `sha256:` and the hex digest of the EROFS file.
+    pub digest: String,
+    /// Size of the EROFS file in bytes.
+    pub size: u64,
+    /// When it was written, RFC 3339.
+    pub created_at: String,
+    /// Who wrote it.
+    pub creator: String,
+    /// What it was made from.
+    pub source: String,
+}
+
+/// `GET /v1/images`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ImageList {
+    /// Named images, by name.
+    pub images: Vec<Image>,
+}
+
+/// `GET /v1/images/{name}`: an image with its layers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ImageDetail {
+    /// The image.
+    #[serde(flatten)]
+    pub image: Image,
+    /// Its layers, bottom first.
+    pub layer_info: Vec<Layer>,
+}
+
+/// `POST /v1/sandboxes/{id}/commit`: turn a sandbox's changes into a new layer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CommitRequest {
+    /// Name of the new image: the sandbox's layers plus the new one on top.
+    pub name: String,
+}
+
+/// How one mounted layer has been read on one node (`GET /v1/images/stats`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LayerStats {
+    /// The node that has it mounted.
+    pub node: NodeId,
+    /// The layer.
+    pub digest: String,
+    /// Size of its file.
+    pub size: u64,
+    /// How it is mounted: `loop` (a loop device with direct I/O) or `file` (EROFS straight
+    /// from the file).
+    pub mode: String,
+    /// Bytes read from the layer file since it was mounted: the loop device's read counter,
+    /// or (`file`) the file's pages that entered the page cache.
+    pub read_bytes: u64,
+    /// `read_bytes` / `size`.
+    pub read_fraction: f64,
+    /// Sandboxes on this node using it.
+    pub sandboxes: u32,
+}
+
+/// Storage reads of one sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SandboxReadStats {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// Its image.
+    pub image: String,
+    /// Its layers, bottom first.
+    pub layers: Vec<String>,
+    /// Total size of its layer files.
+    pub image_size: u64,
+    /// Bytes its processes caused to be read from storage (`read_bytes` of their I/O
+    /// accounting, exited processes included): its layers' devices and its writable layer.
+    pub read_bytes: u64,
+    /// `read_bytes` / `image_size`.
+    pub read_fraction: f64,
+}
+
+/// `GET /v1/images/stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ImageStats {
+    /// Mounted layers, per node.
+    pub layers: Vec<LayerStats>,
+    /// Sandboxes made from layered images.
+    pub sandboxes: Vec<SandboxReadStats>,
 }

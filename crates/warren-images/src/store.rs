@@ -1,0 +1,585 @@
+//! The layer store on disk (see the crate documentation for its layout).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use warren_types::api::{Image, Layer};
+
+use crate::ImageError;
+use crate::names::{check_digest, check_name, file_name};
+
+/// The EROFS super block's magic number, at byte 1024 of a layer file.
+const EROFS_MAGIC: [u8; 4] = 0xE0F5_E1E2u32.to_le_bytes();
+
+/// Layer metadata kept next to the layer file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LayerMeta {
+    digest: String,
+    size: u64,
+    created_ms: u64,
+    creator: String,
+    source: String,
+}
+
+/// A named image as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ImageMeta {
+    name: String,
+    layers: Vec<String>,
+    size: u64,
+    created_ms: u64,
+    creator: String,
+    #[serde(default)]
+    parents: Vec<String>,
+    source: String,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    workdir: Option<String>,
+}
+
+/// What a new image is made of, for [`Store::put_image`].
+#[derive(Debug, Clone, Default)]
+pub struct NewImage {
+    /// Its name.
+    pub name: String,
+    /// Layer digests, bottom first; each must be in the store.
+    pub layers: Vec<String>,
+    /// Who makes it.
+    pub creator: String,
+    /// Images it was built on.
+    pub parents: Vec<String>,
+    /// What it was made from.
+    pub source: String,
+    /// Default environment.
+    pub env: BTreeMap<String, String>,
+    /// Default user.
+    pub user: Option<String>,
+    /// Default working directory.
+    pub workdir: Option<String>,
+}
+
+/// Images resolved for a sandbox: layers bottom first, defaults merged (upper images win).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Resolved {
+    /// Layer digests, bottom first, each once.
+    pub layers: Vec<String>,
+    /// Default environment.
+    pub env: BTreeMap<String, String>,
+    /// Default user.
+    pub user: Option<String>,
+    /// Default working directory.
+    pub workdir: Option<String>,
+    /// Total size of the layer files.
+    pub size: u64,
+}
+
+/// A layer store rooted at a directory.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+fn hostname() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .replace(['.', '/'], "_")
+}
+
+impl Store {
+    /// Opens (creating) the store at `root`, and removes temporary files that processes of
+    /// this host which no longer run left behind.
+    pub fn open(root: &Path) -> Result<Store, ImageError> {
+        for d in ["layers", "refs", "tmp"] {
+            fs::create_dir_all(root.join(d))
+                .map_err(|e| ImageError::io(format!("creating {}", root.join(d).display()), e))?;
+        }
+        let store = Store {
+            root: root.to_path_buf(),
+        };
+        store.clean_tmp();
+        Ok(store)
+    }
+
+    /// The store's directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn clean_tmp(&self) {
+        let host = hostname();
+        let Ok(rd) = fs::read_dir(self.root.join("tmp")) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let mut parts = name.split('.');
+            let (Some(h), Some(pid)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let alive = pid
+                .parse::<u32>()
+                .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
+            if h == host && !alive {
+                let p = e.path();
+                let r = if p.is_dir() {
+                    fs::remove_dir_all(&p)
+                } else {
+                    fs::remove_file(&p)
+                };
+                match r {
+                    Ok(()) => tracing::info!(path = %p.display(), "removed an interrupted import"),
+                    Err(e) => tracing::warn!(path = %p.display(), "removing leftovers: {e}"),
+                }
+            }
+        }
+        // Metadata without its layer file: a write interrupted between the two renames.
+        if let Ok(rd) = fs::read_dir(self.root.join("layers")) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "json") && !p.with_extension("erofs").exists()
+                {
+                    let _ = fs::remove_file(&p);
+                }
+            }
+        }
+    }
+
+    /// A new temporary directory in the store (same file system as the layers, so finished
+    /// files are renamed into place).
+    pub fn tmp(&self) -> Result<tempfile::TempDir, ImageError> {
+        tempfile::Builder::new()
+            .prefix(&format!("{}.{}.", hostname(), std::process::id()))
+            .tempdir_in(self.root.join("tmp"))
+            .map_err(|e| ImageError::io("making a temporary directory in the image store", e))
+    }
+
+    /// The path of a layer's file (whether or not it exists).
+    pub fn layer_path(&self, digest: &str) -> Result<PathBuf, ImageError> {
+        let hex = check_digest(digest)?;
+        Ok(self.root.join(format!("layers/sha256-{hex}.erofs")))
+    }
+
+    /// Writes the directory `dir` as a new EROFS layer (or finds the identical one there is).
+    pub fn add_layer_dir(
+        &self,
+        dir: &Path,
+        source: &str,
+        creator: &str,
+    ) -> Result<Layer, ImageError> {
+        let tmp = self.tmp()?;
+        let out = tmp.path().join("layer.erofs");
+        mkfs(dir, &out)?;
+        self.add_layer_file(&out, source, creator)
+    }
+
+    /// Moves the EROFS file `file` (in this store's `tmp`) into the store under its digest.
+    pub fn add_layer_file(
+        &self,
+        file: &Path,
+        source: &str,
+        creator: &str,
+    ) -> Result<Layer, ImageError> {
+        check_erofs(file)?;
+        let (digest, size) = sha256_file(file)?;
+        let dest = self.layer_path(&digest)?;
+        let meta_path = dest.with_extension("json");
+        if !dest.exists() {
+            let meta = LayerMeta {
+                digest: digest.clone(),
+                size,
+                created_ms: crate::now_ms(),
+                creator: creator.into(),
+                source: source.into(),
+            };
+            write_atomic(
+                &meta_path,
+                &serde_json::to_vec_pretty(&meta).unwrap_or_default(),
+            )?;
+            let f = fs::File::open(file).map_err(|e| ImageError::io("syncing the layer", e))?;
+            f.sync_all()
+                .map_err(|e| ImageError::io("syncing the layer", e))?;
+            fs::rename(file, &dest)
+                .map_err(|e| ImageError::io(format!("storing layer {digest}"), e))?;
+        }
+        self.layer(&digest)
+    }
+
+    /// One layer's metadata.
+    pub fn layer(&self, digest: &str) -> Result<Layer, ImageError> {
+        let path = self.layer_path(digest)?;
+        let md = fs::metadata(&path).map_err(|_| {
+            ImageError::NotFound(format!(
+                "layer {digest} is not in the image store; `warren image ls` lists images"
+            ))
+        })?;
+        let meta: Option<LayerMeta> = fs::read(path.with_extension("json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        Ok(match meta {
+            Some(m) => Layer {
+                digest: m.digest,
+                size: m.size,
+                created_at: crate::rfc3339(m.created_ms),
+                creator: m.creator,
+                source: m.source,
+            },
+            None => Layer {
+                digest: digest.into(),
+                size: md.len(),
+                created_at: crate::rfc3339(0),
+                creator: String::new(),
+                source: "unknown".into(),
+            },
+        })
+    }
+
+    /// Every layer in the store.
+    pub fn layers(&self) -> Vec<Layer> {
+        let mut out = Vec::new();
+        if let Ok(rd) = fs::read_dir(self.root.join("layers")) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(hex) = name
+                    .strip_prefix("sha256-")
+                    .and_then(|n| n.strip_suffix(".erofs"))
+                    && let Ok(l) = self.layer(&format!("sha256:{hex}"))
+                {
+                    out.push(l);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.digest.cmp(&b.digest));
+        out
+    }
+
+    /// Deletes a layer file. The caller checks that nothing uses it.
+    pub fn remove_layer(&self, digest: &str) -> Result<(), ImageError> {
+        let path = self.layer_path(digest)?;
+        fs::remove_file(&path).map_err(|e| ImageError::io(format!("removing {digest}"), e))?;
+        let _ = fs::remove_file(path.with_extension("json"));
+        Ok(())
+    }
+
+    fn ref_path(&self, name: &str) -> PathBuf {
+        self.root
+            .join("refs")
+            .join(format!("{}.json", file_name(name)))
+    }
+
+    /// Names `new.layers` (replacing an image of the same name).
+    pub fn put_image(&self, new: NewImage) -> Result<Image, ImageError> {
+        check_name(&new.name)?;
+        if new.layers.is_empty() {
+            return Err(ImageError::Invalid(format!(
+                "image {:?} would have no layers",
+                new.name
+            )));
+        }
+        let mut size = 0;
+        for d in &new.layers {
+            size += self.layer(d)?.size;
+        }
+        let meta = ImageMeta {
+            name: new.name,
+            layers: new.layers,
+            size,
+            created_ms: crate::now_ms(),
+            creator: new.creator,
+            parents: new.parents,
+            source: new.source,
+            env: new.env,
+            user: new.user,
+            workdir: new.workdir,
+        };
+        let bytes = serde_json::to_vec_pretty(&meta).unwrap_or_default();
+        write_atomic(&self.ref_path(&meta.name), &bytes)?;
+        Ok(view(meta))
+    }
+
+    /// A named image.
+    pub fn image(&self, name: &str) -> Result<Image, ImageError> {
+        check_name(name)?;
+        let bytes = fs::read(self.ref_path(name)).map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                ImageError::NotFound(format!(
+                    "image {name:?} not found; `warren image ls` lists the images there are, \
+                     `warren image import` adds one"
+                ))
+            } else {
+                ImageError::io(format!("reading image {name:?}"), e)
+            }
+        })?;
+        let meta: ImageMeta = serde_json::from_slice(&bytes).map_err(|e| {
+            ImageError::io(format!("image {name:?}"), io::Error::other(e.to_string()))
+        })?;
+        Ok(view(meta))
+    }
+
+    /// Every named image, by name.
+    pub fn images(&self) -> Vec<Image> {
+        let mut out = Vec::new();
+        if let Ok(rd) = fs::read_dir(self.root.join("refs")) {
+            for e in rd.flatten() {
+                let Ok(bytes) = fs::read(e.path()) else {
+                    continue;
+                };
+                if let Ok(m) = serde_json::from_slice::<ImageMeta>(&bytes) {
+                    out.push(view(m));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Removes a name (not its layers).
+    pub fn remove_image(&self, name: &str) -> Result<(), ImageError> {
+        self.image(name)?;
+        fs::remove_file(self.ref_path(name))
+            .map_err(|e| ImageError::io(format!("removing image {name:?}"), e))
+    }
+
+    /// Resolves an image list (`a,b,c`, bottom first) into layers and defaults.
+    pub fn resolve(&self, spec: &str) -> Result<Resolved, ImageError> {
+        let mut r = Resolved::default();
+        let names: Vec<&str> = spec.split(',').map(str::trim).collect();
+        if names.len() > 32 {
+            return Err(ImageError::Invalid(format!(
+                "{} images in one list; at most 32",
+                names.len()
+            )));
+        }
+        for name in names {
+            let img = self.image(name)?;
+            for d in img.layers {
+                // A layer twice counts once, at its upper place.
+                r.layers.retain(|x| x != &d);
+                r.layers.push(d);
+            }
+            r.env.extend(img.env);
+            if img.user.is_some() {
+                r.user = img.user;
+            }
+            if img.workdir.is_some() {
+                r.workdir = img.workdir;
+            }
+        }
+        if r.layers.len() > 128 {
+            return Err(ImageError::Invalid(format!(
+                "{} layers; overlayfs stacks at most 128 here",
+                r.layers.len()
+            )));
+        }
+        for d in &r.layers {
+            r.size += self.layer(d)?.size;
+        }
+        Ok(r)
+    }
+}
+
+fn view(m: ImageMeta) -> Image {
+    Image {
+        name: m.name,
+        layers: m.layers,
+        size: m.size,
+        created_at: crate::rfc3339(m.created_ms),
+        creator: m.creator,
+        parents: m.parents,
+        source: m.source,
+        env: m.env,
+        user: m.user,
+        workdir: m.workdir,
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .map_err(|e| ImageError::io(format!("writing {}", path.display()), e))?;
+    tmp.write_all(bytes)
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| ImageError::io(format!("writing {}", path.display()), e))?;
+    tmp.persist(path)
+        .map_err(|e| ImageError::io(format!("writing {}", path.display()), e.error))?;
+    Ok(())
+}
+
+/// Runs `mkfs.erofs` over `dir`, writing `out`.
+pub fn mkfs(dir: &Path, out: &Path) -> Result<(), ImageError> {
+    let r = Command::new("mkfs.erofs")
+        .arg("-zlz4hc")
+        .arg("--quiet")
+        .arg(out)
+        .arg(dir)
+        .output();
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ImageError::io(
+            "running mkfs.erofs",
+            io::Error::other("mkfs.erofs is not installed: install erofs-utils (`make up` does)"),
+        )),
+        Err(e) => Err(ImageError::io("running mkfs.erofs", e)),
+        Ok(o) if !o.status.success() => {
+            let msg = String::from_utf8_lossy(&o.stderr);
+            let msg = msg.lines().rev().take(3).collect::<Vec<_>>().join("; ");
+            if msg.contains("No space left") {
+                return Err(ImageError::NoSpace("writing the layer".into()));
+            }
+            Err(ImageError::io(
+                "writing the layer with mkfs.erofs",
+                io::Error::other(format!("{}: {msg}", o.status)),
+            ))
+        }
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Checks that `file` is an EROFS image.
+pub fn check_erofs(file: &Path) -> Result<(), ImageError> {
+    let mut f = fs::File::open(file).map_err(|e| ImageError::io("opening the layer", e))?;
+    let mut head = [0u8; 1028];
+    let ok = f.read_exact(&mut head).is_ok() && head[1024..1028] == EROFS_MAGIC;
+    if ok {
+        Ok(())
+    } else {
+        Err(ImageError::Invalid(
+            "the file is not an EROFS image (no EROFS super block at byte 1024)".into(),
+        ))
+    }
+}
+
+/// Whether the first bytes of a file say EROFS.
+pub fn is_erofs(head: &[u8]) -> bool {
+    head.len() >= 1028 && head[1024..1028] == EROFS_MAGIC
+}
+
+fn sha256_file(path: &Path) -> Result<(String, u64), ImageError> {
+    let mut f = fs::File::open(path).map_err(|e| ImageError::io("hashing the layer", e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = f
+            .read(&mut buf)
+            .map_err(|e| ImageError::io("hashing the layer", e))?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((format!("sha256:{}", hex(&h.finalize())), n))
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, Store) {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path()).unwrap();
+        (d, s)
+    }
+
+    fn layer_of(s: &Store, files: &[(&str, &str)]) -> Layer {
+        let src = tempfile::tempdir().unwrap();
+        for (p, c) in files {
+            let p = src.path().join(p);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, c).unwrap();
+        }
+        s.add_layer_dir(src.path(), "directory", "test").unwrap()
+    }
+
+    #[test]
+    fn layers_are_content_addressed_and_images_resolve_bottom_first() {
+        let (_d, s) = store();
+        let a = layer_of(&s, &[("etc/marker", "a")]);
+        // The digest is the file's: adding the same file again finds it.
+        let again = s.tmp().unwrap();
+        fs::copy(s.layer_path(&a.digest).unwrap(), again.path().join("l")).unwrap();
+        let a2 = s
+            .add_layer_file(&again.path().join("l"), "erofs", "t")
+            .unwrap();
+        assert_eq!(a.digest, a2.digest);
+        assert_eq!(a2.source, "directory", "the first writer's metadata stays");
+        let b = layer_of(&s, &[("etc/marker", "b")]);
+        assert_ne!(a.digest, b.digest);
+        assert_eq!(s.layers().len(), 2);
+        let mut env = BTreeMap::new();
+        env.insert("A".to_string(), "1".to_string());
+        s.put_image(NewImage {
+            name: "t/a:1".into(),
+            layers: vec![a.digest.clone()],
+            source: "directory".into(),
+            env,
+            user: Some("root".into()),
+            ..NewImage::default()
+        })
+        .unwrap();
+        s.put_image(NewImage {
+            name: "t/b".into(),
+            layers: vec![b.digest.clone(), a.digest.clone()],
+            source: "directory".into(),
+            ..NewImage::default()
+        })
+        .unwrap();
+        let r = s.resolve("t/a:1,t/b").unwrap();
+        assert_eq!(r.layers, vec![b.digest.clone(), a.digest.clone()]);
+        assert_eq!(r.user.as_deref(), Some("root"));
+        assert_eq!(r.env["A"], "1");
+        assert_eq!(r.size, a.size + b.size);
+        assert!(matches!(s.resolve("t/zz"), Err(ImageError::NotFound(_))));
+        assert_eq!(s.images().len(), 2);
+        s.remove_image("t/a:1").unwrap();
+        assert_eq!(s.images().len(), 1);
+    }
+
+    #[test]
+    fn a_file_that_is_not_erofs_is_refused() {
+        let (_d, s) = store();
+        let tmp = s.tmp().unwrap();
+        let f = tmp.path().join("x");
+        fs::write(&f, vec![0u8; 4096]).unwrap();
+        assert!(matches!(
+            s.add_layer_file(&f, "erofs", "t"),
+            Err(ImageError::Invalid(_))
+        ));
+        assert!(s.layers().is_empty());
+    }
+
+    #[test]
+    fn leftovers_of_dead_processes_are_removed_at_open() {
+        let (d, s) = store();
+        let dead = d
+            .path()
+            .join(format!("tmp/{}.{}.abc", hostname(), u32::MAX - 1));
+        fs::create_dir_all(dead.join("x")).unwrap();
+        let live = s.tmp().unwrap();
+        fs::write(
+            d.path()
+                .join(format!("layers/sha256-{}.json", "0".repeat(64))),
+            b"{}",
+        )
+        .unwrap();
+        let _s2 = Store::open(d.path()).unwrap();
+        assert!(!dead.exists());
+        assert!(live.path().exists(), "a live process's work is kept");
+        assert!(s.layers().is_empty());
+        assert_eq!(fs::read_dir(d.path().join("layers")).unwrap().count(), 0);
+    }
+}
