@@ -3,13 +3,18 @@
 # to install. Used by `make up`, `make test` and `make bench`.
 #   procps, python3      tools the tests run inside sandboxes of the built-in `host` image
 #   bubblewrap, runc     peers the benchmark compares against
-#   nftables, erofs-utils networking and layered images (later capabilities)
+#   nftables             networking (a later capability)
+#   erofs-utils          layered images: mkfs.erofs writes layers, fsck.erofs checks them
+#   busybox-static       a static busybox: the image tests build small root file systems with it
 set -euo pipefail
 want=(procps python3 bubblewrap runc nftables erofs-utils)
 missing=()
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in "${want[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  installed "$p" || missing+=("$p")
 done
+# Debian's busybox (bookworm) is static too; either will do, and they conflict.
+installed busybox || installed busybox-static || missing+=(busybox-static)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
   echo "warren needs these Debian packages: ${missing[*]}" >&2

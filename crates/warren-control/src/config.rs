@@ -16,6 +16,10 @@ pub struct ControlConfig {
     pub schedule_k: usize,
     /// How often node load is polled, milliseconds. Default 2000.
     pub collect_interval_ms: u64,
+    /// The image layer store (shared with the nodes). Default `<data_dir>/images`.
+    pub image_store: Option<PathBuf>,
+    /// Largest image upload (`POST /v1/images`), bytes. Default 64Gi.
+    pub max_image_upload: warren_types::ByteSize,
 }
 
 impl Default for ControlConfig {
@@ -25,11 +29,20 @@ impl Default for ControlConfig {
             database_url: None,
             schedule_k: 2,
             collect_interval_ms: 2000,
+            image_store: None,
+            max_image_upload: warren_types::ByteSize(64 << 30),
         }
     }
 }
 
 impl ControlConfig {
+    /// The image store in effect.
+    pub fn image_store(&self) -> PathBuf {
+        self.image_store
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("images"))
+    }
+
     /// The database URL in effect.
     pub fn database_url(&self) -> String {
         self.database_url.clone().unwrap_or_else(|| {

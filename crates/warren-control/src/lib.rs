@@ -30,6 +30,8 @@ pub struct Control {
     pub keys: Arc<auth::Keys>,
     /// Its database.
     pub db: SqlitePool,
+    /// The image layer store (None when it cannot be opened: image routes then answer 503).
+    pub store: Option<warren_images::Store>,
 }
 
 /// Why the control plane could not start.
@@ -87,11 +89,19 @@ impl Control {
             nodes.add(e).await?;
         }
         nodes.spawn_collector(Duration::from_millis(cfg.collect_interval_ms));
+        let store = match warren_images::Store::open(&cfg.image_store()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(path = %cfg.image_store().display(), "image store: {e}");
+                None
+            }
+        };
         let control = Arc::new(Control {
             cfg,
             nodes,
             keys,
             db,
+            store,
         });
         Ok(Started {
             control,

@@ -17,6 +17,8 @@ use crate::api;
         api::commands::forget, api::commands::wait, api::commands::signal, api::commands::output,
         api::files::read, api::files::write, api::files::remove, api::files::list, api::files::stat,
         api::files::mkdir, api::files::rename, api::files::download_tar, api::files::upload_tar,
+        api::images::import, api::images::list, api::images::get, api::images::remove,
+        api::images::stats, api::images::commit,
     ),
     modifiers(&Security),
     tags(
@@ -24,6 +26,7 @@ use crate::api;
         (name = "tasks", description = "Pause, resume or stop every sandbox of a training task at once."),
         (name = "commands", description = "Run commands: exec and background processes."),
         (name = "files", description = "Move files in and out of sandboxes."),
+        (name = "images", description = "Layered images: import, inspect, remove, build (commit), read statistics."),
         (name = "system", description = "Health, nodes, this document."),
     )
 )]

@@ -485,6 +485,35 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Removes overlayfs's bookkeeping attributes (`trusted.overlay.*`: origin, impure, ...) from
+/// a writable layer so it can serve as a read-only layer; whiteouts and the opaque marker stay.
+pub fn strip_overlay_xattrs(dir: &Path) -> Result<(), ImageError> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let md = fs::symlink_metadata(&p).map_err(|e| ImageError::io("reading the layer", e))?;
+        if md.is_dir() {
+            for e in fs::read_dir(&p)
+                .map_err(|e| ImageError::io("reading the layer", e))?
+                .flatten()
+            {
+                stack.push(e.path());
+            }
+        }
+        let mut names = vec![0u8; 4096];
+        let n = match rustix::fs::llistxattr(&p, &mut names) {
+            Ok(n) => n,
+            Err(_) => continue,
+        };
+        for name in names[..n].split(|b| *b == 0).filter(|s| !s.is_empty()) {
+            let name = String::from_utf8_lossy(name).into_owned();
+            if name.starts_with("trusted.overlay.") && name != "trusted.overlay.opaque" {
+                let _ = rustix::fs::lremovexattr(&p, name.as_str());
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,6 +43,18 @@ impl Node {
             match result {
                 Ok(sb) => {
                     self.admission.add(sb.record.resources.memory.bytes());
+                    if !sb.record.layers.is_empty() {
+                        // Its layers are mounted (taken over at start): count it as a user.
+                        let layers = sb.record.layers.clone();
+                        let node = self.clone();
+                        let r = crate::node::blocking(move || {
+                            node.layers.acquire(&layers, |d| node.layer_file(d))
+                        })
+                        .await;
+                        if let Err(e) = r {
+                            tracing::warn!(sandbox_id = %sb.record.id, "its layers: {e}");
+                        }
+                    }
                     if let Some(key) = &sb.record.idempotency_key {
                         self.idempotency
                             .lock()

@@ -16,9 +16,9 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use warren_http::{Error, Json, Query};
 use warren_types::api::{
-    CreateSandbox, ExecRequest, FileList, MkdirRequest, NodeInfo, ProcessInfo, ProcessList,
-    RenameRequest, Sandbox as SandboxView, SandboxList, SandboxState, SetTimeout, SignalRequest,
-    TaskAction, TaskList, TaskResult,
+    CommitRequest, CreateSandbox, ExecRequest, FileList, Image, ImageStats, MkdirRequest, NodeInfo,
+    ProcessInfo, ProcessList, RenameRequest, Sandbox as SandboxView, SandboxList, SandboxState,
+    SetTimeout, SignalRequest, TaskAction, TaskList, TaskResult,
 };
 use warren_types::error::{ApiError, ErrorCode};
 use warren_types::id::SandboxId;
@@ -38,6 +38,8 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/sandboxes/{id}/timeout", post(set_timeout))
         .route("/v1/sandboxes/{id}/trajectory", get(trajectory))
+        .route("/v1/sandboxes/{id}/commit", post(commit))
+        .route("/v1/images/stats", get(image_stats))
         .route("/v1/tasks", get(tasks))
         .route("/v1/tasks/{task}/{action}", post(task_action))
         .route("/v1/sandboxes/{id}/exec", post(exec))
@@ -209,6 +211,28 @@ async fn set_timeout(
     Ok(Json(n.set_timeout(&id, req.timeout).await?))
 }
 
+async fn commit(
+    State(n): S,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Json(req): Json<CommitRequest>,
+) -> Result<(StatusCode, Json<Image>), Error> {
+    let id = parse_id(&n, &id)?;
+    let creator = headers
+        .get("x-warren-creator")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("admin")
+        .to_string();
+    Ok((
+        StatusCode::CREATED,
+        Json(n.commit(&id, req, &creator).await?),
+    ))
+}
+
+async fn image_stats(State(n): S) -> Json<ImageStats> {
+    Json(n.image_stats())
+}
+
 async fn trajectory(State(n): S, Path(id): Path<String>) -> Result<Response, Error> {
     let id = parse_id(&n, &id)?;
     let sb = n.get(&id)?;
@@ -263,6 +287,7 @@ async fn exec(
     Json(req): Json<ExecRequest>,
 ) -> Result<Response, Error> {
     let id = parse_id(&n, &id)?;
+    let req = image_defaults(&n, &id, req);
     let p = exec::prepare(&req, Some(DEFAULT_EXEC_TIMEOUT))?;
     if wants_stream(&headers, &req) {
         n.get(&id)?;
@@ -273,12 +298,26 @@ async fn exec(
     Ok(Json(n.exec(&id, p).await?).into_response())
 }
 
+/// Fills in the user and working directory of the sandbox's image where the request has none.
+fn image_defaults(n: &Node, id: &SandboxId, mut req: ExecRequest) -> ExecRequest {
+    if let Ok(sb) = n.get(id) {
+        if req.user.is_none() {
+            req.user = sb.record.default_user.clone();
+        }
+        if req.cwd.is_none() {
+            req.cwd = sb.record.default_cwd.clone();
+        }
+    }
+    req
+}
+
 async fn spawn(
     State(n): S,
     Path(id): Path<String>,
     Json(req): Json<ExecRequest>,
 ) -> Result<(StatusCode, Json<ProcessInfo>), Error> {
     let id = parse_id(&n, &id)?;
+    let req = image_defaults(&n, &id, req);
     let p = exec::prepare(&req, None)?;
     Ok((StatusCode::CREATED, Json(n.spawn_process(&id, p).await?)))
 }

@@ -45,6 +45,15 @@ pub struct NodeConfig {
     pub warm_pool: u32,
     /// The image the warm pool prepares. Default `host`.
     pub warm_image: String,
+    /// The image layer store: a directory of EROFS layer files and named images, shared by
+    /// every node of a cluster (NFS, CephFS, JuiceFS...). Default `/var/lib/warren/images`.
+    pub image_store: PathBuf,
+    /// How layers are mounted: `loop` (a loop device with direct I/O; reads only what
+    /// sandboxes ask for) or `file` (EROFS straight from the file; cheaper to set up, reads
+    /// ahead through the file's page cache). Default `loop`.
+    pub layer_mount: crate::layers::LayerMount,
+    /// Seconds a layer stays mounted after its last sandbox is gone. Default 60.
+    pub layer_idle_unmount: u64,
 }
 
 impl Default for NodeConfig {
@@ -65,6 +74,9 @@ impl Default for NodeConfig {
             max_upload: ByteSize(1 << 30),
             warm_pool: 16,
             warm_image: "host".into(),
+            image_store: PathBuf::from("/var/lib/warren/images"),
+            layer_mount: crate::layers::LayerMount::Loop,
+            layer_idle_unmount: 60,
         }
     }
 }

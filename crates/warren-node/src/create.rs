@@ -254,10 +254,7 @@ impl Node {
 
         let load = HostLoad::read().map_err(|e| NodeError::host("reading host load", e))?;
         let (resources, timeout) = validate(self, &req, load.mem_total)?;
-        let rootfs = self
-            .images
-            .resolve(&req.image)
-            .map_err(NodeError::ImageNotFound)?;
+        let resolved = self.images.resolve(&req.image)?;
         self.admission
             .reserve(&self.cfg, &load, resources.memory.bytes())?;
         let mut reservation = Reservation {
@@ -268,13 +265,20 @@ impl Node {
 
         let id = SandboxId::new(&self.id, rand::random());
         let now = state::now_ms();
+        let (host_rootfs, image) = match resolved {
+            crate::images::Resolved::Host(r) => (Some(r), warren_images::Resolved::default()),
+            crate::images::Resolved::Layered(l) => (None, l),
+        };
+        // The image's environment under the request's.
+        let mut env = image.env.clone();
+        env.extend(req.env.clone());
         let record = Record {
             version: RECORD_VERSION,
             id: id.clone(),
             image: req.image.clone(),
             task: req.task.clone(),
             labels: req.labels.clone(),
-            env: req.env.clone(),
+            env,
             resources,
             created_ms: now,
             expires_ms: now + timeout * 1000,
@@ -284,8 +288,11 @@ impl Node {
             idle_timeout: req.idle_timeout,
             on_idle: req.on_idle.unwrap_or_default(),
             trajectory: req.trajectory || req.replay.is_some(),
+            layers: image.layers,
+            default_user: image.user,
+            default_cwd: image.workdir,
         };
-        let sb = self.launch(record, rootfs).await?;
+        let sb = self.launch(record, host_rootfs).await?;
         reservation.kept = true;
         self.sandboxes
             .write()
@@ -380,7 +387,7 @@ impl Node {
     async fn launch(
         self: &Arc<Self>,
         mut record: Record,
-        rootfs: Rootfs,
+        host_rootfs: Option<Rootfs>,
     ) -> Result<Arc<Sandbox>, NodeError> {
         let dir = self.dirs.sandboxes.join(record.id.as_str());
         let socket = self.dirs.sockets.join(format!("{}.sock", record.id));
@@ -392,9 +399,17 @@ impl Node {
         let (d, s, c) = (dir.clone(), socket.clone(), cgroup.clone());
         let rec = record.clone();
         let started = blocking(move || {
+            let rootfs = match host_rootfs {
+                Some(r) => r,
+                None => {
+                    let mounts = node.layers.acquire(&rec.layers, |d| node.layer_file(d))?;
+                    node.images.layered_rootfs(&mounts)
+                }
+            };
             let r = node.start_sandbox(&rec, &rootfs, &d, &s, &c, warm);
             if r.is_err() {
                 teardown(None, &c, &d, &s, &node.dirs);
+                node.layers.release(&rec.layers);
             }
             r
         })
@@ -418,6 +433,7 @@ impl Node {
                 Ok(())
             })
             .await;
+            self.layers.release(&sb.record.layers);
             let tail: String = log
                 .lines()
                 .rev()
@@ -449,6 +465,16 @@ impl Node {
 }
 
 impl Node {
+    /// The file of a layer in the image store.
+    pub(crate) fn layer_file(&self, digest: &str) -> std::io::Result<PathBuf> {
+        let store = self.images.store.as_ref().ok_or_else(|| {
+            std::io::Error::other("this node's image store is unusable (see its log)")
+        })?;
+        store
+            .layer_path(digest)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
     /// Activates a warm init of the sandbox's image, or starts a new one. Blocking.
     fn start_sandbox(
         &self,

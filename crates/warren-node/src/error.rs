@@ -82,6 +82,19 @@ impl NodeError {
     }
 }
 
+impl From<warren_images::ImageError> for NodeError {
+    fn from(e: warren_images::ImageError) -> Self {
+        use warren_images::ImageError as E;
+        match e {
+            E::Invalid(m) | E::Conflict(m) => NodeError::Invalid(m),
+            E::NotFound(m) => NodeError::ImageNotFound(m),
+            E::TooLarge(m) => NodeError::TooLarge(m),
+            e @ E::NoSpace(_) => NodeError::host("image store", io::Error::other(e.to_string())),
+            E::Io { what, source } => NodeError::host(what, source),
+        }
+    }
+}
+
 impl From<NodeError> for warren_http::Error {
     fn from(e: NodeError) -> Self {
         warren_http::Error(e.to_api())

@@ -7,8 +7,9 @@
 //! network and runs bash, coreutils and python3 on any Debian machine.
 //!
 //! A root file system is described as [`Rootfs`]: read-only layers (top first) stacked under a
-//! per-sandbox writable layer, plus host bind mounts. Layered EROFS images slot in as more
-//! layers.
+//! per-sandbox writable layer, plus host bind mounts. Every other image comes from the layer
+//! store (`warren-images`): its layers are mounted by [`crate::layers`] and stacked over a
+//! tiny runtime skeleton that provides mount points and a fallback `/etc/passwd`.
 
 use std::fs;
 use std::io;
@@ -68,34 +69,114 @@ const HOST_ETC: &[&str] = &[
     "etc/ca-certificates",
 ];
 
-/// The images this node knows.
+/// The images this node knows: the built-in `host`, and the layer store's.
 #[derive(Debug)]
 pub struct Images {
     host: Rootfs,
+    /// The bottom of every layered image: mount points (/proc, /sys, /dev, /tmp) and a
+    /// fallback /etc/passwd with `user`, for images that lack them. The image's own files win.
+    runtime: PathBuf,
+    /// The layer store.
+    pub store: Option<warren_images::Store>,
+}
+
+/// What an image name resolves to.
+#[derive(Debug, Clone)]
+pub enum Resolved {
+    /// The built-in `host` image.
+    Host(Rootfs),
+    /// Layers from the store.
+    Layered(warren_images::Resolved),
 }
 
 impl Images {
-    /// Prepares the built-in images under `dir`.
-    pub fn prepare(dir: &Path) -> io::Result<Images> {
+    /// Prepares the built-in images under `dir` and opens the layer store at `store` (an
+    /// unusable store is logged: the `host` image still works).
+    pub fn prepare(dir: &Path, store: Option<&Path>) -> io::Result<Images> {
         let host = prepare_host(dir, Path::new("/"))?;
-        Ok(Images { host })
+        let runtime = prepare_runtime(dir)?;
+        let store = store.and_then(|p| match warren_images::Store::open(p) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(path = %p.display(), "the image store cannot be opened: {e}");
+                None
+            }
+        });
+        Ok(Images {
+            host,
+            runtime,
+            store,
+        })
     }
 
-    /// The root file system for `name`, or an error that lists the images there are.
-    pub fn resolve(&self, name: &str) -> Result<Rootfs, String> {
-        match name {
-            "host" => Ok(self.host.clone()),
-            _ => Err(format!(
-                "image {name:?} not found (known: {})",
-                self.names().join(", ")
-            )),
+    /// Resolves an image: `host`, or a list of names in the store (`a,b,c`, bottom first).
+    pub fn resolve(&self, spec: &str) -> Result<Resolved, warren_images::ImageError> {
+        use warren_images::ImageError;
+        if spec == "host" {
+            return Ok(Resolved::Host(self.host.clone()));
+        }
+        if spec.split(',').any(|n| n.trim() == "host") {
+            return Err(ImageError::Invalid(
+                "the built-in image `host` cannot be combined with other images".into(),
+            ));
+        }
+        let Some(store) = &self.store else {
+            return Err(ImageError::NotFound(format!(
+                "image {spec:?} not found: this node has only the built-in `host` image (its image store is unusable; see its log)"
+            )));
+        };
+        store.resolve(spec).map(Resolved::Layered)
+    }
+
+    /// The root file system made of mounted layers (bottom first), over the runtime skeleton.
+    pub fn layered_rootfs(&self, mounts_bottom_first: &[PathBuf]) -> Rootfs {
+        let mut layers: Vec<PathBuf> = mounts_bottom_first.iter().rev().cloned().collect();
+        layers.push(self.runtime.clone());
+        Rootfs {
+            layers,
+            binds: Vec::new(),
         }
     }
+}
 
-    /// Names of known images.
-    pub fn names(&self) -> Vec<String> {
-        vec!["host".to_string()]
+/// Version of the runtime skeleton's contents.
+const RUNTIME_SKELETON_VERSION: u32 = 1;
+
+fn prepare_runtime(dir: &Path) -> io::Result<PathBuf> {
+    let skel = dir.join(format!("runtime-v{RUNTIME_SKELETON_VERSION}"));
+    if skel.join(".complete").exists() {
+        return Ok(skel);
     }
+    let tmp = dir.join(format!(".runtime-v{RUNTIME_SKELETON_VERSION}.tmp"));
+    let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir_all(&tmp)?;
+    for (d, mode) in [
+        ("etc", 0o755),
+        ("home", 0o755),
+        ("home/user", 0o755),
+        ("root", 0o700),
+        ("tmp", 0o1777),
+        ("proc", 0o555),
+        ("sys", 0o555),
+        ("dev", 0o755),
+    ] {
+        mkdir(&tmp, d, mode)?;
+    }
+    std::os::unix::fs::chown(tmp.join("home/user"), Some(1000), Some(1000))?;
+    for (f, content) in [
+        ("etc/passwd", PASSWD),
+        ("etc/group", GROUP),
+        ("etc/hosts", HOSTS),
+        ("etc/hostname", "sandbox\n"),
+        ("etc/resolv.conf", ""),
+    ] {
+        fs::write(tmp.join(f), content)?;
+        fs::set_permissions(tmp.join(f), fs::Permissions::from_mode(0o644))?;
+    }
+    fs::write(tmp.join(".complete"), b"")?;
+    let _ = fs::remove_dir_all(&skel);
+    fs::rename(&tmp, &skel)?;
+    Ok(skel)
 }
 
 fn prepare_host(dir: &Path, host_root: &Path) -> io::Result<Rootfs> {
@@ -231,8 +312,10 @@ mod tests {
     #[test]
     fn host_skeleton_has_an_unprivileged_user_and_mount_points() {
         let dir = tempfile::tempdir().unwrap();
-        let images = Images::prepare(dir.path()).unwrap();
-        let root = images.resolve("host").unwrap();
+        let images = Images::prepare(dir.path(), None).unwrap();
+        let Resolved::Host(root) = images.resolve("host").unwrap() else {
+            panic!("host is built in")
+        };
         let skel = &root.layers[0];
         let passwd = fs::read_to_string(skel.join("etc/passwd")).unwrap();
         assert!(passwd.contains("user:x:1000:1000:user:/home/user:/bin/bash"));
@@ -247,14 +330,19 @@ mod tests {
             );
         }
         // Preparing again reuses the skeleton.
-        Images::prepare(dir.path()).unwrap();
+        Images::prepare(dir.path(), None).unwrap();
     }
 
     #[test]
-    fn unknown_images_list_the_known_ones() {
+    fn unknown_images_say_what_to_do() {
         let dir = tempfile::tempdir().unwrap();
-        let images = Images::prepare(dir.path()).unwrap();
-        let err = images.resolve("py312").unwrap_err();
-        assert_eq!(err, "image \"py312\" not found (known: host)");
+        let store = dir.path().join("store");
+        let images = Images::prepare(dir.path(), Some(&store)).unwrap();
+        let err = images.resolve("py312").unwrap_err().to_string();
+        assert!(err.contains("warren image import"), "{err}");
+        let err = images.resolve("host,py312").unwrap_err().to_string();
+        assert!(err.contains("cannot be combined"), "{err}");
+        let runtime = &images.layered_rootfs(&[]).layers[0];
+        assert!(runtime.join("proc").is_dir() && runtime.join("etc/passwd").is_file());
     }
 }

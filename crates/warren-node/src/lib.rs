@@ -16,7 +16,9 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod guest_client;
+pub mod image_ops;
 pub mod images;
+pub mod layers;
 pub mod node;
 pub mod pool;
 pub mod state;
@@ -91,7 +93,14 @@ impl Node {
         }
         let id = node_id(&root).map_err(state_err(root.join("node.id")))?;
         let cgroups = Cgroups::new(&cfg.cgroup_parent).map_err(StartError::Cgroups)?;
-        let images = Images::prepare(&dirs.images).map_err(state_err(dirs.images.clone()))?;
+        let images = Images::prepare(&dirs.images, Some(&cfg.image_store))
+            .map_err(state_err(dirs.images.clone()))?;
+        let layers = crate::layers::LayerMounts::new(
+            &root.join("layers"),
+            cfg.layer_mount,
+            std::time::Duration::from_secs(cfg.layer_idle_unmount),
+        )
+        .map_err(state_err(root.join("layers")))?;
         let guest_bin = match &cfg.guest_binary {
             Some(p) => p.clone(),
             None => std::env::current_exe()
@@ -107,6 +116,7 @@ impl Node {
             cfg,
             cgroups,
             images,
+            layers,
             guest_bin,
             dirs,
             sandboxes: RwLock::new(HashMap::new()),
@@ -133,6 +143,11 @@ impl Node {
     /// Stops the node's own work (the warm pool); sandboxes keep running.
     pub async fn shutdown(&self) {
         self.drain_warm_pool().await;
+    }
+
+    /// Unmounts every layer no sandbox uses now (blocking; for shutdown).
+    pub fn unmount_unused_layers(&self) -> usize {
+        self.layers.sweep(true)
     }
 
     /// Removes Warren's (empty) parent cgroups, once every sandbox is gone.

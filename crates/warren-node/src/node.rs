@@ -41,6 +41,8 @@ pub struct Node {
     pub cfg: NodeConfig,
     pub(crate) cgroups: Cgroups,
     pub(crate) images: Images,
+    /// Image layers mounted here.
+    pub(crate) layers: crate::layers::LayerMounts,
     pub(crate) guest_bin: PathBuf,
     pub(crate) dirs: Dirs,
     pub(crate) sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
@@ -167,6 +169,7 @@ impl Sandbox {
             node: node.clone(),
             backend: "container".into(),
             image: r.image.clone(),
+            layers: r.layers.clone(),
             task: r.task.clone(),
             labels: r.labels.clone(),
             state: if self.phase() == Phase::Paused {
@@ -303,6 +306,7 @@ impl Node {
         }
         let dirs = self.dirs.clone();
         let memory = sb.record.resources.memory.bytes();
+        let layers = sb.record.layers.clone();
         let id = sb.record.id.clone();
         let res = blocking(move || {
             teardown(Some(&sb.pidfd), &sb.cgroup, &sb.dir, &sb.socket, &dirs);
@@ -312,6 +316,7 @@ impl Node {
         if let Err(e) = res {
             tracing::error!(sandbox_id = %id, "teardown failed: {e}");
         }
+        self.layers.release(&layers);
         self.admission.release(memory);
     }
 

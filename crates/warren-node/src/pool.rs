@@ -78,7 +78,15 @@ impl Warm {
 impl Node {
     /// Starts one warm init of `image`. Blocking.
     fn start_warm(&self, image: &str) -> std::io::Result<Warm> {
-        let rootfs = self.images.resolve(image).map_err(std::io::Error::other)?;
+        let rootfs = match self.images.resolve(image) {
+            Ok(crate::images::Resolved::Host(r)) => r,
+            Ok(crate::images::Resolved::Layered(_)) => {
+                return Err(std::io::Error::other(
+                    "the warm pool prepares the built-in host image only",
+                ));
+            }
+            Err(e) => return Err(std::io::Error::other(e.to_string())),
+        };
         let name = format!("{WARM_PREFIX}{}", crate::create::random_name(12));
         let cgroup = self.cgroups.sandbox(&name);
         let socket = self.dirs.sockets.join(format!("{name}.sock"));

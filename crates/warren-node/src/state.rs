@@ -9,7 +9,8 @@
 //!   sandboxes/<id>/guest.log       the guest agent's stderr (host-only)
 //!   sandboxes/<id>/trajectory.jsonl its recorded operations, when asked for
 //!   sockets/<id>.sock              the guest's control socket (host-only)
-//!   images/                        built-in image skeletons
+//!   images/                        built-in image skeletons (host, runtime)
+//!   layers/<hex>                   mount points of image layers (see the layers module)
 //!   trash/                         directories of killed sandboxes being deleted
 //!   warm/                          logs of warm inits (see the pool module)
 //! ```
@@ -62,6 +63,15 @@ pub struct Record {
     /// Whether its operations are recorded (`trajectory.jsonl`).
     #[serde(default)]
     pub trajectory: bool,
+    /// Its image's layer digests, bottom first (empty for `host`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<String>,
+    /// The image's default user for commands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_user: Option<String>,
+    /// The image's default working directory for commands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_cwd: Option<String>,
 }
 
 /// Writes `record` to `dir/state.json` atomically (temp file, rename).
@@ -125,6 +135,9 @@ mod tests {
             idle_timeout: Some(60),
             on_idle: IdleAction::Stop,
             trajectory: true,
+            layers: vec![format!("sha256:{}", "a".repeat(64))],
+            default_user: Some("root".into()),
+            default_cwd: None,
         };
         save(dir.path(), &r).unwrap();
         assert_eq!(load(dir.path()).unwrap(), r);

@@ -28,10 +28,17 @@ impl Node {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(SWEEP);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut n: u64 = 0;
             loop {
                 tick.tick().await;
                 let Some(node) = node.upgrade() else { break };
                 node.sweep();
+                n += 1;
+                if n.is_multiple_of(20) {
+                    // Unmount layers unused for a while (every 5 s).
+                    let node = node.clone();
+                    tokio::task::spawn_blocking(move || node.layers.sweep(false));
+                }
             }
         });
     }

@@ -161,6 +161,18 @@ impl Sandbox {
             .await
     }
 
+    /// Unpacks a tar archive (`body`) into the directory `path` in the sandbox, creating it
+    /// (`PUT .../files/tar`). Files belong to the acting user.
+    pub async fn upload_tar(&self, path: &str, body: reqwest::Body) -> Result<()> {
+        let url = self.file_url("/tar", path, &[])?;
+        let rb = self
+            .client()
+            .request(Method::PUT, url)
+            .header(CONTENT_TYPE, "application/x-tar")
+            .body(body);
+        self.client().empty(rb).await
+    }
+
     /// What a directory holds (`GET .../files/list`), sorted by name.
     pub async fn list_dir(&self, path: &str) -> Result<Vec<FileEntry>> {
         let resp = self.file_request(Method::GET, "/list", path, &[]).await?;

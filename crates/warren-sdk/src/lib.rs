@@ -31,6 +31,7 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod images;
 mod ndjson;
 pub mod process;
 pub mod sandbox;
@@ -47,8 +48,8 @@ pub use sandbox::Sandbox;
 pub use warren_types::api::Sandbox as SandboxInfo;
 pub use warren_types::api::{
     CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, FileEntry, FileKind,
-    Health, IdleAction, NodeInfo, ProcessInfo, Resources, SandboxState, TaskAction, TaskInfo,
-    TaskResult, TrajectoryEntry,
+    Health, IdleAction, Image, ImageDetail, ImageStats, Layer, NodeInfo, ProcessInfo, Resources,
+    SandboxState, TaskAction, TaskInfo, TaskResult, TrajectoryEntry,
 };
 pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};
 

@@ -33,6 +33,10 @@ pub struct UpArgs {
     /// (see docs/configuration.md).
     #[arg(long, env = "WARREN_CONFIG")]
     pub config: Option<PathBuf>,
+    /// The image layer store, a directory shared by every node in a cluster
+    /// [default: <data-dir>/images].
+    #[arg(long, env = "WARREN_IMAGE_STORE")]
+    pub image_store: Option<PathBuf>,
     /// Name of Warren's parent cgroup [default: warren].
     #[arg(long, env = "WARREN_CGROUP_PARENT")]
     pub cgroup_parent: Option<String>,
@@ -86,6 +90,17 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     let mut control_cfg = file.control.unwrap_or_default();
     control_cfg.data_dir = data_dir.clone();
+    let store = args
+        .image_store
+        .clone()
+        .or(control_cfg.image_store.clone())
+        .or_else(|| {
+            (node_cfg.image_store != NodeConfig::default().image_store)
+                .then(|| node_cfg.image_store.clone())
+        })
+        .unwrap_or_else(|| data_dir.join("images"));
+    node_cfg.image_store = store.clone();
+    control_cfg.image_store = Some(store);
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -97,6 +112,25 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         control_cfg,
         args.kill_sandboxes_on_exit,
     ))
+}
+
+/// Listens on `addr` with `SO_REUSEADDR`, so a restart right after a crash is not refused
+/// while the old process's connections sit in TIME_WAIT.
+async fn listen_tcp(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket = if a.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(a).and_then(|()| socket.listen(1024)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("the address resolves to nothing")))
 }
 
 fn is_root() -> bool {
@@ -135,13 +169,11 @@ async fn serve(
         .mode(0o700)
         .create(&data_dir)
         .with_context(|| format!("creating data directory {}", data_dir.display()))?;
-    let tcp = tokio::net::TcpListener::bind(&listen)
-        .await
-        .with_context(|| {
-            format!(
-                "listening on {listen} (is another warren up running? choose another with --listen)"
-            )
-        })?;
+    let tcp = listen_tcp(&listen).await.with_context(|| {
+        format!(
+            "listening on {listen} (is another warren up running? choose another with --listen)"
+        )
+    })?;
 
     let (node, report) = Node::start(node_cfg).await?;
     let sock = data_dir.join("node.sock");
@@ -195,7 +227,8 @@ async fn serve(
     if kill_on_exit {
         let n = node.kill_all().await;
         eprintln!("warren: killed {n} sandboxes");
-        // Nothing runs any more: Warren's parent cgroups go too.
+        // Nothing runs any more: layer mounts and Warren's parent cgroups go too.
+        node.unmount_unused_layers();
         if let Err(e) = node.remove_cgroups() {
             eprintln!("warren: could not remove its cgroups: {e}");
         }

@@ -242,7 +242,7 @@ async fn bad_input_gets_clear_4xx_errors_and_harms_nothing() {
             Some(json!({"image": "py312"}).to_string()),
             404,
             "image_not_found",
-            "known: host",
+            "warren image ls",
         ),
         (
             "POST",

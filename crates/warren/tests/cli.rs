@@ -64,7 +64,7 @@ fn cli_lifecycle() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("not found"));
     let o = p.cli(&["sandbox", "create", "--image", "nope"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("known: host"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("warren image ls"));
     let o = p.cli(&["--help"]);
     assert!(out(&o).contains("sandbox") && out(&o).contains("exec") && out(&o).contains("cp"));
     p.assert_clean();

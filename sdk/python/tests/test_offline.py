@@ -417,3 +417,17 @@ def test_pool_shards_go_to_the_least_busy_and_are_made_lazily():
     assert k == 1 and r == "pool2" and made == [SHARD_SIZE, SHARD_SIZE]
     shards.release(j)
     assert shards.acquire()[0] == 0
+
+
+def test_image_lists_are_joined_bottom_first_and_checked():
+    from warren import _ops
+    from warren.errors import ArgumentTypeError, InvalidArgument
+
+    call = _ops.create("container", image=["base/py:3.12", "tk/agent:v3"])
+    assert call.json["image"] == "base/py:3.12,tk/agent:v3"
+    with pytest.raises(InvalidArgument):
+        _ops.create("container", image=[])
+    with pytest.raises(InvalidArgument):
+        _ops.create("container", image=["a,b"])
+    with pytest.raises(ArgumentTypeError):
+        _ops.create("container", image=[1])

@@ -7,6 +7,7 @@
 pub(crate) mod commands;
 pub(crate) mod files;
 pub mod forward;
+pub(crate) mod images;
 pub(crate) mod sandboxes;
 pub(crate) mod system;
 pub(crate) mod tasks;
@@ -40,6 +41,13 @@ pub fn router(c: Arc<Control>) -> Router {
         .route("/v1/sandboxes/{id}/resume", post(sandboxes::resume))
         .route("/v1/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
         .route("/v1/sandboxes/{id}/trajectory", get(sandboxes::trajectory))
+        .route("/v1/images", get(images::list))
+        .route("/v1/images/stats", get(images::stats))
+        .route(
+            "/v1/images/{*name}",
+            get(images::get).delete(images::remove),
+        )
+        .route("/v1/sandboxes/{id}/commit", post(images::commit))
         .route("/v1/tasks", get(tasks::list))
         .route("/v1/tasks/{task}/{action}", post(tasks::act))
         .route("/v1/sandboxes/{id}/exec", post(commands::exec))
@@ -80,9 +88,20 @@ pub fn router(c: Arc<Control>) -> Router {
             auth::require_key,
         ))
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY));
+    // Image uploads are streamed to disk with their own limit (max_image_upload).
+    let uploads = Router::new()
+        .route(
+            "/v1/images",
+            post(images::import).layer(DefaultBodyLimit::disable()),
+        )
+        .layer(middleware::from_fn_with_state(
+            c.keys.clone(),
+            auth::require_key,
+        ));
     Router::new()
         .route("/v1/health", get(system::health))
         .route("/v1/openapi.json", get(system::openapi))
+        .merge(uploads)
         .merge(authed)
         .fallback(warren_http::not_found)
         .with_state(c)

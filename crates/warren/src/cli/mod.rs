@@ -7,6 +7,7 @@ mod args;
 mod cp;
 mod exec;
 mod health;
+mod image;
 mod node;
 mod output;
 mod ps;
@@ -120,6 +121,15 @@ enum Command {
             warren task resume run-7\n  warren task stop run-7\n  warren task ls"
     )]
     Task(task::TaskCommand),
+    /// Import, build, list and remove layered images.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  warren image import ./rootfs --name base/debian:12\n  \
+            warren image build --from base/debian:12 --run 'apt-get install -y git' --name ws/git:1\n  \
+            warren sandbox create --image base/debian:12,ws/git:1\n  \
+            warren image ls\n  warren image stats"
+    )]
+    Image(image::ImageCommand),
     /// Run a command in a sandbox and stream its output.
     Exec(exec::ExecArgs),
     /// Copy a file into or out of a sandbox.
@@ -137,7 +147,19 @@ enum Command {
 
 /// Parses the command line, runs the command, and turns its outcome into an exit status.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    if let Command::Image(image::ImageCommand::Build(b)) = &mut cli.command
+        && let Some(m) = matches
+            .subcommand_matches("image")
+            .and_then(|m| m.subcommand_matches("build"))
+    {
+        b.order = image::build_order(m);
+    }
     if let Command::Up(args) = cli.command {
         // `warren up` runs its own runtime.
         return match crate::up::run(args) {
@@ -169,6 +191,7 @@ async fn run(global: Global, command: Command) -> anyhow::Result<ExitCode> {
         Command::Up(_) => unreachable!("handled before the runtime starts"),
         Command::Sandbox(cmd) => sandbox::run(&client, json, cmd).await,
         Command::Task(cmd) => task::run(&client, json, cmd).await,
+        Command::Image(cmd) => image::run(&client, json, cmd).await,
         Command::Exec(args) => exec::run(&client, json, args).await,
         Command::Cp(args) => cp::run(&client, json, args).await,
         Command::Ps(args) => ps::run(&client, json, args).await,

@@ -64,11 +64,22 @@ fn health_ok(port: u16) -> bool {
     matches!(s.read(&mut buf), Ok(n) if n >= 12 && &buf[9..12] == b"200")
 }
 
+/// A free port below the kernel's ephemeral range (32768 and up here), so that no client
+/// connection's source port takes it while a platform restarts on it.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0)
+        ^ std::process::id().wrapping_mul(2_654_435_761);
+    for _ in 0..1000 {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+        let port = 20000 + (seed >> 8) as u16 % 12000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in 20000-31999")
 }
 
 pub fn warren_bin() -> PathBuf {
@@ -142,7 +153,17 @@ impl Platform {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("warren up exited with {status}:\n{}", self.log());
+                let ss = Command::new("ss")
+                    .arg("-tanp")
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                let ss: String = ss
+                    .lines()
+                    .filter(|l| l.contains(&format!(":{}", self.port)))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                panic!("warren up exited with {status}:\n{}\nSS:\n{ss}", self.log());
             }
             if self.data.path().join("admin.key").exists() && health_ok(self.port) {
                 break;
@@ -285,6 +306,18 @@ impl Drop for Platform {
             && let Err(e) = cg.remove_all()
         {
             eprintln!("cleanup of cgroup {}: {e}", self.cgroup_parent);
+        }
+        // Image layers mounted under the data directory (their loop devices free themselves).
+        let data = self.data.path().display().to_string();
+        for line in std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+        {
+            if let Some(point) = line.split(' ').nth(4)
+                && point.starts_with(&data)
+            {
+                let _ = Command::new("umount").arg("-l").arg(point).status();
+            }
         }
     }
 }

@@ -56,6 +56,19 @@ def _bytes(resp: httpx.Response) -> bytes:
 # Sandboxes.
 
 
+def _image(image: Any) -> str:
+    """One image name, or a list of names (bottom layer first) joined with commas."""
+    if isinstance(image, (list, tuple)):
+        if not image:
+            raise InvalidArgument("image: the list of images is empty")
+        names = [v.string(i, "image") for i in image]
+        for n in names:
+            if "," in n:
+                raise InvalidArgument(f"image: {n!r} contains a comma; give each name alone")
+        return ",".join(names)
+    return v.string(image, "image")
+
+
 def create(
     backend: str,
     *,
@@ -76,7 +89,7 @@ def create(
     """``POST /v1/sandboxes``, always with an ``Idempotency-Key`` (one per create, kept across
     its retries) so a retried create never makes two sandboxes."""
     assert backend == "container", backend
-    body: Dict[str, Any] = {"image": v.string(image, "image")}
+    body: Dict[str, Any] = {"image": _image(image)}
     if task is not None:
         body["task"] = v.string(task, "task")
     for name, val, minimum in (

@@ -9,7 +9,7 @@ drive thousands of sandboxes from one event loop::
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _ops
 from . import _validate as v
@@ -32,7 +32,7 @@ class AsyncContainers:
     async def create(
         self,
         *,
-        image: str,
+        image: Union[str, Sequence[str]],
         task: Optional[str] = None,
         cpu: Optional[int] = None,
         memory: Optional[Size] = None,

@@ -17,7 +17,7 @@ same :class:`~warren.sandbox.Sandbox` handle.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from . import _ops
 from . import _validate as v
@@ -41,7 +41,7 @@ class Containers:
     def create(
         self,
         *,
-        image: str,
+        image: Union[str, Sequence[str]],
         task: Optional[str] = None,
         cpu: Optional[int] = None,
         memory: Optional[Size] = None,
@@ -57,7 +57,9 @@ class Containers:
         """Creates a container sandbox and returns a handle once it is ready for commands.
 
         Args:
-            image: Image name, e.g. ``"host"`` (the host's own /usr, read-only).
+            image: Image name, e.g. ``"host"`` (the host's own /usr, read-only) or an imported
+                one (``"base/python:3.12"``), or a list of names composed bottom first
+                (``["base/python:3.12", "ws/repo@4f2a1c", "tk/agent:v3"]``).
             task: The training task it belongs to (task-level operations act on all of one).
             cpu: CPU limit in millicores (1000 = one core; server default 1000).
             memory: Memory limit: bytes, or a string like ``"512Mi"`` (server default 512Mi).

@@ -50,6 +50,8 @@ class SandboxInfo:
     idle_timeout: Optional[int] = None
     on_idle: str = "pause"
     trajectory: bool = False
+    layers: List[str] = field(default_factory=list)
+    """Digests of its image layers, bottom first (empty for ``host``)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SandboxInfo:
@@ -67,6 +69,7 @@ class SandboxInfo:
             idle_timeout=d.get("idle_timeout"),
             on_idle=d.get("on_idle", "pause"),
             trajectory=bool(d.get("trajectory", False)),
+            layers=list(d.get("layers") or []),
         )
 
 

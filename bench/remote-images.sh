@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# Starting sandboxes from a ~1 GB image kept on a remote file system: on demand (the layer file
+# mounted where it lies, read as sandboxes need it) versus full pull (copied to local disk
+# first, then mounted) — the comparison the DSec design rests on.
+#
+# The remote side is emulated: an sshd in a network namespace this script makes, reached over a
+# veth pair shaped with `tc tbf` (RATE, default 200mbit) from a second namespace in which sshfs
+# runs; the node reads the store through that sshfs mount. Nothing leaves the machine: both
+# namespaces are the script's own, and it removes them (and everything else it made) on exit.
+#
+# Usage (as root, after `make build`):  bench/remote-images.sh    [env: N=8 RATE=200mbit]
+# Prints a table: time to first exec, time until all N sandboxes ran the task, bytes sent over
+# the link, and bytes read from the layer as a share of the image.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+W=$PWD/target/release/warren
+[ -x "$W" ] || { echo "build first: make build" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 1; }
+for t in sshfs sshd ip tc nsenter mkfs.erofs; do
+  command -v "$t" >/dev/null || { echo "missing $t: apt-get install sshfs openssh-server iproute2 erofs-utils" >&2; exit 1; }
+done
+N=${N:-8}
+RATE=${RATE:-200mbit}
+TASK='import json, email.parser, http.client, sqlite3, csv; print("ok")'
+work=$(mktemp -d /var/tmp/warren-bench-images.XXXXXX)
+NSR=wbimg-remote-$$ NSC=wbimg-client-$$
+REMOTE_IP=10.231.77.1 CLIENT_IP=10.231.77.2
+pids=()
+
+cleanup() {
+  set +e
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+  umount -l "$work/mnt" 2>/dev/null
+  for m in $(awk -v w="$work" '$5 ~ "^"w {print $5}' /proc/self/mountinfo | sort -r); do umount -l "$m"; done
+  ip netns del "$NSR" 2>/dev/null; ip netns del "$NSC" 2>/dev/null
+  for cg in /sys/fs/cgroup/*/warren-bench-img-$$ /sys/fs/cgroup/unified/warren-bench-img-$$; do
+    [ -d "$cg" ] && rmdir "$cg" 2>/dev/null
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+now() { date +%s%N; }
+ms() { echo $(( ($2 - $1) / 1000000 )); }
+
+# warren up on its own data dir, port and cgroup parent; $1 = name, $2 = store, $3 = layer_mount
+up() {
+  local name=$1 store=$2 mode=$3 port
+  port=$((7790 + RANDOM % 100))
+  mkdir -p "$work/$name"
+  printf '[node]\nwarm_pool = 0\nlayer_mount = "%s"\n' "$mode" > "$work/$name/cfg.toml"
+  WARREN_LOG=warn "$W" up --data-dir "$work/$name" --listen 127.0.0.1:$port --image-store "$store" \
+    --cgroup-parent warren-bench-img-$$ --config "$work/$name/cfg.toml" --kill-sandboxes-on-exit \
+    >"$work/$name.log" 2>&1 &
+  UP_PID=$!
+  pids+=("$UP_PID")
+  export WARREN_URL=http://127.0.0.1:$port
+  for _ in $(seq 1 100); do
+    [ -f "$work/$name/admin.key" ] && curl -fsS -o /dev/null "$WARREN_URL/v1/health" 2>/dev/null && break
+    sleep 0.1
+  done
+  WARREN_API_KEY=$(cat "$work/$name/admin.key"); export WARREN_API_KEY
+}
+down() { kill "$UP_PID"; wait "$UP_PID" 2>/dev/null || true; }
+
+# --- the image: the host's Python and a good part of /usr (bound in, not copied) -------------
+echo "building the image (host /usr/bin, /usr/lib/x86_64-linux-gnu, python3, /usr/share) ..." >&2
+root=$work/rootfs
+mkdir -p "$root/usr/lib" "$root/etc"
+for d in usr/bin usr/lib/x86_64-linux-gnu usr/lib/python3 usr/lib/python3.11 usr/lib64 usr/share; do
+  [ -d "/$d" ] || continue
+  mkdir -p "$root/$d"; mount --bind -o ro "/$d" "$root/$d"
+done
+for l in bin lib lib64 sbin; do ln -s "usr/$l" "$root/$l"; done
+ln -s ../bin "$root/usr/sbin"
+up import "$work/remote-store" loop
+t0=$(now)
+"$W" image import "$root" --name bench/python:1 >/dev/null
+t_import=$(ms "$t0" "$(now)")
+down
+for d in $(awk -v w="$root" '$5 ~ "^"w {print $5}' /proc/self/mountinfo | sort -r); do umount "$d"; done
+layer=$(ls "$work"/remote-store/layers/*.erofs)
+size=$(stat -c %s "$layer")
+echo "image: $(numfmt --to=iec "$size") EROFS (lz4hc), imported in $((t_import / 1000)) s" >&2
+
+# --- the link: remote namespace (sshd) <- tbf $RATE -> client namespace (sshfs) -----------------
+ip netns add "$NSR"; ip netns add "$NSC"
+ip link add wbr$$ netns "$NSR" type veth peer name wbc$$ netns "$NSC"
+ip -n "$NSR" addr add $REMOTE_IP/30 dev wbr$$; ip -n "$NSC" addr add $CLIENT_IP/30 dev wbc$$
+for ns in "$NSR" "$NSC"; do ip -n "$ns" link set lo up; done
+ip -n "$NSR" link set wbr$$ up; ip -n "$NSC" link set wbc$$ up
+ip netns exec "$NSR" tc qdisc add dev wbr$$ root tbf rate "$RATE" burst 128kb latency 100ms
+mkdir -p "$work/ssh" /run/sshd
+ssh-keygen -q -t ed25519 -N '' -f "$work/ssh/host" </dev/null
+ssh-keygen -q -t ed25519 -N '' -f "$work/ssh/client" </dev/null
+cp "$work/ssh/client.pub" "$work/ssh/authorized_keys"
+cat > "$work/ssh/sshd_config" <<CFG
+ListenAddress $REMOTE_IP
+HostKey $work/ssh/host
+AuthorizedKeysFile $work/ssh/authorized_keys
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+PidFile $work/ssh/sshd.pid
+Subsystem sftp internal-sftp
+CFG
+ip netns exec "$NSR" /usr/sbin/sshd -D -e -f "$work/ssh/sshd_config" 2>"$work/sshd.log" &
+pids+=("$!")
+sleep 0.5
+mkdir -p "$work/mnt"
+mount_remote() {
+  nsenter --net=/run/netns/"$NSC" sshfs -o ro,IdentityFile="$work/ssh/client",StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,Ciphers=aes128-gcm@openssh.com \
+    root@$REMOTE_IP:"$work/remote-store" "$work/mnt"
+}
+unmount_remote() { umount "$work/mnt"; }
+link_bytes() { ip netns exec "$NSC" cat /sys/class/net/wbc$$/statistics/rx_bytes; }
+cold() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+# Starts N sandboxes of the image and runs the task in each, all at once; prints
+# "<ms to first exec> <ms until all ran>", measured from $1.
+start_n() {
+  local t0=$1 first="" i
+  for i in $(seq 1 "$N"); do
+    ( id=$("$W" sandbox create --image bench/python:1 --memory 512Mi) &&
+      "$W" exec "$id" -- python3 -c "$TASK" >/dev/null && now > "$work/done.$i" ) &
+  done
+  wait
+  for i in $(seq 1 "$N"); do [ -f "$work/done.$i" ] || { echo "sandbox $i failed" >&2; exit 1; }; done
+  first=$(cat "$work"/done.* | sort -n | head -1); last=$(cat "$work"/done.* | sort -n | tail -1)
+  rm -f "$work"/done.*
+  echo "$(ms "$t0" "$first") $(ms "$t0" "$last")"
+}
+
+# Layer bytes read, from the API.
+layer_read() {
+  "$W" image stats --json | python3 -c 'import json,sys; print(sum(l["read_bytes"] for l in json.load(sys.stdin)["layers"]))'
+}
+
+rows=()
+run_on_demand() {
+  local mode=$1
+  cold; mount_remote
+  up "ondemand-$mode" "$work/mnt" "$mode"
+  local b0 t0 r b1 rd
+  b0=$(link_bytes); t0=$(now)
+  r=$(start_n "$t0")
+  b1=$(link_bytes); rd=$(layer_read)
+  down; unmount_remote
+  rows+=("on demand ($mode)|${r% *}|${r#* }|$((b1 - b0))|$rd")
+}
+run_full_pull() {
+  cold; mount_remote
+  local b0 t0 r b1 rd
+  b0=$(link_bytes); t0=$(now)
+  mkdir -p "$work/local-store"
+  cp -r "$work/mnt/layers" "$work/mnt/refs" "$work/local-store/"
+  up pull "$work/local-store" loop
+  r=$(start_n "$t0")
+  b1=$(link_bytes); rd=$(layer_read)
+  down; unmount_remote; rm -rf "$work/local-store"
+  rows+=("full pull, then loop|${r% *}|${r#* }|$((b1 - b0))|$rd")
+}
+
+echo "running: $N sandboxes, link $RATE, task: python3 -c '$TASK'" >&2
+run_on_demand loop
+run_on_demand file
+run_full_pull
+
+printf '\nStarting %s sandboxes from a %s image over a %s link (page cache dropped before each run)\n\n' \
+  "$N" "$(numfmt --to=iec "$size")" "$RATE"
+printf '%-24s %16s %16s %18s %22s\n' "mode" "first exec (ms)" "all $N ran (ms)" "sent over link" "read from layer"
+for r in "${rows[@]}"; do
+  IFS='|' read -r name first all sent rd <<<"$r"
+  printf '%-24s %16s %16s %18s %14s (%4.1f%%)\n' "$name" "$first" "$all" "$(numfmt --to=iec "$sent")" \
+    "$(numfmt --to=iec "$rd")" "$(python3 -c "print(100*$rd/$size)")"
+done
+IFS='|' read -r _ od_first _ od_sent _ <<<"${rows[0]}"
+IFS='|' read -r _ fp_first _ fp_sent _ <<<"${rows[2]}"
+printf '\non demand (loop) vs full pull: first exec %.1fx faster, %.1f%% of the bytes over the link\n' \
+  "$(python3 -c "print($fp_first/max($od_first,1))")" "$(python3 -c "print(100*$od_sent/max($fp_sent,1))")"

@@ -1,0 +1,338 @@
+//! Images: import, list, inspect, remove, read statistics, and commit (the last step of
+//! `warren image build`).
+//!
+//! The layer store is a directory the control plane and every node see (one machine's
+//! `<data-dir>/images`, or a shared file system in a cluster). Imports are written there by the
+//! control plane; nodes mount the layers by digest.
+
+use std::collections::BTreeSet;
+
+use axum::body::Body;
+use axum::extract::Path;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::Response;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use tokio::io::AsyncWriteExt;
+use warren_http::{Error, Json, Query};
+use warren_images::ImageError;
+use warren_types::api::{
+    CommitRequest, Image, ImageDetail, ImageList, ImageStats, Sandbox, SandboxList,
+};
+use warren_types::error::{ApiError, ErrorBody, ErrorCode};
+
+use super::S;
+use super::forward::{forward_json, unavailable};
+use crate::Control;
+
+/// The API error for an image error.
+pub fn image_error(e: ImageError) -> Error {
+    let code = match &e {
+        ImageError::Invalid(_) => ErrorCode::InvalidArgument,
+        ImageError::NotFound(_) => ErrorCode::ImageNotFound,
+        ImageError::Conflict(_) => ErrorCode::Conflict,
+        ImageError::TooLarge(_) => ErrorCode::PayloadTooLarge,
+        ImageError::NoSpace(_) => ErrorCode::Unavailable,
+        ImageError::Io { .. } => ErrorCode::Internal,
+    };
+    if code == ErrorCode::Internal {
+        tracing::error!("image store: {e}");
+    }
+    Error(ApiError::new(code, e.to_string()))
+}
+
+fn store(c: &Control) -> Result<&warren_images::Store, Error> {
+    c.store.as_ref().ok_or_else(|| {
+        Error(ApiError::new(
+            ErrorCode::Unavailable,
+            format!(
+                "the image store {} cannot be used (see the log of warren up)",
+                c.cfg.image_store().display()
+            ),
+        ))
+    })
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ImageError> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error(ApiError::internal(format!("image task failed: {e}"))))?
+        .map_err(image_error)
+}
+
+/// `POST /v1/images` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ImportQuery {
+    /// Name for the image, e.g. `base/python:3.12`.
+    pub name: String,
+    /// What the upload was made from, when the client knows better than the content shows
+    /// (`directory` for a directory the client packed as tar).
+    pub source: Option<String>,
+}
+
+/// Import an image. The body is a tar archive (plain, gzip or zstd) of a root file system, an
+/// OCI image layout or a `docker save` archive (as tar), or an EROFS file; the format is found
+/// from the content. Each layer of the source becomes a layer in the store; the name then
+/// points at them. Nothing is visible under the name until the whole import succeeded.
+#[utoipa::path(post, path = "/v1/images", tag = "images", params(ImportQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 201, body = ImageDetail),
+        (status = 400, description = "Not an image, or an unsafe archive.", body = ErrorBody),
+        (status = 413, description = "Larger than max_image_upload.", body = ErrorBody),
+        (status = 503, description = "The image store is full or unusable.", body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn import(
+    axum::extract::State(c): S,
+    Query(q): Query<ImportQuery>,
+    body: Body,
+) -> Result<(StatusCode, Json<ImageDetail>), Error> {
+    warren_images::names::check_name(&q.name).map_err(image_error)?;
+    let st = store(&c)?.clone();
+    let tmp = st.tmp().map_err(image_error)?;
+    let path = tmp.path().join("upload");
+    let max = c.cfg.max_image_upload.bytes();
+    let mut f = tokio::fs::File::create(&path)
+        .await
+        .map_err(|e| image_error(ImageError::io("saving the upload", e)))?;
+    let mut stream = body.into_data_stream();
+    let mut n: u64 = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            Error(ApiError::new(
+                ErrorCode::InvalidArgument,
+                format!("the upload broke off: {e}"),
+            ))
+        })?;
+        n += chunk.len() as u64;
+        if n > max {
+            return Err(Error(ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the upload is larger than max_image_upload ({}); raise it in the [control] configuration",
+                    c.cfg.max_image_upload
+                ),
+            )));
+        }
+        f.write_all(&chunk)
+            .await
+            .map_err(|e| image_error(ImageError::io("saving the upload", e)))?;
+    }
+    f.flush()
+        .await
+        .map_err(|e| image_error(ImageError::io("saving the upload", e)))?;
+    drop(f);
+    if n == 0 {
+        return Err(Error(ApiError::new(
+            ErrorCode::InvalidArgument,
+            "the upload is empty: send a tar archive, OCI layout, docker save archive or EROFS file",
+        )));
+    }
+    let name = q.name.clone();
+    let source_hint = q.source.clone();
+    let detail = blocking(move || {
+        let imported = warren_images::import::import_file(
+            &st,
+            &path,
+            "admin",
+            warren_images::unpack::Limits::default(),
+        )?;
+        drop(tmp);
+        let source = match (source_hint.as_deref(), imported.source.as_str()) {
+            (Some("directory"), "tar") => "directory".to_string(),
+            (_, s) => s.to_string(),
+        };
+        let image = st.put_image(warren_images::store::NewImage {
+            name,
+            layers: imported.layers.iter().map(|l| l.digest.clone()).collect(),
+            creator: "admin".into(),
+            parents: Vec::new(),
+            source,
+            env: imported.env,
+            user: imported.user,
+            workdir: imported.workdir,
+        })?;
+        Ok(ImageDetail {
+            image,
+            layer_info: imported.layers,
+        })
+    })
+    .await?;
+    tracing::info!(image = %detail.image.name, layers = detail.layer_info.len(), bytes = n, "image imported");
+    Ok((StatusCode::CREATED, Json(detail)))
+}
+
+/// List named images.
+#[utoipa::path(get, path = "/v1/images", tag = "images",
+    responses((status = 200, body = ImageList)), security(("api_key" = [])))]
+pub async fn list(axum::extract::State(c): S) -> Result<Json<ImageList>, Error> {
+    let st = store(&c)?.clone();
+    let images = blocking(move || Ok(st.images())).await?;
+    Ok(Json(ImageList { images }))
+}
+
+/// An image with its layers.
+#[utoipa::path(get, path = "/v1/images/{name}", tag = "images",
+    params(("name" = String, Path, description = "Image name (may contain `/`).")),
+    responses((status = 200, body = ImageDetail), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn get(
+    axum::extract::State(c): S,
+    Path(name): Path<String>,
+) -> Result<Json<ImageDetail>, Error> {
+    let st = store(&c)?.clone();
+    let detail = blocking(move || {
+        let image = st.image(&name)?;
+        let layer_info = image
+            .layers
+            .iter()
+            .map(|d| st.layer(d))
+            .collect::<Result<_, _>>()?;
+        Ok(ImageDetail { image, layer_info })
+    })
+    .await?;
+    Ok(Json(detail))
+}
+
+/// Every sandbox on every node (to know who uses what).
+async fn all_sandboxes(c: &Control) -> Result<Vec<Sandbox>, Error> {
+    let mut out = Vec::new();
+    for n in c.nodes.all() {
+        let r = n
+            .client
+            .request(reqwest::Method::GET, "/v1/sandboxes")
+            .send()
+            .await
+            .map_err(|e| unavailable(&n, &e))?;
+        let list: SandboxList = r.json().await.map_err(|e| unavailable(&n, &e))?;
+        out.extend(list.sandboxes);
+    }
+    Ok(out)
+}
+
+/// Remove an image name (`base/python:3.12`) or a layer (`sha256:…`). An image that running
+/// sandboxes were made from, or a layer that a sandbox or another image uses, is refused with
+/// the list of users. Removing a name also deletes its layers that nothing else uses.
+#[utoipa::path(delete, path = "/v1/images/{name}", tag = "images",
+    params(("name" = String, Path, description = "Image name, or a layer digest.")),
+    responses((status = 204, description = "Removed."), (status = 404, body = ErrorBody),
+        (status = 409, description = "In use: the message lists the users.", body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn remove(
+    axum::extract::State(c): S,
+    Path(name): Path<String>,
+) -> Result<StatusCode, Error> {
+    let st = store(&c)?.clone();
+    // The node's view of who uses which layer; a node that does not answer makes the
+    // answer unknowable, so the removal is refused rather than risked.
+    let sandboxes = all_sandboxes(&c).await?;
+    blocking(move || {
+        let images = st.images();
+        if name.starts_with("sha256:") {
+            st.layer(&name)?;
+            let mut users: Vec<String> = images
+                .iter()
+                .filter(|i| i.layers.contains(&name))
+                .map(|i| format!("image {}", i.name))
+                .collect();
+            users.extend(
+                sandboxes
+                    .iter()
+                    .filter(|s| s.layers.contains(&name))
+                    .map(|s| format!("sandbox {}", s.id)),
+            );
+            if !users.is_empty() {
+                return Err(ImageError::Conflict(format!(
+                    "layer {name} is in use by {}; remove those first",
+                    users.join(", ")
+                )));
+            }
+            return st.remove_layer(&name);
+        }
+        let image = st.image(&name)?;
+        let users: Vec<String> = sandboxes
+            .iter()
+            .filter(|s| s.image.split(',').any(|n| n.trim() == name))
+            .map(|s| s.id.to_string())
+            .collect();
+        if !users.is_empty() {
+            return Err(ImageError::Conflict(format!(
+                "image {name} is in use by running sandboxes {}; kill them first",
+                users.join(", ")
+            )));
+        }
+        st.remove_image(&name)?;
+        let still: BTreeSet<&String> = images
+            .iter()
+            .filter(|i| i.name != name)
+            .flat_map(|i| i.layers.iter())
+            .chain(sandboxes.iter().flat_map(|s| s.layers.iter()))
+            .collect();
+        for d in &image.layers {
+            if !still.contains(d) {
+                st.remove_layer(d)?;
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// How much of each mounted layer has been read, per node, and how much each sandbox made from
+/// layered images has read: the share of an image a sandbox really uses.
+#[utoipa::path(get, path = "/v1/images/stats", tag = "images",
+    responses((status = 200, body = ImageStats)), security(("api_key" = [])))]
+pub async fn stats(axum::extract::State(c): S) -> Result<Json<ImageStats>, Error> {
+    let mut out = ImageStats {
+        layers: Vec::new(),
+        sandboxes: Vec::new(),
+    };
+    for n in c.nodes.all() {
+        let r = n
+            .client
+            .request(reqwest::Method::GET, "/v1/images/stats")
+            .send()
+            .await;
+        match r {
+            Ok(resp) => match resp.json::<ImageStats>().await {
+                Ok(s) => {
+                    out.layers.extend(s.layers);
+                    out.sandboxes.extend(s.sandboxes);
+                }
+                Err(e) => tracing::warn!(node_id = %n.id, "image stats: {e}"),
+            },
+            Err(e) => tracing::warn!(node_id = %n.id, "image stats: {e}"),
+        }
+    }
+    Ok(Json(out))
+}
+
+/// Turn a sandbox's changes into a new layer: the image `name` is the sandbox's layers plus
+/// the new one. The sandbox is frozen while its writable layer is read, then resumed. Only
+/// sandboxes made from imported images can be committed (not `host`).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commit", tag = "images",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    request_body = CommitRequest,
+    responses((status = 201, body = Image), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn commit(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Json(req): Json<CommitRequest>,
+) -> Result<Response, Error> {
+    warren_images::names::check_name(&req.name).map_err(image_error)?;
+    let (_, node) = super::forward::route(&c, &id)?;
+    forward_json(
+        &node,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/commit"),
+        &headers,
+        &req,
+    )
+    .await
+}

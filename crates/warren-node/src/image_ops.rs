@@ -1,0 +1,139 @@
+//! The node's side of images: turning a sandbox's changes into a layer (`image build`), and
+//! read statistics of mounted layers and of sandboxes.
+
+use std::sync::Arc;
+
+use warren_types::api::{CommitRequest, Image, ImageStats, LayerStats, SandboxReadStats};
+use warren_types::id::SandboxId;
+
+use crate::error::NodeError;
+use crate::node::{Node, blocking};
+
+impl Node {
+    /// Makes the sandbox's writable layer a new layer on top of its image's, named
+    /// `req.name`. The sandbox is frozen meanwhile, so the layer is one consistent state.
+    pub async fn commit(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        req: CommitRequest,
+        creator: &str,
+    ) -> Result<Image, NodeError> {
+        warren_images::names::check_name(&req.name)?;
+        let sb = self.get(id)?;
+        if sb.record.layers.is_empty() {
+            return Err(NodeError::Invalid(
+                "only a sandbox made from imported images can be committed: the built-in host \
+                 image is not a layer (create the builder with --image <name>)"
+                    .into(),
+            ));
+        }
+        let Some(store) = self.images.store.clone() else {
+            return Err(NodeError::host(
+                "committing",
+                std::io::Error::other("this node's image store is unusable (see its log)"),
+            ));
+        };
+        let was_paused = sb.phase() == crate::node::Phase::Paused;
+        self.pause(id).await?;
+        let upper = sb.dir.join("upper");
+        let record = sb.record.clone();
+        let creator = creator.to_string();
+        let result = blocking(move || {
+            let run = || -> Result<Image, warren_images::ImageError> {
+                warren_images::store::strip_overlay_xattrs(&upper)?;
+                let layer = store.add_layer_dir(&upper, "build", &creator)?;
+                let parents: Vec<String> = record
+                    .image
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .collect();
+                let base = store.resolve(&record.image).unwrap_or_default();
+                let mut layers = record.layers.clone();
+                layers.push(layer.digest);
+                store.put_image(warren_images::store::NewImage {
+                    name: req.name.clone(),
+                    layers,
+                    creator: creator.clone(),
+                    parents,
+                    source: "build".into(),
+                    env: base.env,
+                    user: base.user,
+                    workdir: base.workdir,
+                })
+            };
+            Ok(run())
+        })
+        .await
+        .map_err(|e| NodeError::host("committing", e))?;
+        if !was_paused {
+            let _ = self.resume(id).await;
+        }
+        Ok(result?)
+    }
+
+    /// How this node's mounted layers and layered sandboxes have been read.
+    pub fn image_stats(&self) -> ImageStats {
+        let layers = self
+            .layers
+            .stats()
+            .into_iter()
+            .map(|m| LayerStats {
+                node: self.id.clone(),
+                read_fraction: fraction(m.read_bytes, m.size),
+                digest: m.digest,
+                size: m.size,
+                mode: m.mode.name().into(),
+                read_bytes: m.read_bytes,
+                sandboxes: m.refs,
+            })
+            .collect();
+        let sandboxes: Vec<_> = self
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| !s.record.layers.is_empty())
+            .cloned()
+            .collect();
+        let store = self.images.store.as_ref();
+        let sandboxes = sandboxes
+            .into_iter()
+            .map(|sb| {
+                let image_size: u64 = sb
+                    .record
+                    .layers
+                    .iter()
+                    .filter_map(|d| store.and_then(|s| s.layer(d).ok()))
+                    .map(|l| l.size)
+                    .sum();
+                let read_bytes: u64 = sb.cgroup.pids().into_iter().map(proc_read_bytes).sum();
+                SandboxReadStats {
+                    id: sb.record.id.clone(),
+                    image: sb.record.image.clone(),
+                    layers: sb.record.layers.clone(),
+                    image_size,
+                    read_bytes,
+                    read_fraction: fraction(read_bytes, image_size),
+                }
+            })
+            .collect();
+        ImageStats { layers, sandboxes }
+    }
+}
+
+fn fraction(a: u64, b: u64) -> f64 {
+    if b == 0 { 0.0 } else { a as f64 / b as f64 }
+}
+
+/// `read_bytes` of a process's I/O accounting: storage reads it caused, its reaped children's
+/// included.
+fn proc_read_bytes(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("read_bytes: "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,85 @@
+//! Images: import, list, inspect, remove, read statistics, and commit a sandbox as a layer.
+
+use reqwest::Method;
+use warren_types::api::{CommitRequest, Image, ImageDetail, ImageList, ImageStats};
+
+use crate::error::{Error, Result};
+use crate::{Client, Sandbox};
+
+impl Client {
+    /// The address of `/v1/images/<name>`, the name's `/` kept as path separators.
+    fn image_url(&self, name: &str) -> Result<reqwest::Url> {
+        if name.is_empty() {
+            return Err(Error::Invalid("image name is empty".into()));
+        }
+        let mut url = self.endpoint("/v1/images", &[])?;
+        {
+            let mut seg = url
+                .path_segments_mut()
+                .map_err(|_| Error::Invalid("the base URL cannot take a path".into()))?;
+            for part in name.split('/') {
+                seg.push(part);
+            }
+        }
+        Ok(url)
+    }
+
+    /// Imports an image under `name` (`POST /v1/images`) from `body`: a tar archive (plain,
+    /// gzip or zstd) of a root file system, an OCI image layout or `docker save` archive as
+    /// tar, or an EROFS file. `source` labels what the client packed (`directory`).
+    pub async fn import_image(
+        &self,
+        name: &str,
+        body: reqwest::Body,
+        source: Option<&str>,
+    ) -> Result<ImageDetail> {
+        let mut query = vec![("name", name)];
+        if let Some(s) = source {
+            query.push(("source", s));
+        }
+        let rb = self
+            .request(Method::POST, self.endpoint("/v1/images", &query)?)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(body);
+        self.json(rb).await
+    }
+
+    /// Named images (`GET /v1/images`), by name.
+    pub async fn images(&self) -> Result<Vec<Image>> {
+        let rb = self.request(Method::GET, self.endpoint("/v1/images", &[])?);
+        let list: ImageList = self.json(rb).await?;
+        Ok(list.images)
+    }
+
+    /// One image with its layers (`GET /v1/images/{name}`).
+    pub async fn image(&self, name: &str) -> Result<ImageDetail> {
+        let rb = self.request(Method::GET, self.image_url(name)?);
+        self.json(rb).await
+    }
+
+    /// Removes an image name, or a layer by digest (`DELETE /v1/images/{name}`). Refused
+    /// (conflict) while something uses it.
+    pub async fn remove_image(&self, name: &str) -> Result<()> {
+        let rb = self.request(Method::DELETE, self.image_url(name)?);
+        self.empty(rb).await
+    }
+
+    /// How much of the mounted layers has been read, per node and per sandbox
+    /// (`GET /v1/images/stats`).
+    pub async fn image_stats(&self) -> Result<ImageStats> {
+        let rb = self.request(Method::GET, self.endpoint("/v1/images/stats", &[])?);
+        self.json(rb).await
+    }
+}
+
+impl Sandbox {
+    /// Makes the sandbox's changes a new layer on top of its image, named `name`
+    /// (`POST /v1/sandboxes/{id}/commit`). The sandbox must be made from imported images.
+    pub async fn commit(&self, name: &str) -> Result<Image> {
+        let rb = self
+            .client()
+            .request(Method::POST, self.endpoint("/commit", &[])?)
+            .json(&CommitRequest { name: name.into() });
+        self.client().json(rb).await
+    }
+}

@@ -1,0 +1,513 @@
+//! `warren image ...`: layered images — import, build, list, inspect, remove, read statistics.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use futures_util::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use warren_sdk::{ByteSize, Client, CreateSandbox, ExecResultExt};
+
+use super::output;
+
+/// `warren image` commands.
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Import an image from a directory, a tarball (.tar, .tar.gz, .tar.zst), an OCI image
+    /// layout (directory or tar), a `docker save` archive or an EROFS file.
+    #[command(after_help = "Examples:\n  \
+        warren image import ./rootfs --name base/debian:12\n  \
+        warren image import python.tar.zst --name base/python:3.12\n  \
+        docker save python:3.12 -o py.tar && warren image import py.tar --name base/python:3.12\n  \
+        warren image import ./oci-layout-dir --name tk/agent:v3\n\n\
+        The format is found from the content. Each layer of an OCI or docker image becomes a\n\
+        layer in the store, so images that share a base share its layers. Directories are\n\
+        sent as tar with owners, modes, links and device files (extended attributes are not\n\
+        kept: import a tarball made with `tar --xattrs` for those).")]
+    Import(ImportArgs),
+    /// Build a new layer: run steps in a builder sandbox, keep what they changed.
+    #[command(after_help = "Examples:\n  \
+        warren image build --from base/python:3.12 --run 'pip install numpy' --name ws/numpy:1\n  \
+        warren image build --from base/python:3.12,ws/numpy:1 --copy ./agent /opt/agent \\\n      \
+        --run 'pip install -e /opt/agent' --name tk/agent:v3\n\n\
+        Steps run in the order given, as root. The new image is the --from layers plus one\n\
+        new layer holding exactly what the steps changed; the builder sandbox is removed.")]
+    Build(BuildArgs),
+    /// List images.
+    #[command(
+        visible_alias = "list",
+        after_help = "Examples:\n  warren image ls\n  warren image ls --json"
+    )]
+    Ls,
+    /// Show an image and its layers.
+    #[command(after_help = "Examples:\n  warren image inspect base/python:3.12")]
+    Inspect {
+        /// Image name.
+        name: String,
+    },
+    /// Remove an image name, or a layer by digest (refused while something uses it).
+    #[command(
+        after_help = "Examples:\n  warren image rm tk/agent:v2\n  warren image rm sha256:4f2a...\n\n\
+        Removing a name also deletes its layers that no other image and no sandbox uses."
+    )]
+    Rm {
+        /// Image names or layer digests.
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// How much of each mounted layer sandboxes have read.
+    #[command(
+        after_help = "Examples:\n  warren image stats\n  warren image stats --json\n\n\
+        READ is what was read from the layer file since it was mounted on that node; SHARE is\n\
+        READ over the layer's size: the part of an image sandboxes really use."
+    )]
+    Stats,
+}
+
+/// `warren image import`.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// A directory or a file.
+    pub path: PathBuf,
+    /// Name for the image, e.g. `base/python:3.12`.
+    #[arg(long)]
+    pub name: String,
+}
+
+/// `warren image build`.
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// Images to start from, bottom first (repeat, or separate with commas).
+    #[arg(long, required = true, value_delimiter = ',')]
+    pub from: Vec<String>,
+    /// A shell command to run (repeatable; in order with --copy).
+    #[arg(long, value_name = "CMD")]
+    pub run: Vec<String>,
+    /// Copy a local file or directory into the image (repeatable).
+    #[arg(long, num_args = 2, value_names = ["SRC", "DST"])]
+    pub copy: Vec<String>,
+    /// Name of the new image.
+    #[arg(long)]
+    pub name: String,
+    /// Memory for the builder sandbox.
+    #[arg(long, default_value = "2Gi")]
+    pub memory: ByteSize,
+    /// Seconds each --run step may take.
+    #[arg(long, default_value_t = 3600)]
+    pub step_timeout: u64,
+    /// The order of the steps as given on the command line (filled in from the parse).
+    #[arg(skip)]
+    pub order: Vec<StepKind>,
+}
+
+/// Which kind of step comes next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// The next --run.
+    Run,
+    /// The next --copy.
+    Copy,
+}
+
+/// The order of --run and --copy in the command line.
+pub fn build_order(m: &clap::ArgMatches) -> Vec<StepKind> {
+    let mut idx: Vec<(usize, StepKind)> = Vec::new();
+    if let Some(i) = m.indices_of("run") {
+        idx.extend(i.map(|i| (i, StepKind::Run)));
+    }
+    if let Some(i) = m.indices_of("copy") {
+        idx.extend(i.step_by(2).map(|i| (i, StepKind::Copy)));
+    }
+    idx.sort_by_key(|(i, _)| *i);
+    idx.into_iter().map(|(_, k)| k).collect()
+}
+
+/// Runs a `warren image` command.
+pub async fn run(client: &Client, json: bool, cmd: ImageCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        ImageCommand::Import(a) => import(client, json, a).await,
+        ImageCommand::Build(a) => build(client, json, a).await,
+        ImageCommand::Ls => {
+            let images = client.images().await?;
+            if json {
+                output::json(&images)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut t = output::table(&["NAME", "LAYERS", "SIZE", "SOURCE", "CREATED"]);
+            for i in &images {
+                t.add_row([
+                    i.name.clone(),
+                    i.layers.len().to_string(),
+                    size(i.size),
+                    i.source.clone(),
+                    i.created_at.clone(),
+                ]);
+            }
+            output::print(&t);
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Inspect { name } => {
+            let d = client.image(&name).await?;
+            if json {
+                output::json(&d)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let env = d
+                .image
+                .env
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            output::print(&output::fields(&[
+                ("name", d.image.name.clone()),
+                ("size", size(d.image.size)),
+                ("source", d.image.source.clone()),
+                ("created", d.image.created_at.clone()),
+                ("creator", d.image.creator.clone()),
+                ("parents", dash(d.image.parents.join(","))),
+                ("env", dash(env)),
+                ("user", output::or_dash(d.image.user.as_deref())),
+                ("workdir", output::or_dash(d.image.workdir.as_deref())),
+            ]));
+            println!();
+            let mut t = output::table(&["LAYER (bottom first)", "SIZE", "SOURCE", "CREATED"]);
+            for l in &d.layer_info {
+                t.add_row([
+                    l.digest.clone(),
+                    size(l.size),
+                    l.source.clone(),
+                    l.created_at.clone(),
+                ]);
+            }
+            output::print(&t);
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Rm { names } => {
+            for n in &names {
+                client
+                    .remove_image(n)
+                    .await
+                    .with_context(|| format!("removing {n}"))?;
+                if !json {
+                    println!("{n}");
+                }
+            }
+            if json {
+                output::json(&names)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Stats => {
+            let s = client.image_stats().await?;
+            if json {
+                output::json(&s)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut t = output::table(&[
+                "NODE",
+                "LAYER",
+                "MODE",
+                "SIZE",
+                "READ",
+                "SHARE",
+                "SANDBOXES",
+            ]);
+            for l in &s.layers {
+                t.add_row([
+                    l.node.to_string(),
+                    short(&l.digest),
+                    l.mode.clone(),
+                    size(l.size),
+                    size(l.read_bytes),
+                    format!("{:.1}%", l.read_fraction * 100.0),
+                    l.sandboxes.to_string(),
+                ]);
+            }
+            output::print(&t);
+            if !s.sandboxes.is_empty() {
+                println!();
+                let mut t = output::table(&["SANDBOX", "IMAGE", "IMAGE SIZE", "READ", "SHARE"]);
+                for sb in &s.sandboxes {
+                    t.add_row([
+                        sb.id.to_string(),
+                        sb.image.clone(),
+                        size(sb.image_size),
+                        size(sb.read_bytes),
+                        format!("{:.1}%", sb.read_fraction * 100.0),
+                    ]);
+                }
+                output::print(&t);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn dash(s: String) -> String {
+    if s.is_empty() { "-".into() } else { s }
+}
+
+fn short(digest: &str) -> String {
+    digest.chars().take(19).collect()
+}
+
+/// Bytes as people read them.
+fn size(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn bar(len: Option<u64>, what: &str) -> ProgressBar {
+    let pb = match len {
+        Some(n) => ProgressBar::new(n).with_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{spinner} {msg} {bytes} {bytes_per_sec}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        ),
+    };
+    pb.set_message(what.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(120));
+    pb
+}
+
+/// Writes into a channel in chunks: the tar of a directory, made on a thread, streamed out.
+struct ChanWriter {
+    tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl Write for ChanWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= 256 * 1024 {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            let chunk = Bytes::from(std::mem::take(&mut self.buf));
+            self.tx
+                .blocking_send(Ok(chunk))
+                .map_err(|_| io::Error::other("the upload stopped"))?;
+        }
+        Ok(())
+    }
+}
+
+/// A tar stream of `dir` (owners, modes, links, devices; symbolic links not followed).
+pub fn tar_dir(dir: &Path) -> impl futures_util::Stream<Item = io::Result<Bytes>> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let dir = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let w = ChanWriter {
+            tx: tx.clone(),
+            buf: Vec::new(),
+        };
+        let mut b = tar::Builder::new(w);
+        b.follow_symlinks(false);
+        b.mode(tar::HeaderMode::Complete);
+        let r = b
+            .append_dir_all(".", &dir)
+            .and_then(|()| b.into_inner())
+            .and_then(|mut w| w.flush());
+        if let Err(e) = r {
+            let _ = tx.blocking_send(Err(io::Error::new(
+                e.kind(),
+                format!("packing {}: {e}", dir.display()),
+            )));
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
+}
+
+/// A body being uploaded.
+type ByteStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = io::Result<Bytes>> + Send>>;
+
+async fn import(client: &Client, json: bool, a: ImportArgs) -> anyhow::Result<ExitCode> {
+    let md =
+        std::fs::metadata(&a.path).with_context(|| format!("cannot read {}", a.path.display()))?;
+    let (stream, len, source): (ByteStream, Option<u64>, Option<&str>) = if md.is_dir() {
+        let oci = a.path.join("oci-layout").is_file();
+        (
+            Box::pin(tar_dir(&a.path)),
+            None,
+            (!oci).then_some("directory"),
+        )
+    } else {
+        let f = tokio::fs::File::open(&a.path)
+            .await
+            .with_context(|| format!("cannot open {}", a.path.display()))?;
+        (
+            Box::pin(tokio_util::io::ReaderStream::with_capacity(f, 256 * 1024)),
+            Some(md.len()),
+            None,
+        )
+    };
+    let pb = bar(len, "uploading");
+    let pb2 = pb.clone();
+    let counted = stream.inspect(move |c| {
+        if let Ok(c) = c {
+            pb2.inc(c.len() as u64);
+            if pb2.length().is_some_and(|l| pb2.position() >= l) {
+                pb2.set_message("converting to EROFS layers");
+            }
+        }
+    });
+    let result = client
+        .import_image(&a.name, reqwest::Body::wrap_stream(counted), source)
+        .await;
+    pb.finish_and_clear();
+    let d = result.with_context(|| format!("importing {} as {}", a.path.display(), a.name))?;
+    if json {
+        output::json(&d)?;
+    } else {
+        println!(
+            "{}: {} layer(s), {} ({})",
+            d.image.name,
+            d.layer_info.len(),
+            size(d.image.size),
+            d.image.source
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn build(client: &Client, json: bool, a: BuildArgs) -> anyhow::Result<ExitCode> {
+    let memory = a.memory;
+    if a.run.is_empty() && a.copy.is_empty() {
+        anyhow::bail!("nothing to build: give at least one --run or --copy step");
+    }
+    let order = if a.order.len() == a.run.len() + a.copy.len() / 2 {
+        a.order.clone()
+    } else {
+        // Without the parse's order: copies first, then commands.
+        std::iter::repeat_n(StepKind::Copy, a.copy.len() / 2)
+            .chain(std::iter::repeat_n(StepKind::Run, a.run.len()))
+            .collect()
+    };
+    let sb = client
+        .create(&CreateSandbox {
+            image: a.from.join(","),
+            memory: Some(memory),
+            timeout: Some(24 * 3600),
+            labels: [("warren.build".to_string(), a.name.clone())].into(),
+            ..CreateSandbox::default()
+        })
+        .await
+        .context("starting the builder sandbox")?;
+    let root = sb.as_user("root");
+    let result = async {
+        let (mut runs, mut copies) = (a.run.iter(), a.copy.chunks(2));
+        for (i, kind) in order.iter().enumerate() {
+            match kind {
+                StepKind::Run => {
+                    let cmd = runs.next().context("step order")?;
+                    eprintln!("step {}: run {cmd}", i + 1);
+                    let mut req = warren_sdk::shell(cmd);
+                    req.user = Some("root".into());
+                    req.timeout = Some(a.step_timeout as f64);
+                    let out = sb.exec(&req).await?;
+                    io::stderr().write_all(&out.stdout_data()?)?;
+                    io::stderr().write_all(&out.stderr_data()?)?;
+                    if out.status.exit_code != 0 {
+                        let why = match (out.status.signal, out.status.timed_out) {
+                            (_, true) => "a timeout (--step-timeout)".to_string(),
+                            (Some(s), _) => format!("signal {s}"),
+                            (None, _) => format!("exit code {}", out.status.exit_code),
+                        };
+                        anyhow::bail!(
+                            "step {} (`{cmd}`) failed with {why}; nothing was saved",
+                            i + 1
+                        );
+                    }
+                }
+                StepKind::Copy => {
+                    let pair = copies.next().context("step order")?;
+                    let (src, dst) = (Path::new(&pair[0]), pair[1].as_str());
+                    eprintln!("step {}: copy {} {dst}", i + 1, src.display());
+                    let md = std::fs::metadata(src)
+                        .with_context(|| format!("cannot read {}", src.display()))?;
+                    if md.is_dir() {
+                        root.upload_tar(dst, reqwest::Body::wrap_stream(tar_dir(src)))
+                            .await?;
+                    } else {
+                        use std::os::unix::fs::PermissionsExt;
+                        root.upload_file(src, dst, Some(md.permissions().mode() & 0o7777))
+                            .await?;
+                    }
+                }
+            }
+        }
+        eprintln!("saving the new layer");
+        Ok(sb.commit(&a.name).await?)
+    }
+    .await;
+    let _ = sb.kill().await;
+    let image = result?;
+    if json {
+        output::json(&image)?;
+    } else {
+        println!(
+            "{}: {} layers, {}",
+            image.name,
+            image.layers.len(),
+            size(image.size)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches};
+
+    #[test]
+    fn build_steps_keep_their_order() {
+        let m = crate::cli::Cli::command()
+            .try_get_matches_from([
+                "warren", "image", "build", "--from", "a,b", "--run", "one", "--copy", "x", "/y",
+                "--run", "two", "--name", "n",
+            ])
+            .unwrap();
+        let b = m
+            .subcommand_matches("image")
+            .unwrap()
+            .subcommand_matches("build")
+            .unwrap();
+        assert_eq!(
+            build_order(b),
+            vec![StepKind::Run, StepKind::Copy, StepKind::Run]
+        );
+        let cli = crate::cli::Cli::from_arg_matches(&m).unwrap();
+        let dbg = format!("{cli:?}");
+        assert!(dbg.contains("from: [\"a\", \"b\"]"), "{dbg}");
+    }
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(size(512), "512 B");
+        assert_eq!(size(1536), "1.5 KiB");
+        assert_eq!(size(3 << 30), "3.0 GiB");
+    }
+}

@@ -1,0 +1,520 @@
+//! Layered images: import from a directory, a gzip tarball and an EROFS file; whiteouts and
+//! opaque directories; composition of three layers; one shared mount per layer; read-only
+//! layers; refusal to remove what is in use; `image build`; bad input; recovery of an
+//! interrupted import; layers of adopted sandboxes after a daemon crash.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::Platform;
+use warren_sdk::{CreateSandbox, ErrorCode, argv};
+
+/// Layers unmount one second after their last sandbox, so tests can see them go.
+const CONFIG: &str = "[node]\nlayer_idle_unmount = 1\nwarm_pool = 0\n";
+
+fn busybox() -> PathBuf {
+    for p in ["/bin/busybox", "/usr/bin/busybox"] {
+        if Path::new(p).is_file() {
+            return p.into();
+        }
+    }
+    panic!("busybox is missing: install busybox-static (make test does)");
+}
+
+fn write(root: &Path, rel: &str, data: &str) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(p, data).unwrap();
+}
+
+/// A root file system with a static busybox.
+fn base_rootfs(root: &Path) {
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy(busybox(), root.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+    write(root, "etc/marker", "base");
+    write(root, "etc/gone", "present in base");
+    write(root, "var/lib/stuff/a", "base a");
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn cli_ok(p: &Platform, args: &[&str]) -> String {
+    let out = p.cli(args);
+    assert!(
+        out.status.success(),
+        "warren {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn sh(sb: &warren_sdk::Sandbox, cmd: &str) -> (i32, String) {
+    let r = sb
+        .exec(&argv(["/bin/busybox", "sh", "-c", cmd]))
+        .await
+        .unwrap();
+    (r.status.exit_code, r.stdout)
+}
+
+/// erofs mounts of `digest` under the node's layer directory, seen from here.
+fn mounts_of(p: &Platform, digest: &str) -> usize {
+    let hex = digest.trim_start_matches("sha256:");
+    let dir = p.state_dir().join("layers").join(hex);
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(dir.to_str().unwrap()))
+        .count()
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_compose_share_and_protect_layers() {
+    require_root!();
+    let p = Platform::start_with(Some(CONFIG));
+    let c = p.client();
+    let work = tempfile::tempdir().unwrap();
+
+    // Bottom: a directory.
+    let base = work.path().join("base");
+    base_rootfs(&base);
+    cli_ok(
+        &p,
+        &[
+            "image",
+            "import",
+            base.to_str().unwrap(),
+            "--name",
+            "t/base:1",
+        ],
+    );
+
+    // Middle: a gzip tarball with OCI whiteouts: etc/gone deleted, var/lib/stuff opaque.
+    let mid = work.path().join("mid");
+    write(&mid, "etc/.wh.gone", "");
+    write(&mid, "var/lib/stuff/.wh..wh..opq", "");
+    write(&mid, "var/lib/stuff/b", "mid b");
+    write(&mid, "etc/marker", "mid");
+    write(&mid, "etc/mid-only", "mid");
+    let tgz = work.path().join("mid.tar.gz");
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&mid)
+        .arg("-czf")
+        .arg(&tgz)
+        .arg("."));
+    cli_ok(
+        &p,
+        &["image", "import", tgz.to_str().unwrap(), "--name", "t/mid"],
+    );
+
+    // Top: an EROFS file made outside Warren.
+    let top = work.path().join("top");
+    write(&top, "etc/marker", "top");
+    let erofs = work.path().join("top.erofs");
+    run(Command::new("mkfs.erofs")
+        .arg("--quiet")
+        .arg(&erofs)
+        .arg(&top));
+    let out = cli_ok(
+        &p,
+        &[
+            "image",
+            "import",
+            erofs.to_str().unwrap(),
+            "--name",
+            "t/top@v1",
+            "--json",
+        ],
+    );
+    let top_detail: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(top_detail["source"], "erofs");
+
+    let images = c.images().await.unwrap();
+    let sources: Vec<(&str, &str)> = images
+        .iter()
+        .map(|i| (i.name.as_str(), i.source.as_str()))
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            ("t/base:1", "directory"),
+            ("t/mid", "tar+gzip"),
+            ("t/top@v1", "erofs")
+        ]
+    );
+    let base_digest = images[0].layers[0].clone();
+
+    // Three layers, top wins; whiteout and opaque directory honoured.
+    let sb = c
+        .create(&CreateSandbox {
+            image: "t/base:1,t/mid,t/top@v1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(sb.info().await.unwrap().layers.len(), 3);
+    assert_eq!(sh(&sb, "cat /etc/marker").await, (0, "top".into()));
+    assert_eq!(sh(&sb, "cat /etc/mid-only").await, (0, "mid".into()));
+    assert_eq!(sh(&sb, "test -e /etc/gone; echo $?").await.1, "1\n");
+    assert_eq!(sh(&sb, "ls /var/lib/stuff").await.1, "b\n");
+    assert_eq!(sh(&sb, "id -u").await.1, "1000\n", "commands run as user");
+
+    // Read-only layers: root in one sandbox changes only its own view; the layer file and
+    // other sandboxes are untouched, and mounting is not allowed.
+    let other = c
+        .create(&CreateSandbox {
+            image: "t/base:1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let third = c
+        .create(&CreateSandbox {
+            image: "t/base:1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let layer_file = p
+        .data
+        .path()
+        .join("images/layers")
+        .join(format!("{}.erofs", base_digest.replace(':', "-")));
+    let before = run(Command::new("sha256sum").arg(&layer_file));
+    let r = other
+        .as_user("root")
+        .exec(&argv([
+            "/bin/busybox",
+            "sh",
+            "-c",
+            "echo changed > /etc/marker; cat /etc/marker",
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "changed\n");
+    assert_eq!(sh(&third, "cat /etc/marker").await.1, "base");
+    let r = other
+        .as_user("root")
+        .exec(&argv(["/bin/busybox", "mount", "-o", "remount,rw", "/"]))
+        .await
+        .unwrap();
+    assert_ne!(r.status.exit_code, 0, "remount must fail: {r:?}");
+    assert_eq!(run(Command::new("sha256sum").arg(&layer_file)), before);
+    assert_eq!(
+        before.split_whitespace().next().unwrap(),
+        base_digest.trim_start_matches("sha256:"),
+        "the layer file is named by its digest"
+    );
+
+    // One mount per layer, however many sandboxes use it.
+    assert_eq!(mounts_of(&p, &base_digest), 1);
+    let stats = c.image_stats().await.unwrap();
+    let s = stats
+        .layers
+        .iter()
+        .find(|l| l.digest == base_digest)
+        .unwrap();
+    assert_eq!(s.sandboxes, 3);
+    assert!(s.read_bytes > 0 && s.read_bytes <= 4 * s.size, "{s:?}");
+    assert_eq!(stats.sandboxes.len(), 3);
+
+    // Removal of what is in use is refused, naming the users.
+    let e = c.remove_image("t/base:1").await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Conflict), "{e}");
+    assert!(e.to_string().contains(other.id().as_str()), "{e}");
+    let e = c.remove_image(&base_digest).await.unwrap_err();
+    assert!(e.to_string().contains("image t/base:1"), "{e}");
+    let out = p.cli(&["image", "rm", "t/base:1"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in use"));
+
+    for s in [&sb, &other, &third] {
+        s.kill().await.unwrap();
+    }
+    // Unused layers are unmounted after the idle time; then the name and its layers go.
+    wait_for("the base layer to be unmounted", || {
+        mounts_of(&p, &base_digest) == 0
+    });
+    c.remove_image("t/base:1").await.unwrap();
+    assert!(
+        !layer_file.exists(),
+        "an unused layer is deleted with its last name"
+    );
+    assert_eq!(
+        c.image("t/base:1").await.unwrap_err().code(),
+        Some(ErrorCode::ImageNotFound)
+    );
+    p.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_turns_steps_into_a_layer() {
+    require_root!();
+    let p = Platform::start_with(Some(CONFIG));
+    let c = p.client();
+    let work = tempfile::tempdir().unwrap();
+    let base = work.path().join("base");
+    base_rootfs(&base);
+    cli_ok(
+        &p,
+        &[
+            "image",
+            "import",
+            base.to_str().unwrap(),
+            "--name",
+            "t/base",
+        ],
+    );
+    let ctx = work.path().join("ctx");
+    write(&ctx, "agent/run.sh", "echo agent");
+    let out = cli_ok(
+        &p,
+        &[
+            "image",
+            "build",
+            "--from",
+            "t/base",
+            "--run",
+            "echo built > /etc/built && rm /etc/gone",
+            "--copy",
+            ctx.join("agent").to_str().unwrap(),
+            "/opt/agent",
+            "--run",
+            "/bin/busybox ls /opt/agent > /etc/listing",
+            "--name",
+            "tk/agent:v1",
+            "--json",
+        ],
+    );
+    let img: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(img["layers"].as_array().unwrap().len(), 2, "{img}");
+    assert_eq!(img["parents"][0], "t/base");
+    assert_eq!(img["source"], "build");
+
+    let sb = c
+        .create(&CreateSandbox {
+            image: "tk/agent:v1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        sh(&sb, "cat /etc/built /etc/listing /opt/agent/run.sh")
+            .await
+            .1,
+        "built\nrun.sh\necho agent"
+    );
+    assert_eq!(
+        sh(&sb, "test -e /etc/gone; echo $?").await.1,
+        "1\n",
+        "a deletion is a whiteout"
+    );
+    assert_eq!(sh(&sb, "cat /etc/marker").await.1, "base");
+
+    // A failing step saves nothing, and the builder sandbox is gone.
+    let out = p.cli(&[
+        "image", "build", "--from", "t/base", "--run", "exit 3", "--name", "t/broken",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exit code 3"),
+        "{out:?}"
+    );
+    assert!(c.image("t/broken").await.is_err());
+    sb.kill().await.unwrap();
+    let left = c.list(&Default::default()).await.unwrap();
+    assert!(left.is_empty(), "builder sandboxes left: {left:?}");
+
+    // Committing a sandbox of the host image is refused clearly.
+    let host = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let e = host.commit("t/host-copy").await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::InvalidArgument), "{e}");
+    host.kill().await.unwrap();
+    p.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_images_are_refused_and_leave_nothing() {
+    require_root!();
+    let p = Platform::start_with(Some(CONFIG));
+    let c = p.client();
+    let http = p.http();
+    let store = p.data.path().join("images");
+    let import = |name: &str, body: Vec<u8>| {
+        http.post(format!("{}/v1/images?name={name}", p.url))
+            .bearer_auth(&p.key)
+            .body(body)
+            .send()
+    };
+
+    // Not an image at all.
+    let r = import("t/x", b"hello, not an image".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("not a tar archive"), "{body}");
+
+    // A tar that climbs out with `..`, and one with a symlink that escapes.
+    for (path, kind, link) in [
+        ("../../escape", tar::EntryType::Regular, None),
+        (
+            "etc/link",
+            tar::EntryType::Symlink,
+            Some("../../../../etc/shadow"),
+        ),
+    ] {
+        // Written into the header directly: the tar crate's builder refuses such paths.
+        let mut h = tar::Header::new_ustar();
+        let u = h.as_ustar_mut().unwrap();
+        u.name[..path.len()].copy_from_slice(path.as_bytes());
+        if let Some(l) = link {
+            u.linkname[..l.len()].copy_from_slice(l.as_bytes());
+        }
+        h.set_entry_type(kind);
+        h.set_size(0);
+        h.set_mode(0o644);
+        h.set_cksum();
+        let mut b = tar::Builder::new(Vec::new());
+        b.append(&h, std::io::empty()).unwrap();
+        let r = import("t/x", b.into_inner().unwrap()).await.unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(body.contains("outside") || body.contains("`..`"), "{body}");
+    }
+
+    // A truncated tarball.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(100_000);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "big", &vec![1u8; 100_000][..])
+        .unwrap();
+    let t = b.into_inner().unwrap();
+    let r = import("t/x", t[..20_000].to_vec()).await.unwrap();
+    assert_eq!(r.status(), 400);
+
+    // Names, unknown images, and the built-in image.
+    let r = import("Bad%20Name", b"x".to_vec()).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let e = c
+        .create(&CreateSandbox {
+            image: "no/such:image".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::ImageNotFound), "{e}");
+    assert!(e.to_string().contains("warren image import"), "{e}");
+    let e = c
+        .create(&CreateSandbox {
+            image: "host,no/such".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::InvalidArgument), "{e}");
+
+    // An upload that breaks off midway.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = vec![
+        Ok(vec![0u8; 512]),
+        Err(std::io::Error::other("client gone")),
+    ];
+    let _ = http
+        .post(format!("{}/v1/images?name=t/cut", p.url))
+        .bearer_auth(&p.key)
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await;
+
+    // Nothing is visible, and no work in progress is left behind.
+    assert!(c.images().await.unwrap().is_empty());
+    let count = |d: &str| std::fs::read_dir(store.join(d)).unwrap().count();
+    wait_for("temporary files to go", || count("tmp") == 0);
+    assert_eq!((count("layers"), count("refs")), (0, 0));
+    p.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_imports_are_cleaned_and_layers_survive_a_crash() {
+    require_root!();
+    let mut p = Platform::start_with(Some(CONFIG));
+    let c = p.client();
+    let work = tempfile::tempdir().unwrap();
+    let base = work.path().join("base");
+    base_rootfs(&base);
+    cli_ok(
+        &p,
+        &[
+            "image",
+            "import",
+            base.to_str().unwrap(),
+            "--name",
+            "t/base",
+        ],
+    );
+    let sb = c
+        .create(&CreateSandbox {
+            image: "t/base".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let digest = sb.info().await.unwrap().layers[0].clone();
+
+    // A crash in the middle of an import leaves a temporary directory of a dead process.
+    let host = run(Command::new("uname").arg("-n"))
+        .trim()
+        .replace(['.', '/'], "_");
+    let stale = p
+        .data
+        .path()
+        .join(format!("images/tmp/{host}.{}.crashed", u32::MAX - 7));
+    std::fs::create_dir_all(stale.join("root/etc")).unwrap();
+    p.kill9();
+    p.start_again();
+    assert!(
+        !stale.exists(),
+        "the next start removes interrupted imports"
+    );
+
+    // The adopted sandbox still runs from its layer, counted as its user.
+    assert_eq!(sh(&sb, "cat /etc/marker").await.1, "base");
+    assert_eq!(mounts_of(&p, &digest), 1);
+    let stats = c.image_stats().await.unwrap();
+    assert_eq!(stats.layers[0].sandboxes, 1, "{stats:?}");
+    let e = c.remove_image("t/base").await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Conflict));
+    sb.kill().await.unwrap();
+    wait_for("the layer to be unmounted", || mounts_of(&p, &digest) == 0);
+    p.assert_clean();
+}
