@@ -1,7 +1,7 @@
 # Warren: `make up` builds and runs the all-in-one platform; `make test` checks everything.
 CARGO ?= cargo
 
-.PHONY: all deps build up test bench clean
+.PHONY: all deps build up test bench bench-images clean
 
 all: build
 
@@ -28,6 +28,12 @@ test: deps
 
 bench: build
 	target/release/warren-bench
+
+# Sandboxes from a ~1 GB image on an emulated remote file system (sshfs over a shaped veth
+# between two network namespaces it makes): on demand versus full pull.
+bench-images: build
+	@command -v sshfs >/dev/null && command -v sshd >/dev/null || apt-get install -y -q sshfs openssh-server
+	bench/remote-images.sh
 
 clean:
 	$(CARGO) clean

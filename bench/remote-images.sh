@@ -8,9 +8,9 @@
 # runs; the node reads the store through that sshfs mount. Nothing leaves the machine: both
 # namespaces are the script's own, and it removes them (and everything else it made) on exit.
 #
-# Usage (as root, after `make build`):  bench/remote-images.sh    [env: N=8 RATE=200mbit]
-# Prints a table: time to first exec, time until all N sandboxes ran the task, bytes sent over
-# the link, and bytes read from the layer as a share of the image.
+# Usage (as root, after `make build`):  bench/remote-images.sh    [env: N=8 RATE=200mbit RUNS=3]
+# Prints a table of medians over RUNS: time to first exec, time until all N sandboxes ran the
+# task, bytes sent over the link, and bytes read from the layer as a share of the image.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W=$PWD/target/release/warren
@@ -21,6 +21,7 @@ for t in sshfs sshd ip tc nsenter mkfs.erofs; do
 done
 N=${N:-8}
 RATE=${RATE:-200mbit}
+RUNS=${RUNS:-3}
 TASK='import json, email.parser, http.client, sqlite3, csv; print("ok")'
 work=$(mktemp -d /var/tmp/warren-bench-images.XXXXXX)
 NSR=wbimg-remote-$$ NSC=wbimg-client-$$
@@ -162,20 +163,33 @@ run_full_pull() {
   rows+=("full pull, then loop|${r% *}|${r#* }|$((b1 - b0))|$rd")
 }
 
-echo "running: $N sandboxes, link $RATE, task: python3 -c '$TASK'" >&2
-run_on_demand loop
-run_on_demand file
-run_full_pull
-
-printf '\nStarting %s sandboxes from a %s image over a %s link (page cache dropped before each run)\n\n' \
-  "$N" "$(numfmt --to=iec "$size")" "$RATE"
-printf '%-24s %16s %16s %18s %22s\n' "mode" "first exec (ms)" "all $N ran (ms)" "sent over link" "read from layer"
-for r in "${rows[@]}"; do
-  IFS='|' read -r name first all sent rd <<<"$r"
-  printf '%-24s %16s %16s %18s %14s (%4.1f%%)\n' "$name" "$first" "$all" "$(numfmt --to=iec "$sent")" \
-    "$(numfmt --to=iec "$rd")" "$(python3 -c "print(100*$rd/$size)")"
+echo "running: $N sandboxes, link $RATE, $RUNS runs, task: python3 -c '$TASK'" >&2
+for run in $(seq 1 "$RUNS"); do
+  run_on_demand loop
+  run_on_demand file
+  run_full_pull
+  echo "run $run done" >&2
 done
-IFS='|' read -r _ od_first _ od_sent _ <<<"${rows[0]}"
-IFS='|' read -r _ fp_first _ fp_sent _ <<<"${rows[2]}"
-printf '\non demand (loop) vs full pull: first exec %.1fx faster, %.1f%% of the bytes over the link\n' \
-  "$(python3 -c "print($fp_first/max($od_first,1))")" "$(python3 -c "print(100*$od_sent/max($fp_sent,1))")"
+
+printf '\nStarting %s sandboxes from a %s image over a %s link (page cache dropped before each run; medians of %s runs)\n\n' \
+  "$N" "$(numfmt --to=iec "$size")" "$RATE" "$RUNS"
+printf '%s\n' "${rows[@]}" | python3 -c '
+import sys, statistics
+size = int(sys.argv[1]); n = sys.argv[2]
+by = {}
+for line in sys.stdin:
+    name, *vals = line.strip().split("|")
+    by.setdefault(name, []).append([int(v) for v in vals])
+def iec(b):
+    for u in ["B", "K", "M", "G"]:
+        if b < 1024 or u == "G":
+            return f"{b:.0f}{u}" if u == "B" else f"{b:.1f}{u}"
+        b /= 1024
+med = {k: [statistics.median(c) for c in zip(*v)] for k, v in by.items()}
+print("%-24s %16s %16s %16s %22s" % ("mode", "first exec (ms)", "all %s ran (ms)" % n, "sent over link", "read from layer"))
+for k, (first, all_, sent, rd) in med.items():
+    print(f"{k:<24} {first:>16.0f} {all_:>16.0f} {iec(sent):>16} {iec(rd):>13} ({100*rd/size:4.1f}%)")
+od, fp = med["on demand (loop)"], med["full pull, then loop"]
+print(f"\non demand (loop) vs full pull: first exec {fp[0]/max(od[0],1):.1f}x faster; "
+      f"{100*od[2]/max(fp[2],1):.1f}% of the bytes over the link; the sandbox read {100*od[3]/size:.1f}% of the image")
+' "$size" "$N"

@@ -18,7 +18,7 @@ use crate::api;
         api::files::read, api::files::write, api::files::remove, api::files::list, api::files::stat,
         api::files::mkdir, api::files::rename, api::files::download_tar, api::files::upload_tar,
         api::images::import, api::images::list, api::images::get, api::images::remove,
-        api::images::stats, api::images::commit,
+        api::images::stats, api::images::commit, api::images::pull,
     ),
     modifiers(&Security),
     tags(

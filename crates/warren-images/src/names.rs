@@ -34,6 +34,9 @@ pub fn check_name(name: &str) -> Result<(), ImageError> {
     if repo == "host" {
         return bad("`host` is the built-in image");
     }
+    if name == "stats" || name == "pull" {
+        return bad("it is a route of the images API");
+    }
     if let Some(tag) = tag {
         let ok = !tag.is_empty()
             && tag.len() <= 128
@@ -94,6 +97,7 @@ mod tests {
             "a b",
             "../x",
             "host",
+            "stats",
             "a,b",
         ] {
             assert!(check_name(bad).is_err(), "{bad:?} accepted");

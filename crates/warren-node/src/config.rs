@@ -48,9 +48,9 @@ pub struct NodeConfig {
     /// The image layer store: a directory of EROFS layer files and named images, shared by
     /// every node of a cluster (NFS, CephFS, JuiceFS...). Default `/var/lib/warren/images`.
     pub image_store: PathBuf,
-    /// How layers are mounted: `loop` (a loop device with direct I/O; reads only what
-    /// sandboxes ask for) or `file` (EROFS straight from the file; cheaper to set up, reads
-    /// ahead through the file's page cache). Default `loop`.
+    /// How layers are mounted: `file` (EROFS straight from the file; no loop device, cheaper
+    /// to set up, reads ahead through the file's page cache) or `loop` (a loop device with
+    /// direct I/O; reads only what sandboxes ask for). Default `file` (see `make bench-images`).
     pub layer_mount: crate::layers::LayerMount,
     /// Seconds a layer stays mounted after its last sandbox is gone. Default 60.
     pub layer_idle_unmount: u64,
@@ -75,7 +75,7 @@ impl Default for NodeConfig {
             warm_pool: 16,
             warm_image: "host".into(),
             image_store: PathBuf::from("/var/lib/warren/images"),
-            layer_mount: crate::layers::LayerMount::Loop,
+            layer_mount: crate::layers::LayerMount::File,
             layer_idle_unmount: 60,
         }
     }

@@ -5,12 +5,15 @@
 //!
 //! Two ways to mount (`layer_mount` in the configuration):
 //!
-//! - `loop` (default): a loop device with direct I/O. Reads bypass the backing file's page
-//!   cache (the EROFS mount has its own), so a layer on a remote file system is read once, in
-//!   the small pieces the sandbox asks for; the device's read counter is exactly the bytes read
-//!   from the layer file.
-//! - `file`: EROFS mounted straight from the file (no loop device, cheaper to set up). Reads
-//!   go through the backing file's page cache and its readahead.
+//! - `file` (default): EROFS mounted straight from the file: no loop device, cheaper to set
+//!   up, and in `make bench-images` (a layer on sshfs over a shaped link) the faster to first
+//!   exec and the fewer bytes over the link. Reads go through the backing file's page cache and
+//!   its readahead; its read counter is the file's pages that entered that cache. Where the
+//!   kernel cannot mount EROFS from a file (before 6.12), a loop device is used instead.
+//! - `loop`: a loop device with direct I/O. Reads bypass the backing file's page cache, so on
+//!   a local disk it reads fewer bytes (2–7× fewer here for a Python import, see
+//!   shared/MACHINE.md) and caches the image once; its counter is the device's reads, repeats
+//!   included.
 
 use std::collections::HashMap;
 use std::io;
@@ -25,9 +28,9 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "lowercase")]
 pub enum LayerMount {
     /// A loop device with direct I/O.
-    #[default]
     Loop,
-    /// EROFS straight from the file.
+    /// EROFS straight from the file (a loop device where the kernel cannot).
+    #[default]
     File,
 }
 
@@ -44,11 +47,13 @@ impl LayerMount {
 #[derive(Debug)]
 struct Mounted {
     path: PathBuf,
-    file: PathBuf,
     size: u64,
     mode: LayerMount,
     /// The loop device's number.
     device: Option<u32>,
+    /// (`file` mode) The layer file, opened before the mount and kept open for `cachestat`: a
+    /// new open would, on FUSE file systems such as sshfs, drop the file's page cache.
+    held: Option<std::fs::File>,
     refs: u32,
     idle_since: Option<Instant>,
 }
@@ -145,7 +150,6 @@ impl LayerMounts {
                 format!("sha256:{hex}"),
                 Mounted {
                     path: point.clone(),
-                    file,
                     size,
                     mode: if device.is_some() {
                         LayerMount::Loop
@@ -153,6 +157,11 @@ impl LayerMounts {
                         LayerMount::File
                     },
                     device,
+                    held: if device.is_none() {
+                        std::fs::File::open(source).ok()
+                    } else {
+                        None
+                    },
                     refs: 0,
                     idle_since: Some(Instant::now()),
                 },
@@ -227,6 +236,7 @@ impl LayerMounts {
             Err(e) => return Err(e),
         }
         let t0 = Instant::now();
+        let mut held = None;
         let device = match self.mode {
             LayerMount::Loop => {
                 // The open device is dropped after the mount: auto-clear then ties the
@@ -238,10 +248,24 @@ impl LayerMounts {
                 Some(dev.number)
             }
             LayerMount::File => {
-                warren_sys::blockdev::mount_erofs(&file, &path).inspect_err(|_| {
-                    let _ = std::fs::remove_dir(&path);
-                })?;
-                None
+                held = Some(std::fs::File::open(&file)?);
+                match warren_sys::blockdev::mount_erofs(&file, &path) {
+                    Ok(()) => None,
+                    Err(e) => {
+                        // Kernels before 6.12 (or without CONFIG_EROFS_FS_BACKED_BY_FILE) mount
+                        // EROFS from block devices only: use a loop device instead.
+                        tracing::warn!(
+                            digest,
+                            "EROFS from a file failed ({e}); using a loop device"
+                        );
+                        held = None;
+                        let (dev, _open) = warren_sys::blockdev::attach_loop(&file)?;
+                        warren_sys::blockdev::mount_erofs(&dev.path, &path).inspect_err(|_| {
+                            let _ = std::fs::remove_dir(&path);
+                        })?;
+                        Some(dev.number)
+                    }
+                }
             }
         };
         tracing::info!(
@@ -252,10 +276,14 @@ impl LayerMounts {
         );
         Ok(Mounted {
             path,
-            file,
             size,
-            mode: self.mode,
+            mode: if device.is_some() {
+                LayerMount::Loop
+            } else {
+                LayerMount::File
+            },
             device,
+            held,
             refs: 1,
             idle_since: None,
         })
@@ -343,8 +371,10 @@ fn read_bytes(m: &Mounted) -> u64 {
                 .map(|sectors| sectors * 512)
                 .unwrap_or(0)
         }
-        None => std::fs::File::open(&m.file)
-            .and_then(|f| warren_sys::blockdev::cachestat(&f))
+        None => m
+            .held
+            .as_ref()
+            .and_then(|f| warren_sys::blockdev::cachestat(f).ok())
             .map(|c| ((c.cached + c.evicted) * 4096).min(m.size))
             .unwrap_or(0),
     }

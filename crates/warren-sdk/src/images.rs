@@ -1,7 +1,7 @@
 //! Images: import, list, inspect, remove, read statistics, and commit a sandbox as a layer.
 
 use reqwest::Method;
-use warren_types::api::{CommitRequest, Image, ImageDetail, ImageList, ImageStats};
+use warren_types::api::{CommitRequest, Image, ImageDetail, ImageList, ImageStats, PullRequest};
 
 use crate::error::{Error, Result};
 use crate::{Client, Sandbox};
@@ -41,6 +41,14 @@ impl Client {
             .request(Method::POST, self.endpoint("/v1/images", &query)?)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(body);
+        self.json(rb).await
+    }
+
+    /// Pulls an image from an OCI registry into the store (`POST /v1/images/pull`).
+    pub async fn pull_image(&self, req: &PullRequest) -> Result<ImageDetail> {
+        let rb = self
+            .request(Method::POST, self.endpoint("/v1/images/pull", &[])?)
+            .json(req);
         self.json(rb).await
     }
 

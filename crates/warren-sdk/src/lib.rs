@@ -48,8 +48,8 @@ pub use sandbox::Sandbox;
 pub use warren_types::api::Sandbox as SandboxInfo;
 pub use warren_types::api::{
     CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, FileEntry, FileKind,
-    Health, IdleAction, Image, ImageDetail, ImageStats, Layer, NodeInfo, ProcessInfo, Resources,
-    SandboxState, TaskAction, TaskInfo, TaskResult, TrajectoryEntry,
+    Health, IdleAction, Image, ImageDetail, ImageStats, Layer, NodeInfo, ProcessInfo, PullRequest,
+    Resources, SandboxState, TaskAction, TaskInfo, TaskResult, TrajectoryEntry,
 };
 pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};
 

@@ -739,3 +739,25 @@ pub struct ImageStats {
     /// Sandboxes made from layered images.
     pub sandboxes: Vec<SandboxReadStats>,
 }
+
+/// `POST /v1/images/pull`: fetch an image from an OCI registry into the layer store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PullRequest {
+    /// The image reference, e.g. `docker.io/library/python:3.12` or
+    /// `registry.example.com:5000/team/env@sha256:…`.
+    pub reference: String,
+    /// Name for it in Warren; default: its repository and tag (`library/python:3.12`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Talk plain HTTP to the registry (a registry on a private network without TLS).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure: bool,
+    /// Registry user name (with `password`); anonymous when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// Registry password or token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+}

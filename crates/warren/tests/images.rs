@@ -467,7 +467,8 @@ async fn bad_images_are_refused_and_leave_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interrupted_imports_are_cleaned_and_layers_survive_a_crash() {
     require_root!();
-    let mut p = Platform::start_with(Some(CONFIG));
+    // The other mount mode: a loop device with direct I/O.
+    let mut p = Platform::start_with(Some(&format!("{CONFIG}layer_mount = \"loop\"\n")));
     let c = p.client();
     let work = tempfile::tempdir().unwrap();
     let base = work.path().join("base");
@@ -512,9 +513,126 @@ async fn interrupted_imports_are_cleaned_and_layers_survive_a_crash() {
     assert_eq!(mounts_of(&p, &digest), 1);
     let stats = c.image_stats().await.unwrap();
     assert_eq!(stats.layers[0].sandboxes, 1, "{stats:?}");
+    assert_eq!(stats.layers[0].mode, "loop");
+    assert!(stats.layers[0].read_bytes > 0, "{stats:?}");
     let e = c.remove_image("t/base").await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Conflict));
     sb.kill().await.unwrap();
     wait_for("the layer to be unmounted", || mounts_of(&p, &digest) == 0);
+    p.assert_clean();
+}
+
+/// sha256 of `data`, with `sha256sum`.
+fn sha256(data: &[u8]) -> String {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(f.path(), data).unwrap();
+    let out = run(Command::new("sha256sum").arg(f.path()));
+    format!("sha256:{}", out.split_whitespace().next().unwrap())
+}
+
+/// A registry double (no registry is reachable from here): the OCI distribution API's pull
+/// routes over plain HTTP on loopback, serving one image.
+async fn registry_double(
+    manifest: Vec<u8>,
+    blobs: std::collections::HashMap<String, Vec<u8>>,
+) -> u16 {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    let manifest_digest = sha256(&manifest);
+    let app = axum::Router::new()
+        .route("/v2/", axum::routing::get(|| async { "{}" }))
+        .route(
+            "/v2/{*rest}",
+            axum::routing::get(
+                move |axum::extract::Path(rest): axum::extract::Path<String>| {
+                    let (manifest, blobs, md) =
+                        (manifest.clone(), blobs.clone(), manifest_digest.clone());
+                    async move {
+                        if rest.contains("/manifests/") {
+                            return (
+                                StatusCode::OK,
+                                [
+                                    (
+                                        header::CONTENT_TYPE,
+                                        "application/vnd.oci.image.manifest.v1+json".to_string(),
+                                    ),
+                                    (header::HeaderName::from_static("docker-content-digest"), md),
+                                ],
+                                manifest,
+                            )
+                                .into_response();
+                        }
+                        let digest = rest.rsplit('/').next().unwrap_or_default();
+                        match blobs.get(digest) {
+                            Some(b) => (StatusCode::OK, b.clone()).into_response(),
+                            None => StatusCode::NOT_FOUND.into_response(),
+                        }
+                    }
+                },
+            ),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_from_a_registry() {
+    require_root!();
+    let p = Platform::start_with(Some(CONFIG));
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("root");
+    base_rootfs(&root);
+    write(&root, "etc/marker", "pulled");
+    let mut b = tar::Builder::new(Vec::new());
+    b.follow_symlinks(false);
+    b.append_dir_all(".", &root).unwrap();
+    let layer = b.into_inner().unwrap();
+    let config = br#"{"architecture":"amd64","os":"linux","config":{"Env":["FROM_IMAGE=yes"]},"rootfs":{"type":"layers","diff_ids":[]}}"#.to_vec();
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha256(&config), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": sha256(&layer), "size": layer.len()}],
+    });
+    let blobs = [(sha256(&config), config), (sha256(&layer), layer)].into();
+    let port = registry_double(serde_json::to_vec(&manifest).unwrap(), blobs).await;
+
+    let out = cli_ok(
+        &p,
+        &[
+            "image",
+            "pull",
+            &format!("127.0.0.1:{port}/t/img:1"),
+            "--insecure",
+            "--json",
+        ],
+    );
+    let d: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(d["name"], "t/img:1", "{d}");
+    assert_eq!(d["env"]["FROM_IMAGE"], "yes");
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "t/img:1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        sh(&sb, "cat /etc/marker; echo \" $FROM_IMAGE\"").await.1,
+        "pulled yes\n"
+    );
+    sb.kill().await.unwrap();
+
+    // A registry that does not answer is a clear error, not a half-made image.
+    let out = p.cli(&["image", "pull", "127.0.0.1:1/t/none:1", "--insecure"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("registry"),
+        "{out:?}"
+    );
+    assert_eq!(p.client().images().await.unwrap().len(), 1);
     p.assert_clean();
 }

@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use warren_http::{Error, Json, Query};
 use warren_images::ImageError;
 use warren_types::api::{
-    CommitRequest, Image, ImageDetail, ImageList, ImageStats, Sandbox, SandboxList,
+    CommitRequest, Image, ImageDetail, ImageList, ImageStats, PullRequest, Sandbox, SandboxList,
 };
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
@@ -335,4 +335,144 @@ pub async fn commit(
         &req,
     )
     .await
+}
+
+/// Pull an image from an OCI registry (`docker.io/library/python:3.12`): its manifest for this
+/// machine's platform, its config and its layers (digests checked) become layers in the store,
+/// exactly as an import of the same image as an OCI layout would.
+#[utoipa::path(post, path = "/v1/images/pull", tag = "images",
+    request_body = PullRequest,
+    responses((status = 201, body = ImageDetail),
+        (status = 400, description = "A bad reference or name.", body = ErrorBody),
+        (status = 502, description = "The registry failed or refused.", body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn pull(
+    axum::extract::State(c): S,
+    Json(req): Json<PullRequest>,
+) -> Result<(StatusCode, Json<ImageDetail>), Error> {
+    use oci_client::secrets::RegistryAuth;
+    let bad = |m: String| Error(ApiError::new(ErrorCode::InvalidArgument, m));
+    let reference: oci_client::Reference = req.reference.parse().map_err(|e| {
+        bad(format!(
+            "{:?} is not an image reference ({e}); e.g. docker.io/library/python:3.12",
+            req.reference
+        ))
+    })?;
+    let name = match &req.name {
+        Some(n) => n.clone(),
+        None => match (reference.tag(), reference.digest()) {
+            (Some(t), _) => format!("{}:{t}", reference.repository()),
+            (None, Some(d)) => format!(
+                "{}@{}",
+                reference.repository(),
+                d.trim_start_matches("sha256:")
+                    .chars()
+                    .take(12)
+                    .collect::<String>()
+            ),
+            (None, None) => format!("{}:latest", reference.repository()),
+        },
+    };
+    warren_images::names::check_name(&name).map_err(|e| {
+        bad(format!(
+            "{e} (the name comes from the reference: give one with `name`)"
+        ))
+    })?;
+    let auth = match (&req.username, &req.password) {
+        (Some(u), Some(p)) => RegistryAuth::Basic(u.clone(), p.clone()),
+        (None, None) => RegistryAuth::Anonymous,
+        _ => return Err(bad("give both username and password, or neither".into())),
+    };
+    let client = oci_client::Client::new(oci_client::client::ClientConfig {
+        protocol: if req.insecure {
+            oci_client::client::ClientProtocol::Http
+        } else {
+            oci_client::client::ClientProtocol::Https
+        },
+        ..Default::default()
+    });
+    let registry = |e: oci_client::errors::OciDistributionError| {
+        Error(ApiError::new(
+            ErrorCode::Unavailable,
+            format!("pulling {}: the registry said: {e}", req.reference),
+        ))
+    };
+    let (manifest, _digest, config) = client
+        .pull_manifest_and_config(&reference, &auth)
+        .await
+        .map_err(registry)?;
+
+    // Lay the image out as an OCI image layout in the store's tmp, then import that.
+    let st = store(&c)?.clone();
+    let tmp = st.tmp().map_err(image_error)?;
+    let blobs = tmp.path().join("blobs/sha256");
+    let io = |e: std::io::Error| image_error(ImageError::io("writing the pulled image", e));
+    tokio::fs::create_dir_all(&blobs).await.map_err(io)?;
+    let blob_path = |d: &str| -> Result<std::path::PathBuf, Error> {
+        let hex = warren_images::names::check_digest(d).map_err(image_error)?;
+        Ok(blobs.join(hex))
+    };
+    tokio::fs::write(blob_path(&manifest.config.digest)?, config.as_bytes())
+        .await
+        .map_err(io)?;
+    for layer in &manifest.layers {
+        let path = blob_path(&layer.digest)?;
+        let mut f = tokio::fs::File::create(&path).await.map_err(io)?;
+        client
+            .pull_blob(&reference, layer, &mut f)
+            .await
+            .map_err(registry)?;
+        f.flush().await.map_err(io)?;
+    }
+    let manifest_bytes = serde_json::to_vec(&manifest)
+        .map_err(|e| Error(ApiError::internal(format!("manifest: {e}"))))?;
+    let manifest_digest = {
+        use sha2::Digest as _;
+        format!(
+            "sha256:{}",
+            warren_images::store::hex(&sha2::Sha256::digest(&manifest_bytes))
+        )
+    };
+    tokio::fs::write(blob_path(&manifest_digest)?, &manifest_bytes)
+        .await
+        .map_err(io)?;
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest,
+            "size": manifest_bytes.len(),
+        }],
+    });
+    tokio::fs::write(tmp.path().join("index.json"), index.to_string())
+        .await
+        .map_err(io)?;
+    tokio::fs::write(
+        tmp.path().join("oci-layout"),
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .await
+    .map_err(io)?;
+    let source = req.reference.clone();
+    let detail = blocking(move || {
+        let imported = warren_images::import::import_dir(&st, tmp.path(), "admin")?;
+        drop(tmp);
+        let image = st.put_image(warren_images::store::NewImage {
+            name,
+            layers: imported.layers.iter().map(|l| l.digest.clone()).collect(),
+            creator: "admin".into(),
+            parents: Vec::new(),
+            source: format!("pull {source}"),
+            env: imported.env,
+            user: imported.user,
+            workdir: imported.workdir,
+        })?;
+        Ok(ImageDetail {
+            image,
+            layer_info: imported.layers,
+        })
+    })
+    .await?;
+    tracing::info!(image = %detail.image.name, reference = %req.reference, "image pulled");
+    Ok((StatusCode::CREATED, Json(detail)))
 }

@@ -43,6 +43,7 @@ pub fn router(c: Arc<Control>) -> Router {
         .route("/v1/sandboxes/{id}/trajectory", get(sandboxes::trajectory))
         .route("/v1/images", get(images::list))
         .route("/v1/images/stats", get(images::stats))
+        .route("/v1/images/pull", post(images::pull))
         .route(
             "/v1/images/{*name}",
             get(images::get).delete(images::remove),

@@ -36,6 +36,14 @@ pub enum ImageCommand {
         Steps run in the order given, as root. The new image is the --from layers plus one\n\
         new layer holding exactly what the steps changed; the builder sandbox is removed.")]
     Build(BuildArgs),
+    /// Pull an image from an OCI registry (Docker Hub, GHCR, a private registry).
+    #[command(after_help = "Examples:\n  \
+        warren image pull docker.io/library/python:3.12\n  \
+        warren image pull ghcr.io/org/env:v3 --name tk/env:v3\n  \
+        echo $TOKEN | warren image pull registry.local:5000/team/env:1 --insecure --username ci --password-stdin\n\n\
+        The control plane fetches the manifest for this machine's platform and the layers\n\
+        (digests checked) into the layer store, one layer per image layer.")]
+    Pull(PullArgs),
     /// List images.
     #[command(
         visible_alias = "list",
@@ -75,6 +83,25 @@ pub struct ImportArgs {
     /// Name for the image, e.g. `base/python:3.12`.
     #[arg(long)]
     pub name: String,
+}
+
+/// `warren image pull`.
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    /// The image reference.
+    pub reference: String,
+    /// Name in Warren [default: the reference's repository and tag].
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Plain HTTP to the registry (no TLS).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Registry user name; the password is read from standard input (--password-stdin).
+    #[arg(long, requires = "password_stdin")]
+    pub username: Option<String>,
+    /// Read the registry password or token from standard input.
+    #[arg(long, requires = "username")]
+    pub password_stdin: bool,
 }
 
 /// `warren image build`.
@@ -130,6 +157,40 @@ pub async fn run(client: &Client, json: bool, cmd: ImageCommand) -> anyhow::Resu
     match cmd {
         ImageCommand::Import(a) => import(client, json, a).await,
         ImageCommand::Build(a) => build(client, json, a).await,
+        ImageCommand::Pull(a) => {
+            let password = if a.password_stdin {
+                let mut s = String::new();
+                io::stdin()
+                    .read_line(&mut s)
+                    .context("reading the password from standard input")?;
+                Some(s.trim_end_matches(['\n', '\r']).to_string())
+            } else {
+                None
+            };
+            let pb = bar(None, &format!("pulling {}", a.reference));
+            let r = client
+                .pull_image(&warren_sdk::PullRequest {
+                    reference: a.reference.clone(),
+                    name: a.name,
+                    insecure: a.insecure,
+                    username: a.username,
+                    password,
+                })
+                .await;
+            pb.finish_and_clear();
+            let d = r.with_context(|| format!("pulling {}", a.reference))?;
+            if json {
+                output::json(&d)?;
+            } else {
+                println!(
+                    "{}: {} layer(s), {}",
+                    d.image.name,
+                    d.layer_info.len(),
+                    size(d.image.size)
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         ImageCommand::Ls => {
             let images = client.images().await?;
             if json {
