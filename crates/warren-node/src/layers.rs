@@ -58,6 +58,30 @@ struct Mounted {
     idle_since: Option<Instant>,
 }
 
+impl Mounted {
+    fn new(
+        path: PathBuf,
+        size: u64,
+        device: Option<u32>,
+        held: Option<std::fs::File>,
+        refs: u32,
+    ) -> Mounted {
+        Mounted {
+            path,
+            size,
+            mode: if device.is_some() {
+                LayerMount::Loop
+            } else {
+                LayerMount::File
+            },
+            device,
+            held,
+            refs,
+            idle_since: (refs == 0).then(Instant::now),
+        }
+    }
+}
+
 /// What [`LayerMounts::stats`] reports per mounted layer.
 #[derive(Debug, Clone)]
 pub struct MountStats {
@@ -148,23 +172,16 @@ impl LayerMounts {
             let size = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
             mounted.insert(
                 format!("sha256:{hex}"),
-                Mounted {
-                    path: point.clone(),
+                Mounted::new(
+                    point.clone(),
                     size,
-                    mode: if device.is_some() {
-                        LayerMount::Loop
-                    } else {
-                        LayerMount::File
-                    },
                     device,
-                    held: if device.is_none() {
-                        std::fs::File::open(source).ok()
-                    } else {
-                        None
-                    },
-                    refs: 0,
-                    idle_since: Some(Instant::now()),
-                },
+                    device
+                        .is_none()
+                        .then(|| std::fs::File::open(source).ok())
+                        .flatten(),
+                    0,
+                ),
             );
         }
         for e in std::fs::read_dir(dir)?.flatten() {
@@ -238,15 +255,7 @@ impl LayerMounts {
         let t0 = Instant::now();
         let mut held = None;
         let device = match self.mode {
-            LayerMount::Loop => {
-                // The open device is dropped after the mount: auto-clear then ties the
-                // device's life to the mount's.
-                let (dev, _open) = warren_sys::blockdev::attach_loop(&file)?;
-                warren_sys::blockdev::mount_erofs(&dev.path, &path).inspect_err(|_| {
-                    let _ = std::fs::remove_dir(&path);
-                })?;
-                Some(dev.number)
-            }
+            LayerMount::Loop => Some(mount_loop(&file, &path)?),
             LayerMount::File => {
                 held = Some(std::fs::File::open(&file)?);
                 match warren_sys::blockdev::mount_erofs(&file, &path) {
@@ -259,11 +268,7 @@ impl LayerMounts {
                             "EROFS from a file failed ({e}); using a loop device"
                         );
                         held = None;
-                        let (dev, _open) = warren_sys::blockdev::attach_loop(&file)?;
-                        warren_sys::blockdev::mount_erofs(&dev.path, &path).inspect_err(|_| {
-                            let _ = std::fs::remove_dir(&path);
-                        })?;
-                        Some(dev.number)
+                        Some(mount_loop(&file, &path)?)
                     }
                 }
             }
@@ -274,19 +279,7 @@ impl LayerMounts {
             us = t0.elapsed().as_micros() as u64,
             "layer mounted"
         );
-        Ok(Mounted {
-            path,
-            size,
-            mode: if device.is_some() {
-                LayerMount::Loop
-            } else {
-                LayerMount::File
-            },
-            device,
-            held,
-            refs: 1,
-            idle_since: None,
-        })
+        Ok(Mounted::new(path, size, device, held, 1))
     }
 
     /// Drops one reference on each layer.
@@ -354,6 +347,16 @@ impl LayerMounts {
         out.sort_by(|a, b| a.digest.cmp(&b.digest));
         out
     }
+}
+
+/// Mounts `file` at `path` through a new loop device; returns the device's number. The open
+/// device is dropped after the mount: auto-clear then ties the device's life to the mount's.
+fn mount_loop(file: &Path, path: &Path) -> io::Result<u32> {
+    let (dev, _open) = warren_sys::blockdev::attach_loop(file)?;
+    warren_sys::blockdev::mount_erofs(&dev.path, path).inspect_err(|_| {
+        let _ = std::fs::remove_dir(path);
+    })?;
+    Ok(dev.number)
 }
 
 /// Bytes read from a mounted layer's file so far.

@@ -93,19 +93,7 @@ pub fn load(dir: &Path) -> io::Result<Record> {
     serde_json::from_slice(&raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// Milliseconds since the epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// RFC 3339 for ms since the epoch.
-pub fn rfc3339(ms: u64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_millis(t).to_string()
-}
+pub use warren_images::{now_ms, rfc3339};
 
 #[cfg(test)]
 mod tests {

@@ -61,6 +61,23 @@ fn cli_ok(p: &Platform, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+async fn create(c: &warren_sdk::Client, image: &str) -> warren_sdk::Sandbox {
+    c.create(&CreateSandbox {
+        image: image.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// `warren image import PATH --name NAME`.
+fn import(p: &Platform, path: &Path, name: &str) {
+    cli_ok(
+        p,
+        &["image", "import", path.to_str().unwrap(), "--name", name],
+    );
+}
+
 async fn sh(sb: &warren_sdk::Sandbox, cmd: &str) -> (i32, String) {
     let r = sb
         .exec(&argv(["/bin/busybox", "sh", "-c", cmd]))
@@ -98,16 +115,7 @@ async fn import_compose_share_and_protect_layers() {
     // Bottom: a directory.
     let base = work.path().join("base");
     base_rootfs(&base);
-    cli_ok(
-        &p,
-        &[
-            "image",
-            "import",
-            base.to_str().unwrap(),
-            "--name",
-            "t/base:1",
-        ],
-    );
+    import(&p, &base, "t/base:1");
 
     // Middle: a gzip tarball with OCI whiteouts: etc/gone deleted, var/lib/stuff opaque.
     let mid = work.path().join("mid");
@@ -123,10 +131,7 @@ async fn import_compose_share_and_protect_layers() {
         .arg("-czf")
         .arg(&tgz)
         .arg("."));
-    cli_ok(
-        &p,
-        &["image", "import", tgz.to_str().unwrap(), "--name", "t/mid"],
-    );
+    import(&p, &tgz, "t/mid");
 
     // Top: an EROFS file made outside Warren.
     let top = work.path().join("top");
@@ -166,13 +171,7 @@ async fn import_compose_share_and_protect_layers() {
     let base_digest = images[0].layers[0].clone();
 
     // Three layers, top wins; whiteout and opaque directory honoured.
-    let sb = c
-        .create(&CreateSandbox {
-            image: "t/base:1,t/mid,t/top@v1".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let sb = create(&c, "t/base:1,t/mid,t/top@v1").await;
     assert_eq!(sb.info().await.unwrap().layers.len(), 3);
     assert_eq!(sh(&sb, "cat /etc/marker").await, (0, "top".into()));
     assert_eq!(sh(&sb, "cat /etc/mid-only").await, (0, "mid".into()));
@@ -182,20 +181,8 @@ async fn import_compose_share_and_protect_layers() {
 
     // Read-only layers: root in one sandbox changes only its own view; the layer file and
     // other sandboxes are untouched, and mounting is not allowed.
-    let other = c
-        .create(&CreateSandbox {
-            image: "t/base:1".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let third = c
-        .create(&CreateSandbox {
-            image: "t/base:1".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let other = create(&c, "t/base:1").await;
+    let third = create(&c, "t/base:1").await;
     let layer_file = p
         .data
         .path()
@@ -276,16 +263,7 @@ async fn build_turns_steps_into_a_layer() {
     let work = tempfile::tempdir().unwrap();
     let base = work.path().join("base");
     base_rootfs(&base);
-    cli_ok(
-        &p,
-        &[
-            "image",
-            "import",
-            base.to_str().unwrap(),
-            "--name",
-            "t/base",
-        ],
-    );
+    import(&p, &base, "t/base");
     let ctx = work.path().join("ctx");
     write(&ctx, "agent/run.sh", "echo agent");
     let out = cli_ok(
@@ -312,13 +290,7 @@ async fn build_turns_steps_into_a_layer() {
     assert_eq!(img["parents"][0], "t/base");
     assert_eq!(img["source"], "build");
 
-    let sb = c
-        .create(&CreateSandbox {
-            image: "tk/agent:v1".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let sb = create(&c, "tk/agent:v1").await;
     assert_eq!(
         sh(&sb, "cat /etc/built /etc/listing /opt/agent/run.sh")
             .await
@@ -347,13 +319,7 @@ async fn build_turns_steps_into_a_layer() {
     assert!(left.is_empty(), "builder sandboxes left: {left:?}");
 
     // Committing a sandbox of the host image is refused clearly.
-    let host = c
-        .create(&CreateSandbox {
-            image: "host".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let host = create(&c, "host").await;
     let e = host.commit("t/host-copy").await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::InvalidArgument), "{e}");
     host.kill().await.unwrap();
@@ -473,23 +439,8 @@ async fn interrupted_imports_are_cleaned_and_layers_survive_a_crash() {
     let work = tempfile::tempdir().unwrap();
     let base = work.path().join("base");
     base_rootfs(&base);
-    cli_ok(
-        &p,
-        &[
-            "image",
-            "import",
-            base.to_str().unwrap(),
-            "--name",
-            "t/base",
-        ],
-    );
-    let sb = c
-        .create(&CreateSandbox {
-            image: "t/base".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    import(&p, &base, "t/base");
+    let sb = create(&c, "t/base").await;
     let digest = sb.info().await.unwrap().layers[0].clone();
 
     // A crash in the middle of an import leaves a temporary directory of a dead process.
@@ -612,14 +563,7 @@ async fn pull_from_a_registry() {
     let d: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(d["name"], "t/img:1", "{d}");
     assert_eq!(d["env"]["FROM_IMAGE"], "yes");
-    let sb = p
-        .client()
-        .create(&CreateSandbox {
-            image: "t/img:1".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let sb = create(&p.client(), "t/img:1").await;
     assert_eq!(
         sh(&sb, "cat /etc/marker; echo \" $FROM_IMAGE\"").await.1,
         "pulled yes\n"
@@ -634,5 +578,74 @@ async fn pull_from_a_registry() {
         "{out:?}"
     );
     assert_eq!(p.client().images().await.unwrap().len(), 1);
+    p.assert_clean();
+}
+
+/// A small tmpfs, unmounted when dropped (even when the test fails).
+struct SmallFs(tempfile::TempDir);
+
+impl SmallFs {
+    fn new(size: &str) -> SmallFs {
+        let d = tempfile::Builder::new()
+            .prefix("warren-test-store-")
+            .tempdir()
+            .unwrap();
+        run(Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "warren-test-store",
+            ])
+            .arg(d.path()));
+        SmallFs(d)
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.0.path()).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_is_a_clear_error_and_leaves_nothing() {
+    require_root!();
+    let fs = SmallFs::new("1m");
+    let p = Platform::start_with(Some(&format!(
+        "{CONFIG}[control]\nimage_store = \"{}\"\n",
+        fs.0.path().display()
+    )));
+    // 4 MB of incompressible data cannot fit in 1 MB.
+    let mut data = vec![0u8; 4 << 20];
+    let mut x: u32 = 12345;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(data.len() as u64);
+    h.set_mode(0o644);
+    b.append_data(&mut h, "big", &data[..]).unwrap();
+    let r = p
+        .http()
+        .post(format!("{}/v1/images?name=t/big", p.url))
+        .bearer_auth(&p.key)
+        .body(b.into_inner().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("no space left in the image store"), "{body}");
+    assert!(p.client().images().await.unwrap().is_empty());
+    for d in ["layers", "refs", "tmp"] {
+        let n = std::fs::read_dir(fs.0.path().join(d)).unwrap().count();
+        assert_eq!(n, 0, "{d} is not empty after a failed import");
+    }
     p.assert_clean();
 }

@@ -145,24 +145,34 @@ pub async fn import(
             (Some("directory"), "tar") => "directory".to_string(),
             (_, s) => s.to_string(),
         };
-        let image = st.put_image(warren_images::store::NewImage {
-            name,
-            layers: imported.layers.iter().map(|l| l.digest.clone()).collect(),
-            creator: "admin".into(),
-            parents: Vec::new(),
-            source,
-            env: imported.env,
-            user: imported.user,
-            workdir: imported.workdir,
-        })?;
-        Ok(ImageDetail {
-            image,
-            layer_info: imported.layers,
-        })
+        name_imported(&st, name, imported, source)
     })
     .await?;
     tracing::info!(image = %detail.image.name, layers = detail.layer_info.len(), bytes = n, "image imported");
     Ok((StatusCode::CREATED, Json(detail)))
+}
+
+/// Names the layers an import or a pull made.
+fn name_imported(
+    st: &warren_images::Store,
+    name: String,
+    imported: warren_images::import::Imported,
+    source: String,
+) -> Result<ImageDetail, ImageError> {
+    let image = st.put_image(warren_images::store::NewImage {
+        name,
+        layers: imported.layers.iter().map(|l| l.digest.clone()).collect(),
+        creator: "admin".into(),
+        parents: Vec::new(),
+        source,
+        env: imported.env,
+        user: imported.user,
+        workdir: imported.workdir,
+    })?;
+    Ok(ImageDetail {
+        image,
+        layer_info: imported.layers,
+    })
 }
 
 /// List named images.
@@ -457,20 +467,7 @@ pub async fn pull(
     let detail = blocking(move || {
         let imported = warren_images::import::import_dir(&st, tmp.path(), "admin")?;
         drop(tmp);
-        let image = st.put_image(warren_images::store::NewImage {
-            name,
-            layers: imported.layers.iter().map(|l| l.digest.clone()).collect(),
-            creator: "admin".into(),
-            parents: Vec::new(),
-            source: format!("pull {source}"),
-            env: imported.env,
-            user: imported.user,
-            workdir: imported.workdir,
-        })?;
-        Ok(ImageDetail {
-            image,
-            layer_info: imported.layers,
-        })
+        name_imported(&st, name, imported, format!("pull {source}"))
     })
     .await?;
     tracing::info!(image = %detail.image.name, reference = %req.reference, "image pulled");
