@@ -50,7 +50,9 @@ up() {
   local name=$1 store=$2 mode=$3 port
   port=$((7790 + RANDOM % 100))
   mkdir -p "$work/$name"
-  printf '[node]\nwarm_pool = 0\nlayer_mount = "%s"\n' "$mode" > "$work/$name/cfg.toml"
+  # One catalog (the control plane's database) for every instance: the image is named once.
+  printf '[node]\nwarm_pool = 0\nlayer_mount = "%s"\n[control]\ndatabase_url = "sqlite://%s?mode=rwc"\n' \
+    "$mode" "$work/catalog.db" > "$work/$name/cfg.toml"
   WARREN_LOG=warn "$W" up --data-dir "$work/$name" --listen 127.0.0.1:$port --image-store "$store" \
     --cgroup-parent warren-bench-img-$$ --config "$work/$name/cfg.toml" --kill-sandboxes-on-exit \
     >"$work/$name.log" 2>&1 &
@@ -155,7 +157,7 @@ run_full_pull() {
   local b0 t0 r b1 rd
   b0=$(link_bytes); t0=$(now)
   mkdir -p "$work/local-store"
-  cp -r "$work/mnt/layers" "$work/mnt/refs" "$work/local-store/"
+  cp -r "$work/mnt/layers" "$work/local-store/"
   up pull "$work/local-store" loop
   r=$(start_n "$t0")
   b1=$(link_bytes); rd=$(layer_read)

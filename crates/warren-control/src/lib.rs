@@ -1,11 +1,12 @@
 //! Warren's control plane: the public REST API, API keys, and placement over nodes.
 //!
 //! It keeps no sandbox state on disk: it learns load from nodes and asks them about their
-//! sandboxes; its own database holds API keys (later IAM, image catalog and audit). It never
+//! sandboxes; its own database holds API keys and the image catalog (later IAM and audit). It never
 //! links the syscall layer or a backend, so it runs on any host.
 
 pub mod api;
 pub mod auth;
+pub mod catalog;
 pub mod config;
 pub mod nodes;
 pub mod openapi;
@@ -32,6 +33,8 @@ pub struct Control {
     pub db: SqlitePool,
     /// The image layer store (None when it cannot be opened: image routes then answer 503).
     pub store: Option<warren_images::Store>,
+    /// The image catalog (names → layers), in the database.
+    pub catalog: catalog::Catalog,
 }
 
 /// Why the control plane could not start.
@@ -100,6 +103,7 @@ impl Control {
             cfg,
             nodes,
             keys,
+            catalog: catalog::Catalog::new(db.clone()),
             db,
             store,
         });

@@ -1,20 +1,18 @@
 //! Warren's image layer store.
 //!
-//! A layer is one EROFS file named by the SHA-256 digest of its bytes; an image is a named,
-//! versioned reference to an ordered list of layers (bottom first) with defaults for its
-//! sandboxes (environment, user, working directory). The store is a directory — on one machine
-//! `<data-dir>/images`, in a cluster a directory on a shared file system mounted on every node
-//! — laid out as:
+//! A layer is one EROFS file named by the SHA-256 digest of its bytes. (Images — names pointing
+//! at ordered lists of layers — are the control plane's catalog, in its database.) The store is
+//! a directory — on one machine `<data-dir>/images`, in a cluster a directory on a shared file
+//! system mounted on every node — laid out as:
 //!
 //! ```text
 //! layers/sha256-<hex>.erofs   the layer files (written once, never changed)
 //! layers/sha256-<hex>.json    their metadata
-//! refs/<name>.json            named images ('/' in a name is stored as '+')
 //! tmp/<host>.<pid>.<random>/  work in progress; removed at the next start once its process is gone
 //! ```
 //!
-//! Everything becomes visible by an atomic rename at the end, so an interrupted import leaves
-//! only temporary files, never a half-written layer or image under a name.
+//! A layer becomes visible by an atomic rename at the end, so an interrupted import leaves only
+//! temporary files, never a half-written layer.
 //!
 //! [`import`] turns directories, tarballs (plain, gzip, zstd), OCI image layouts and
 //! `docker save` archives into layers; [`unpack`] is the careful tar extractor underneath.
@@ -24,7 +22,7 @@ pub mod names;
 pub mod store;
 pub mod unpack;
 
-pub use store::{Resolved, Store};
+pub use store::Store;
 
 /// What went wrong with an image operation; each maps to an API error code.
 #[derive(Debug, thiserror::Error)]

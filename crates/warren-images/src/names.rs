@@ -50,11 +50,6 @@ pub fn check_name(name: &str) -> Result<(), ImageError> {
     Ok(())
 }
 
-/// The file-name form of an image name (`/` is not allowed in a file name).
-pub fn file_name(name: &str) -> String {
-    name.replace('/', "+")
-}
-
 /// Checks a layer digest (`sha256:` and 64 lower-case hex digits) and returns its hex part.
 pub fn check_digest(d: &str) -> Result<&str, ImageError> {
     match d.strip_prefix("sha256:") {

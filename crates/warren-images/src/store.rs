@@ -1,6 +1,5 @@
 //! The layer store on disk (see the crate documentation for its layout).
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -8,10 +7,10 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use warren_types::api::{Image, Layer};
+use warren_types::api::Layer;
 
 use crate::ImageError;
-use crate::names::{check_digest, check_name, file_name};
+use crate::names::check_digest;
 
 /// The EROFS super block's magic number, at byte 1024 of a layer file.
 const EROFS_MAGIC: [u8; 4] = 0xE0F5_E1E2u32.to_le_bytes();
@@ -24,61 +23,6 @@ struct LayerMeta {
     created_ms: u64,
     creator: String,
     source: String,
-}
-
-/// A named image as stored.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct ImageMeta {
-    name: String,
-    layers: Vec<String>,
-    size: u64,
-    created_ms: u64,
-    creator: String,
-    #[serde(default)]
-    parents: Vec<String>,
-    source: String,
-    #[serde(default)]
-    env: BTreeMap<String, String>,
-    #[serde(default)]
-    user: Option<String>,
-    #[serde(default)]
-    workdir: Option<String>,
-}
-
-/// What a new image is made of, for [`Store::put_image`].
-#[derive(Debug, Clone, Default)]
-pub struct NewImage {
-    /// Its name.
-    pub name: String,
-    /// Layer digests, bottom first; each must be in the store.
-    pub layers: Vec<String>,
-    /// Who makes it.
-    pub creator: String,
-    /// Images it was built on.
-    pub parents: Vec<String>,
-    /// What it was made from.
-    pub source: String,
-    /// Default environment.
-    pub env: BTreeMap<String, String>,
-    /// Default user.
-    pub user: Option<String>,
-    /// Default working directory.
-    pub workdir: Option<String>,
-}
-
-/// Images resolved for a sandbox: layers bottom first, defaults merged (upper images win).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Resolved {
-    /// Layer digests, bottom first, each once.
-    pub layers: Vec<String>,
-    /// Default environment.
-    pub env: BTreeMap<String, String>,
-    /// Default user.
-    pub user: Option<String>,
-    /// Default working directory.
-    pub workdir: Option<String>,
-    /// Total size of the layer files.
-    pub size: u64,
 }
 
 /// A layer store rooted at a directory.
@@ -98,7 +42,7 @@ impl Store {
     /// Opens (creating) the store at `root`, and removes temporary files that processes of
     /// this host which no longer run left behind.
     pub fn open(root: &Path) -> Result<Store, ImageError> {
-        for d in ["layers", "refs", "tmp"] {
+        for d in ["layers", "tmp"] {
             fs::create_dir_all(root.join(d))
                 .map_err(|e| ImageError::io(format!("creating {}", root.join(d).display()), e))?;
         }
@@ -268,137 +212,6 @@ impl Store {
         let _ = fs::remove_file(path.with_extension("json"));
         Ok(())
     }
-
-    fn ref_path(&self, name: &str) -> PathBuf {
-        self.root
-            .join("refs")
-            .join(format!("{}.json", file_name(name)))
-    }
-
-    /// Names `new.layers` (replacing an image of the same name).
-    pub fn put_image(&self, new: NewImage) -> Result<Image, ImageError> {
-        check_name(&new.name)?;
-        if new.layers.is_empty() {
-            return Err(ImageError::Invalid(format!(
-                "image {:?} would have no layers",
-                new.name
-            )));
-        }
-        let mut size = 0;
-        for d in &new.layers {
-            size += self.layer(d)?.size;
-        }
-        let meta = ImageMeta {
-            name: new.name,
-            layers: new.layers,
-            size,
-            created_ms: crate::now_ms(),
-            creator: new.creator,
-            parents: new.parents,
-            source: new.source,
-            env: new.env,
-            user: new.user,
-            workdir: new.workdir,
-        };
-        let bytes = serde_json::to_vec_pretty(&meta).unwrap_or_default();
-        write_atomic(&self.ref_path(&meta.name), &bytes)?;
-        Ok(view(meta))
-    }
-
-    /// A named image.
-    pub fn image(&self, name: &str) -> Result<Image, ImageError> {
-        check_name(name)?;
-        let bytes = fs::read(self.ref_path(name)).map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                ImageError::NotFound(format!(
-                    "image {name:?} not found; `warren image ls` lists the images there are, \
-                     `warren image import` adds one"
-                ))
-            } else {
-                ImageError::io(format!("reading image {name:?}"), e)
-            }
-        })?;
-        let meta: ImageMeta = serde_json::from_slice(&bytes).map_err(|e| {
-            ImageError::io(format!("image {name:?}"), io::Error::other(e.to_string()))
-        })?;
-        Ok(view(meta))
-    }
-
-    /// Every named image, by name.
-    pub fn images(&self) -> Vec<Image> {
-        let mut out = Vec::new();
-        if let Ok(rd) = fs::read_dir(self.root.join("refs")) {
-            for e in rd.flatten() {
-                let Ok(bytes) = fs::read(e.path()) else {
-                    continue;
-                };
-                if let Ok(m) = serde_json::from_slice::<ImageMeta>(&bytes) {
-                    out.push(view(m));
-                }
-            }
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        out
-    }
-
-    /// Removes a name (not its layers).
-    pub fn remove_image(&self, name: &str) -> Result<(), ImageError> {
-        self.image(name)?;
-        fs::remove_file(self.ref_path(name))
-            .map_err(|e| ImageError::io(format!("removing image {name:?}"), e))
-    }
-
-    /// Resolves an image list (`a,b,c`, bottom first) into layers and defaults.
-    pub fn resolve(&self, spec: &str) -> Result<Resolved, ImageError> {
-        let mut r = Resolved::default();
-        let names: Vec<&str> = spec.split(',').map(str::trim).collect();
-        if names.len() > 32 {
-            return Err(ImageError::Invalid(format!(
-                "{} images in one list; at most 32",
-                names.len()
-            )));
-        }
-        for name in names {
-            let img = self.image(name)?;
-            for d in img.layers {
-                // A layer twice counts once, at its upper place.
-                r.layers.retain(|x| x != &d);
-                r.layers.push(d);
-            }
-            r.env.extend(img.env);
-            if img.user.is_some() {
-                r.user = img.user;
-            }
-            if img.workdir.is_some() {
-                r.workdir = img.workdir;
-            }
-        }
-        if r.layers.len() > 128 {
-            return Err(ImageError::Invalid(format!(
-                "{} layers; overlayfs stacks at most 128 here",
-                r.layers.len()
-            )));
-        }
-        for d in &r.layers {
-            r.size += self.layer(d)?.size;
-        }
-        Ok(r)
-    }
-}
-
-fn view(m: ImageMeta) -> Image {
-    Image {
-        name: m.name,
-        layers: m.layers,
-        size: m.size,
-        created_at: crate::rfc3339(m.created_ms),
-        creator: m.creator,
-        parents: m.parents,
-        source: m.source,
-        env: m.env,
-        user: m.user,
-        workdir: m.workdir,
-    }
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename.
@@ -535,7 +348,7 @@ mod tests {
     }
 
     #[test]
-    fn layers_are_content_addressed_and_images_resolve_bottom_first() {
+    fn layers_are_content_addressed() {
         let (_d, s) = store();
         let a = layer_of(&s, &[("etc/marker", "a")]);
         // The digest is the file's: adding the same file again finds it.
@@ -549,33 +362,9 @@ mod tests {
         let b = layer_of(&s, &[("etc/marker", "b")]);
         assert_ne!(a.digest, b.digest);
         assert_eq!(s.layers().len(), 2);
-        let mut env = BTreeMap::new();
-        env.insert("A".to_string(), "1".to_string());
-        s.put_image(NewImage {
-            name: "t/a:1".into(),
-            layers: vec![a.digest.clone()],
-            source: "directory".into(),
-            env,
-            user: Some("root".into()),
-            ..NewImage::default()
-        })
-        .unwrap();
-        s.put_image(NewImage {
-            name: "t/b".into(),
-            layers: vec![b.digest.clone(), a.digest.clone()],
-            source: "directory".into(),
-            ..NewImage::default()
-        })
-        .unwrap();
-        let r = s.resolve("t/a:1,t/b").unwrap();
-        assert_eq!(r.layers, vec![b.digest.clone(), a.digest.clone()]);
-        assert_eq!(r.user.as_deref(), Some("root"));
-        assert_eq!(r.env["A"], "1");
-        assert_eq!(r.size, a.size + b.size);
-        assert!(matches!(s.resolve("t/zz"), Err(ImageError::NotFound(_))));
-        assert_eq!(s.images().len(), 2);
-        s.remove_image("t/a:1").unwrap();
-        assert_eq!(s.images().len(), 1);
+        s.remove_layer(&a.digest).unwrap();
+        assert_eq!(s.layers().len(), 1);
+        assert!(matches!(s.layer(&a.digest), Err(ImageError::NotFound(_))));
     }
 
     #[test]

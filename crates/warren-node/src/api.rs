@@ -16,9 +16,9 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use warren_http::{Error, Json, Query};
 use warren_types::api::{
-    CommitRequest, CreateSandbox, ExecRequest, FileList, Image, ImageStats, MkdirRequest, NodeInfo,
-    ProcessInfo, ProcessList, RenameRequest, Sandbox as SandboxView, SandboxList, SandboxState,
-    SetTimeout, SignalRequest, TaskAction, TaskList, TaskResult,
+    CreateSandbox, ExecRequest, FileList, ImageStats, Layer, MkdirRequest, NodeInfo, ProcessInfo,
+    ProcessList, RenameRequest, Sandbox as SandboxView, SandboxList, SandboxState, SetTimeout,
+    SignalRequest, TaskAction, TaskList, TaskResult,
 };
 use warren_types::error::{ApiError, ErrorCode};
 use warren_types::id::SandboxId;
@@ -215,18 +215,14 @@ async fn commit(
     State(n): S,
     Path(id): Path<String>,
     headers: HeaderMap,
-    Json(req): Json<CommitRequest>,
-) -> Result<(StatusCode, Json<Image>), Error> {
+) -> Result<(StatusCode, Json<Layer>), Error> {
     let id = parse_id(&n, &id)?;
     let creator = headers
         .get("x-warren-creator")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("admin")
         .to_string();
-    Ok((
-        StatusCode::CREATED,
-        Json(n.commit(&id, req, &creator).await?),
-    ))
+    Ok((StatusCode::CREATED, Json(n.commit(&id, &creator).await?)))
 }
 
 async fn image_stats(State(n): S) -> Json<ImageStats> {

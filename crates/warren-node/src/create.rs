@@ -254,7 +254,7 @@ impl Node {
 
         let load = HostLoad::read().map_err(|e| NodeError::host("reading host load", e))?;
         let (resources, timeout) = validate(self, &req, load.mem_total)?;
-        let resolved = self.images.resolve(&req.image)?;
+        let resolved = self.images.resolve(&req.image, req.resolved.as_ref())?;
         self.admission
             .reserve(&self.cfg, &load, resources.memory.bytes())?;
         let mut reservation = Reservation {
@@ -266,7 +266,7 @@ impl Node {
         let id = SandboxId::new(&self.id, rand::random());
         let now = state::now_ms();
         let (host_rootfs, image) = match resolved {
-            crate::images::Resolved::Host(r) => (Some(r), warren_images::Resolved::default()),
+            crate::images::Resolved::Host(r) => (Some(r), Default::default()),
             crate::images::Resolved::Layered(l) => (None, l),
         };
         // The image's environment under the request's.

@@ -3,22 +3,20 @@
 
 use std::sync::Arc;
 
-use warren_types::api::{CommitRequest, Image, ImageStats, LayerStats, SandboxReadStats};
+use warren_types::api::{ImageStats, Layer, LayerStats, SandboxReadStats};
 use warren_types::id::SandboxId;
 
 use crate::error::NodeError;
 use crate::node::{Node, blocking};
 
 impl Node {
-    /// Makes the sandbox's writable layer a new layer on top of its image's, named
-    /// `req.name`. The sandbox is frozen meanwhile, so the layer is one consistent state.
+    /// Writes the sandbox's writable layer to the store as a new layer (the control plane
+    /// names it). The sandbox is frozen meanwhile, so the layer is one consistent state.
     pub async fn commit(
         self: &Arc<Self>,
         id: &SandboxId,
-        req: CommitRequest,
         creator: &str,
-    ) -> Result<Image, NodeError> {
-        warren_images::names::check_name(&req.name)?;
+    ) -> Result<Layer, NodeError> {
         let sb = self.get(id)?;
         if sb.record.layers.is_empty() {
             return Err(NodeError::Invalid(
@@ -36,32 +34,10 @@ impl Node {
         let was_paused = sb.phase() == crate::node::Phase::Paused;
         self.pause(id).await?;
         let upper = sb.dir.join("upper");
-        let record = sb.record.clone();
         let creator = creator.to_string();
         let result = blocking(move || {
-            let run = || -> Result<Image, warren_images::ImageError> {
-                warren_images::store::strip_overlay_xattrs(&upper)?;
-                let layer = store.add_layer_dir(&upper, "build", &creator)?;
-                let parents: Vec<String> = record
-                    .image
-                    .split(',')
-                    .map(|s| s.trim().to_string())
-                    .collect();
-                let base = store.resolve(&record.image).unwrap_or_default();
-                let mut layers = record.layers.clone();
-                layers.push(layer.digest);
-                store.put_image(warren_images::store::NewImage {
-                    name: req.name.clone(),
-                    layers,
-                    creator: creator.clone(),
-                    parents,
-                    source: "build".into(),
-                    env: base.env,
-                    user: base.user,
-                    workdir: base.workdir,
-                })
-            };
-            Ok(run())
+            Ok(warren_images::store::strip_overlay_xattrs(&upper)
+                .and_then(|()| store.add_layer_dir(&upper, "build", &creator)))
         })
         .await
         .map_err(|e| NodeError::host("committing", e))?;

@@ -85,8 +85,8 @@ pub struct Images {
 pub enum Resolved {
     /// The built-in `host` image.
     Host(Rootfs),
-    /// Layers from the store.
-    Layered(warren_images::Resolved),
+    /// Layers from the store, as the control plane's catalog resolved them.
+    Layered(warren_types::api::ResolvedImage),
 }
 
 impl Images {
@@ -109,8 +109,13 @@ impl Images {
         })
     }
 
-    /// Resolves an image: `host`, or a list of names in the store (`a,b,c`, bottom first).
-    pub fn resolve(&self, spec: &str) -> Result<Resolved, warren_images::ImageError> {
+    /// Resolves an image: `host`, or a list of names (`a,b,c`, bottom first) that the control
+    /// plane resolved into layers (`resolved`).
+    pub fn resolve(
+        &self,
+        spec: &str,
+        resolved: Option<&warren_types::api::ResolvedImage>,
+    ) -> Result<Resolved, warren_images::ImageError> {
         use warren_images::ImageError;
         if spec == "host" {
             return Ok(Resolved::Host(self.host.clone()));
@@ -120,12 +125,28 @@ impl Images {
                 "the built-in image `host` cannot be combined with other images".into(),
             ));
         }
-        let Some(store) = &self.store else {
+        let Some(r) = resolved else {
             return Err(ImageError::NotFound(format!(
-                "image {spec:?} not found: this node has only the built-in `host` image (its image store is unusable; see its log)"
+                "image {spec:?} not found: a node knows only the built-in `host` image by name; \
+                 create sandboxes of other images through the control plane, whose catalog \
+                 resolves them (`warren image ls` lists them)"
             )));
         };
-        store.resolve(spec).map(Resolved::Layered)
+        if self.store.is_none() {
+            return Err(ImageError::io(
+                "the image store",
+                io::Error::other("this node's image store cannot be opened (see its log)"),
+            ));
+        }
+        if r.layers.is_empty() {
+            return Err(ImageError::Invalid(format!(
+                "image {spec:?} resolved to no layers"
+            )));
+        }
+        for d in &r.layers {
+            warren_images::names::check_digest(d)?;
+        }
+        Ok(Resolved::Layered(r.clone()))
     }
 
     /// The root file system made of mounted layers (bottom first), over the runtime skeleton.
@@ -313,7 +334,7 @@ mod tests {
     fn host_skeleton_has_an_unprivileged_user_and_mount_points() {
         let dir = tempfile::tempdir().unwrap();
         let images = Images::prepare(dir.path(), None).unwrap();
-        let Resolved::Host(root) = images.resolve("host").unwrap() else {
+        let Resolved::Host(root) = images.resolve("host", None).unwrap() else {
             panic!("host is built in")
         };
         let skel = &root.layers[0];
@@ -338,9 +359,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("store");
         let images = Images::prepare(dir.path(), Some(&store)).unwrap();
-        let err = images.resolve("py312").unwrap_err().to_string();
-        assert!(err.contains("warren image import"), "{err}");
-        let err = images.resolve("host,py312").unwrap_err().to_string();
+        let err = images.resolve("py312", None).unwrap_err().to_string();
+        assert!(err.contains("warren image ls"), "{err}");
+        let err = images.resolve("host,py312", None).unwrap_err().to_string();
         assert!(err.contains("cannot be combined"), "{err}");
         let runtime = &images.layered_rootfs(&[]).layers[0];
         assert!(runtime.join("proc").is_dir() && runtime.join("etc/passwd").is_file());

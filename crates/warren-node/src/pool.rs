@@ -78,7 +78,7 @@ impl Warm {
 impl Node {
     /// Starts one warm init of `image`. Blocking.
     fn start_warm(&self, image: &str) -> std::io::Result<Warm> {
-        let rootfs = match self.images.resolve(image) {
+        let rootfs = match self.images.resolve(image, None) {
             Ok(crate::images::Resolved::Host(r)) => r,
             Ok(crate::images::Resolved::Layered(_)) => {
                 return Err(std::io::Error::other(

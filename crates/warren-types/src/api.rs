@@ -60,6 +60,28 @@ pub struct CreateSandbox {
     /// [`TrajectoryEntry`]). Implies `trajectory`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<Vec<TrajectoryEntry>>,
+    /// The image resolved by the control plane's catalog (layers and defaults), for the node.
+    /// Whatever a client sends here is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub resolved: Option<ResolvedImage>,
+}
+
+/// An image list resolved into layers (bottom first, each once) and defaults (upper images
+/// win): what a node needs to build a sandbox's root.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResolvedImage {
+    /// Layer digests, bottom first.
+    pub layers: Vec<String>,
+    /// Default environment (a create's `env` wins).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Default user for commands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Default working directory for commands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
 }
 
 /// What an idle sandbox does.

@@ -9,20 +9,20 @@ use std::collections::BTreeSet;
 
 use axum::body::Body;
 use axum::extract::Path;
-use axum::http::{HeaderMap, Method, StatusCode};
-use axum::response::Response;
+use axum::http::StatusCode;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
 use warren_http::{Error, Json, Query};
 use warren_images::ImageError;
 use warren_types::api::{
-    CommitRequest, Image, ImageDetail, ImageList, ImageStats, PullRequest, Sandbox, SandboxList,
+    CommitRequest, Image, ImageDetail, ImageList, ImageStats, Layer, PullRequest, Sandbox,
+    SandboxList,
 };
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
 use super::S;
-use super::forward::{forward_json, unavailable};
+use super::forward::unavailable;
 use crate::Control;
 
 /// The API error for an image error.
@@ -133,7 +133,7 @@ pub async fn import(
     }
     let name = q.name.clone();
     let source_hint = q.source.clone();
-    let detail = blocking(move || {
+    let imported = blocking(move || {
         let imported = warren_images::import::import_file(
             &st,
             &path,
@@ -141,34 +141,42 @@ pub async fn import(
             warren_images::unpack::Limits::default(),
         )?;
         drop(tmp);
-        let source = match (source_hint.as_deref(), imported.source.as_str()) {
-            (Some("directory"), "tar") => "directory".to_string(),
-            (_, s) => s.to_string(),
-        };
-        name_imported(&st, name, imported, source)
+        Ok(imported)
     })
     .await?;
+    let source = match (source_hint.as_deref(), imported.source.as_str()) {
+        (Some("directory"), "tar") => "directory".to_string(),
+        (_, s) => s.to_string(),
+    };
+    let detail = name_imported(&c, name, imported, source).await?;
     tracing::info!(image = %detail.image.name, layers = detail.layer_info.len(), bytes = n, "image imported");
     Ok((StatusCode::CREATED, Json(detail)))
 }
 
-/// Names the layers an import or a pull made.
-fn name_imported(
-    st: &warren_images::Store,
+/// Names the layers an import or a pull made, in the catalog.
+async fn name_imported(
+    c: &Control,
     name: String,
     imported: warren_images::import::Imported,
     source: String,
-) -> Result<ImageDetail, ImageError> {
-    let image = st.put_image(warren_images::store::NewImage {
-        name,
-        layers: imported.layers.iter().map(|l| l.digest.clone()).collect(),
-        creator: "admin".into(),
-        parents: Vec::new(),
-        source,
-        env: imported.env,
-        user: imported.user,
-        workdir: imported.workdir,
-    })?;
+) -> Result<ImageDetail, Error> {
+    let image = c
+        .catalog
+        .put(
+            store(c)?,
+            crate::catalog::NewImage {
+                name,
+                layers: imported.layers.iter().map(|l| l.digest.clone()).collect(),
+                creator: "admin".into(),
+                parents: Vec::new(),
+                source,
+                env: imported.env,
+                user: imported.user,
+                workdir: imported.workdir,
+            },
+        )
+        .await
+        .map_err(image_error)?;
     Ok(ImageDetail {
         image,
         layer_info: imported.layers,
@@ -179,8 +187,7 @@ fn name_imported(
 #[utoipa::path(get, path = "/v1/images", tag = "images",
     responses((status = 200, body = ImageList)), security(("api_key" = [])))]
 pub async fn list(axum::extract::State(c): S) -> Result<Json<ImageList>, Error> {
-    let st = store(&c)?.clone();
-    let images = blocking(move || Ok(st.images())).await?;
+    let images = c.catalog.list().await.map_err(image_error)?;
     Ok(Json(ImageList { images }))
 }
 
@@ -193,18 +200,11 @@ pub async fn get(
     axum::extract::State(c): S,
     Path(name): Path<String>,
 ) -> Result<Json<ImageDetail>, Error> {
+    let image = c.catalog.get(&name).await.map_err(image_error)?;
     let st = store(&c)?.clone();
-    let detail = blocking(move || {
-        let image = st.image(&name)?;
-        let layer_info = image
-            .layers
-            .iter()
-            .map(|d| st.layer(d))
-            .collect::<Result<_, _>>()?;
-        Ok(ImageDetail { image, layer_info })
-    })
-    .await?;
-    Ok(Json(detail))
+    let digests = image.layers.clone();
+    let layer_info = blocking(move || digests.iter().map(|d| st.layer(d)).collect()).await?;
+    Ok(Json(ImageDetail { image, layer_info }))
 }
 
 /// Every sandbox on every node (to know who uses what).
@@ -236,55 +236,58 @@ pub async fn remove(
     Path(name): Path<String>,
 ) -> Result<StatusCode, Error> {
     let st = store(&c)?.clone();
-    // The node's view of who uses which layer; a node that does not answer makes the
-    // answer unknowable, so the removal is refused rather than risked.
+    // The nodes' view of who uses which layer; a node that does not answer makes the answer
+    // unknowable, so the removal is refused rather than risked.
     let sandboxes = all_sandboxes(&c).await?;
-    blocking(move || {
-        let images = st.images();
-        if name.starts_with("sha256:") {
-            st.layer(&name)?;
-            let mut users: Vec<String> = images
+    let images = c.catalog.list().await.map_err(image_error)?;
+    if name.starts_with("sha256:") {
+        let mut users: Vec<String> = images
+            .iter()
+            .filter(|i| i.layers.contains(&name))
+            .map(|i| format!("image {}", i.name))
+            .collect();
+        users.extend(
+            sandboxes
                 .iter()
-                .filter(|i| i.layers.contains(&name))
-                .map(|i| format!("image {}", i.name))
-                .collect();
-            users.extend(
-                sandboxes
-                    .iter()
-                    .filter(|s| s.layers.contains(&name))
-                    .map(|s| format!("sandbox {}", s.id)),
-            );
-            if !users.is_empty() {
-                return Err(ImageError::Conflict(format!(
-                    "layer {name} is in use by {}; remove those first",
-                    users.join(", ")
-                )));
-            }
-            return st.remove_layer(&name);
-        }
-        let image = st.image(&name)?;
-        let users: Vec<String> = sandboxes
-            .iter()
-            .filter(|s| s.image.split(',').any(|n| n.trim() == name))
-            .map(|s| s.id.to_string())
-            .collect();
+                .filter(|s| s.layers.contains(&name))
+                .map(|s| format!("sandbox {}", s.id)),
+        );
         if !users.is_empty() {
-            return Err(ImageError::Conflict(format!(
-                "image {name} is in use by running sandboxes {}; kill them first",
+            return Err(image_error(ImageError::Conflict(format!(
+                "layer {name} is in use by {}; remove those first",
                 users.join(", ")
-            )));
+            ))));
         }
-        st.remove_image(&name)?;
-        let still: BTreeSet<&String> = images
-            .iter()
-            .filter(|i| i.name != name)
-            .flat_map(|i| i.layers.iter())
-            .chain(sandboxes.iter().flat_map(|s| s.layers.iter()))
-            .collect();
-        for d in &image.layers {
-            if !still.contains(d) {
-                st.remove_layer(d)?;
-            }
+        blocking(move || {
+            st.layer(&name)?;
+            st.remove_layer(&name)
+        })
+        .await?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    let image = c.catalog.get(&name).await.map_err(image_error)?;
+    let users: Vec<String> = sandboxes
+        .iter()
+        .filter(|s| s.image.split(',').any(|n| n.trim() == name))
+        .map(|s| s.id.to_string())
+        .collect();
+    if !users.is_empty() {
+        return Err(image_error(ImageError::Conflict(format!(
+            "image {name} is in use by running sandboxes {}; kill them first",
+            users.join(", ")
+        ))));
+    }
+    c.catalog.remove(&name).await.map_err(image_error)?;
+    // Its layers that no other image and no sandbox uses go too.
+    let still: BTreeSet<String> = images
+        .iter()
+        .filter(|i| i.name != name)
+        .flat_map(|i| i.layers.iter().cloned())
+        .chain(sandboxes.iter().flat_map(|s| s.layers.iter().cloned()))
+        .collect();
+    blocking(move || {
+        for d in image.layers.iter().filter(|d| !still.contains(*d)) {
+            st.remove_layer(d)?;
         }
         Ok(())
     })
@@ -332,19 +335,61 @@ pub async fn stats(axum::extract::State(c): S) -> Result<Json<ImageStats>, Error
 pub async fn commit(
     axum::extract::State(c): S,
     Path(id): Path<String>,
-    headers: HeaderMap,
     Json(req): Json<CommitRequest>,
-) -> Result<Response, Error> {
+) -> Result<(StatusCode, Json<Image>), Error> {
     warren_images::names::check_name(&req.name).map_err(image_error)?;
     let (_, node) = super::forward::route(&c, &id)?;
-    forward_json(
+    let sb: Sandbox =
+        node_json(&node, reqwest::Method::GET, &format!("/v1/sandboxes/{id}")).await?;
+    let layer: Layer = node_json(
         &node,
-        Method::POST,
+        reqwest::Method::POST,
         &format!("/v1/sandboxes/{id}/commit"),
-        &headers,
-        &req,
     )
-    .await
+    .await?;
+    // The new image keeps the defaults of the images it was built on.
+    let base = c.catalog.resolve(&sb.image).await.unwrap_or_default();
+    let mut layers = sb.layers.clone();
+    layers.push(layer.digest);
+    let image = c
+        .catalog
+        .put(
+            store(&c)?,
+            crate::catalog::NewImage {
+                name: req.name,
+                layers,
+                creator: "admin".into(),
+                parents: sb.image.split(',').map(|s| s.trim().to_string()).collect(),
+                source: "build".into(),
+                env: base.env,
+                user: base.user,
+                workdir: base.workdir,
+            },
+        )
+        .await
+        .map_err(image_error)?;
+    Ok((StatusCode::CREATED, Json(image)))
+}
+
+/// Asks a node and decodes its JSON answer; its error answers pass through as they are.
+async fn node_json<T: serde::de::DeserializeOwned>(
+    node: &crate::nodes::NodeEntry,
+    method: reqwest::Method,
+    path: &str,
+) -> Result<T, Error> {
+    let resp = node
+        .client
+        .request(method, path)
+        .send()
+        .await
+        .map_err(|e| unavailable(node, &e))?;
+    if resp.status().is_success() {
+        return resp.json().await.map_err(|e| unavailable(node, &e));
+    }
+    match resp.json::<ErrorBody>().await {
+        Ok(b) => Err(Error(b.error)),
+        Err(e) => Err(unavailable(node, &e)),
+    }
 }
 
 /// Pull an image from an OCI registry (`docker.io/library/python:3.12`): its manifest for this
@@ -464,12 +509,13 @@ pub async fn pull(
     .await
     .map_err(io)?;
     let source = req.reference.clone();
-    let detail = blocking(move || {
+    let imported = blocking(move || {
         let imported = warren_images::import::import_dir(&st, tmp.path(), "admin")?;
         drop(tmp);
-        name_imported(&st, name, imported, format!("pull {source}"))
+        Ok(imported)
     })
     .await?;
+    let detail = name_imported(&c, name, imported, format!("pull {source}")).await?;
     tracing::info!(image = %detail.image.name, reference = %req.reference, "image pulled");
     Ok((StatusCode::CREATED, Json(detail)))
 }

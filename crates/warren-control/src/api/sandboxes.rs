@@ -33,8 +33,19 @@ use crate::scheduler::{self, InFlight};
 pub async fn create(
     axum::extract::State(c): S,
     headers: HeaderMap,
-    Json(req): Json<CreateSandbox>,
+    Json(mut req): Json<CreateSandbox>,
 ) -> Result<Response, Error> {
+    // Images other than the built-in one are resolved here, from the catalog: nodes get layers.
+    req.resolved = if req.image.trim() == "host" {
+        None
+    } else {
+        Some(
+            c.catalog
+                .resolve(&req.image)
+                .await
+                .map_err(super::images::image_error)?,
+        )
+    };
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     let memory = req.memory.map(|m| m.bytes()).unwrap_or(512 << 20);
     let nodes = c.nodes.all();

@@ -122,6 +122,7 @@ impl CreateArgs {
             }),
             trajectory: self.trajectory,
             replay: None,
+            resolved: None,
         }
     }
 }

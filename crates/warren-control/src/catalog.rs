@@ -1,0 +1,310 @@
+//! The image catalog: names (`base/python:3.12`) pointing at ordered lists of layers, with
+//! defaults for their sandboxes, in the control plane's database. The layers are files in the
+//! layer store ([`warren_images::Store`]); a name is written only after all its layers are
+//! there, so a name never points at a missing layer.
+
+use std::collections::BTreeMap;
+
+use sqlx::SqlitePool;
+use warren_images::{ImageError, Store};
+use warren_types::api::{Image, ResolvedImage};
+
+/// What a new image is made of.
+#[derive(Debug, Clone, Default)]
+pub struct NewImage {
+    /// Its name.
+    pub name: String,
+    /// Layer digests, bottom first; each must be in the store.
+    pub layers: Vec<String>,
+    /// Who makes it.
+    pub creator: String,
+    /// Images it was built on.
+    pub parents: Vec<String>,
+    /// What it was made from.
+    pub source: String,
+    /// Default environment.
+    pub env: BTreeMap<String, String>,
+    /// Default user.
+    pub user: Option<String>,
+    /// Default working directory.
+    pub workdir: Option<String>,
+}
+
+/// Most names in one image list, and most layers after resolving it.
+const MAX_NAMES: usize = 32;
+const MAX_LAYERS: usize = 128;
+
+/// The catalog.
+#[derive(Debug, Clone)]
+pub struct Catalog {
+    db: SqlitePool,
+}
+
+fn db_err(e: sqlx::Error) -> ImageError {
+    ImageError::io("the image catalog", std::io::Error::other(e.to_string()))
+}
+
+type Row = (
+    String,
+    String,
+    i64,
+    i64,
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+);
+
+fn from_row(r: Row) -> Image {
+    let (name, layers, size, created_ms, creator, parents, source, env, user, workdir) = r;
+    Image {
+        name,
+        layers: serde_json::from_str(&layers).unwrap_or_default(),
+        size: size as u64,
+        created_at: warren_images::rfc3339(created_ms as u64),
+        creator,
+        parents: serde_json::from_str(&parents).unwrap_or_default(),
+        source,
+        env: serde_json::from_str(&env).unwrap_or_default(),
+        user,
+        workdir,
+    }
+}
+
+/// The columns, in [`Row`]'s order.
+macro_rules! columns {
+    () => {
+        "name, layers, size, created_ms, creator, parents, source, env, user_name, workdir"
+    };
+}
+
+impl Catalog {
+    /// The catalog in `db` (migrated by [`crate::Control::start`]).
+    pub fn new(db: SqlitePool) -> Catalog {
+        Catalog { db }
+    }
+
+    /// Names `new.layers` (replacing an image of the same name). Every layer must be in
+    /// `store`.
+    pub async fn put(&self, store: &Store, new: NewImage) -> Result<Image, ImageError> {
+        warren_images::names::check_name(&new.name)?;
+        if new.layers.is_empty() {
+            return Err(ImageError::Invalid(format!(
+                "image {:?} would have no layers",
+                new.name
+            )));
+        }
+        let mut size = 0;
+        for d in &new.layers {
+            size += store.layer(d)?.size;
+        }
+        sqlx::query(concat!(
+            "INSERT OR REPLACE INTO images (",
+            columns!(),
+            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ))
+        .bind(&new.name)
+        .bind(json(&new.layers))
+        .bind(size as i64)
+        .bind(warren_images::now_ms() as i64)
+        .bind(&new.creator)
+        .bind(json(&new.parents))
+        .bind(&new.source)
+        .bind(json(&new.env))
+        .bind(&new.user)
+        .bind(&new.workdir)
+        .execute(&self.db)
+        .await
+        .map_err(db_err)?;
+        self.get(&new.name).await
+    }
+
+    /// A named image.
+    pub async fn get(&self, name: &str) -> Result<Image, ImageError> {
+        warren_images::names::check_name(name)?;
+        let row: Option<Row> = sqlx::query_as(concat!(
+            "SELECT ",
+            columns!(),
+            " FROM images WHERE name = ?"
+        ))
+        .bind(name)
+        .fetch_optional(&self.db)
+        .await
+        .map_err(db_err)?;
+        row.map(from_row).ok_or_else(|| {
+            ImageError::NotFound(format!(
+                "image {name:?} not found; `warren image ls` lists the images there are \
+                 (besides the built-in `host`), `warren image import` adds one"
+            ))
+        })
+    }
+
+    /// Every named image, by name.
+    pub async fn list(&self) -> Result<Vec<Image>, ImageError> {
+        let rows: Vec<Row> =
+            sqlx::query_as(concat!("SELECT ", columns!(), " FROM images ORDER BY name"))
+                .fetch_all(&self.db)
+                .await
+                .map_err(db_err)?;
+        Ok(rows.into_iter().map(from_row).collect())
+    }
+
+    /// Removes a name (not its layers).
+    pub async fn remove(&self, name: &str) -> Result<(), ImageError> {
+        self.get(name).await?;
+        sqlx::query("DELETE FROM images WHERE name = ?")
+            .bind(name)
+            .execute(&self.db)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// Resolves an image list (`a,b,c`, bottom first): layers bottom first, a layer listed
+    /// twice kept once at its upper place; defaults merged, upper images winning.
+    pub async fn resolve(&self, spec: &str) -> Result<ResolvedImage, ImageError> {
+        let names: Vec<&str> = spec.split(',').map(str::trim).collect();
+        if names.len() > MAX_NAMES {
+            return Err(ImageError::Invalid(format!(
+                "{} images in one list; at most {MAX_NAMES}",
+                names.len()
+            )));
+        }
+        let mut images = Vec::new();
+        for name in names {
+            images.push(self.get(name).await?);
+        }
+        let r = merge(images);
+        if r.layers.len() > MAX_LAYERS {
+            return Err(ImageError::Invalid(format!(
+                "{} layers; overlayfs stacks at most {MAX_LAYERS} here",
+                r.layers.len()
+            )));
+        }
+        Ok(r)
+    }
+}
+
+/// Merges images, bottom first.
+fn merge(images: Vec<Image>) -> ResolvedImage {
+    let mut r = ResolvedImage::default();
+    for img in images {
+        for d in img.layers {
+            r.layers.retain(|x| x != &d);
+            r.layers.push(d);
+        }
+        r.env.extend(img.env);
+        if img.user.is_some() {
+            r.user = img.user;
+        }
+        if img.workdir.is_some() {
+            r.workdir = img.workdir;
+        }
+    }
+    r
+}
+
+/// JSON text of a value, for a column.
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn catalog() -> (tempfile::TempDir, Store, Catalog) {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(&d.path().join("store")).unwrap();
+        let db = sqlx::sqlite::SqlitePoolOptions::new()
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        sqlx::migrate!("./migrations/sqlite")
+            .run(&db)
+            .await
+            .unwrap();
+        (d, store, Catalog::new(db))
+    }
+
+    fn layer(store: &Store, marker: &str) -> String {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(src.path().join("etc")).unwrap();
+        std::fs::write(src.path().join("etc/marker"), marker).unwrap();
+        store
+            .add_layer_dir(src.path(), "directory", "test")
+            .unwrap()
+            .digest
+    }
+
+    #[tokio::test]
+    async fn names_resolve_bottom_first_with_upper_defaults_winning() {
+        let (_d, store, c) = catalog().await;
+        let (a, b) = (layer(&store, "a"), layer(&store, "b"));
+        let mut env = BTreeMap::new();
+        env.insert("A".to_string(), "1".to_string());
+        c.put(
+            &store,
+            NewImage {
+                name: "t/a:1".into(),
+                layers: vec![a.clone()],
+                source: "directory".into(),
+                env,
+                user: Some("root".into()),
+                ..NewImage::default()
+            },
+        )
+        .await
+        .unwrap();
+        let img = c
+            .put(
+                &store,
+                NewImage {
+                    name: "t/b".into(),
+                    layers: vec![b.clone(), a.clone()],
+                    source: "directory".into(),
+                    user: Some("1000".into()),
+                    ..NewImage::default()
+                },
+            )
+            .await
+            .unwrap();
+        let size = |d: &str| store.layer(d).unwrap().size;
+        assert_eq!(img.size, size(&a) + size(&b));
+        let r = c.resolve("t/a:1,t/b").await.unwrap();
+        assert_eq!(
+            r.layers,
+            vec![b.clone(), a.clone()],
+            "a layer twice counts once, upper"
+        );
+        assert_eq!(
+            r.user.as_deref(),
+            Some("1000"),
+            "the upper image's user wins"
+        );
+        assert_eq!(r.env["A"], "1");
+        assert!(matches!(
+            c.resolve("t/zz").await,
+            Err(ImageError::NotFound(_))
+        ));
+        assert_eq!(c.list().await.unwrap().len(), 2);
+        c.remove("t/a:1").await.unwrap();
+        assert_eq!(c.list().await.unwrap().len(), 1);
+        // A name cannot point at a layer that is not in the store.
+        let missing = format!("sha256:{}", "0".repeat(64));
+        let e = c
+            .put(
+                &store,
+                NewImage {
+                    name: "t/x".into(),
+                    layers: vec![missing],
+                    ..NewImage::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ImageError::NotFound(_)), "{e:?}");
+    }
+}
