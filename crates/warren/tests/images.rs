@@ -179,6 +179,21 @@ async fn import_compose_share_and_protect_layers() {
     assert_eq!(sh(&sb, "ls /var/lib/stuff").await.1, "b\n");
     assert_eq!(sh(&sb, "id -u").await.1, "1000\n", "commands run as user");
 
+    // A directory import keeps extended attributes: an overlay-style opaque directory.
+    let opq = work.path().join("opq");
+    write(&opq, "var/lib/stuff/c", "c");
+    rustix::fs::setxattr(
+        opq.join("var/lib/stuff"),
+        "trusted.overlay.opaque",
+        b"y",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    import(&p, &opq, "t/opq");
+    let o = create(&c, "t/base:1,t/opq").await;
+    assert_eq!(sh(&o, "ls /var/lib/stuff").await.1, "c\n");
+    o.kill().await.unwrap();
+
     // Read-only layers: root in one sandbox changes only its own view; the layer file and
     // other sandboxes are untouched, and mounting is not allowed.
     let other = create(&c, "t/base:1").await;
