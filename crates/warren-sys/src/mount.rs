@@ -72,6 +72,10 @@ pub fn mount_fs(fstype: &str, target: &Path, flags: u64, data: Option<&str>) -> 
 /// The overlay is `volatile`: it never syncs the upper file system (a sync of an ext4 upper
 /// waits for a journal commit, on every unmount). A sandbox's writable layer does not outlive
 /// a crash of the machine anyway, since the sandbox does not.
+///
+/// It is `nodev` and `nosuid`: a device node that an image carries (an imported layer may hold
+/// any) opens nothing, and set-user-id bits grant nothing. The sandbox's `/dev` is a separate
+/// mount; overlay whiteouts (0/0 devices) work regardless.
 pub fn mount_overlay(target: &Path, lowers: &[&str], upper: &str, work: &str) -> io::Result<()> {
     let data = format!(
         "lowerdir={},upperdir={upper},workdir={work},volatile",
@@ -81,7 +85,7 @@ pub fn mount_overlay(target: &Path, lowers: &[&str], upper: &str, work: &str) ->
         Some(&cs("overlay")?),
         &c(target)?,
         Some(&cs("overlay")?),
-        0,
+        libc::MS_NODEV | libc::MS_NOSUID,
         Some(&cs(&data)?),
     )
     .map_err(|e| with_target(e, "mounting overlay at", target))

@@ -161,7 +161,22 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
     let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     let err_w_raw = err_w.as_raw_fd();
 
+    // Everything else the daemon has open (its listening socket, connections, other sandboxes'
+    // descriptors) is closed first thing in the child: close-on-exec alone would leave them
+    // open until the exec, and on cgroup v1 the join before it can wait ~10 ms for an RCU
+    // grace period — long enough for a restarted daemon to find its port still taken.
+    let mut keep: Vec<u32> = joins
+        .iter()
+        .chain(moves.iter().map(|(from, _)| from))
+        .chain(std::iter::once(&err_w_raw))
+        .map(|&fd| fd as u32)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let close = close_ranges(&keep);
+
     let child = ChildArgs {
+        close: &close,
         joins: &joins,
         moves: &moves,
         program: &program,
@@ -202,8 +217,26 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
     Ok(Spawned { pid, pidfd })
 }
 
+/// The ranges of descriptor numbers not in `keep` (sorted, no duplicates), for `close_range`.
+fn close_ranges(keep: &[u32]) -> Vec<(u32, u32)> {
+    let mut out = Vec::with_capacity(keep.len() + 1);
+    let mut next: u64 = 0;
+    for &k in keep {
+        if u64::from(k) > next {
+            out.push((next as u32, k - 1));
+        }
+        next = u64::from(k) + 1;
+    }
+    if next <= u64::from(u32::MAX) {
+        out.push((next as u32, u32::MAX));
+    }
+    out
+}
+
 /// What the child needs, all prepared before the clone.
 struct ChildArgs<'a> {
+    /// Descriptor ranges to close at once.
+    close: &'a [(u32, u32)],
     joins: &'a [RawFd],
     moves: &'a [(RawFd, RawFd)],
     program: &'a CStr,
@@ -285,7 +318,7 @@ extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
             );
         }
     }
-    child_after_clone(a.joins, a.moves, a.program, a.argv, a.envp, a.err_fd)
+    child_after_clone(a)
 }
 
 /// clone3 with `CLONE_INTO_CGROUP` (cgroup v2): the child starts in its cgroup, with no
@@ -314,27 +347,22 @@ fn clone3_into_cgroup(
         )
     };
     if ret == 0 {
-        child_after_clone(
-            child.joins,
-            child.moves,
-            child.program,
-            child.argv,
-            child.envp,
-            child.err_fd,
-        );
+        child_after_clone(child);
     }
     ret
 }
 
 /// Runs in the child between the clone and execve. Raw system calls only; never returns.
-fn child_after_clone(
-    joins: &[RawFd],
-    moves: &[(RawFd, RawFd)],
-    program: &CStr,
-    argv: &[*const libc::c_char],
-    envp: &[*const libc::c_char],
-    err_fd: RawFd,
-) -> ! {
+fn child_after_clone(a: &ChildArgs<'_>) -> ! {
+    let ChildArgs {
+        close,
+        joins,
+        moves,
+        program,
+        argv,
+        envp,
+        err_fd,
+    } = *a;
     let fail = |stage: u8| -> ! {
         // SAFETY: errno location is thread-local and valid; write and exit_group are raw
         // system calls on a buffer on this stack.
@@ -350,6 +378,10 @@ fn child_after_clone(
     };
     // SAFETY: raw system calls with arguments prepared by the parent before the clone.
     unsafe {
+        for &(lo, hi) in close {
+            // Only this child's descriptor table: the clone shared no CLONE_FILES.
+            libc::syscall(libc::SYS_close_range, lo, hi, 0u32);
+        }
         if libc::syscall(libc::SYS_setsid) < 0 {
             fail(0);
         }
@@ -382,6 +414,22 @@ fn child_after_clone(
         );
     }
     fail(4)
+}
+
+#[cfg(test)]
+mod close_tests {
+    use super::close_ranges;
+
+    #[test]
+    fn close_ranges_skip_the_kept_descriptors() {
+        assert_eq!(close_ranges(&[]), vec![(0, u32::MAX)]);
+        assert_eq!(close_ranges(&[0]), vec![(1, u32::MAX)]);
+        assert_eq!(
+            close_ranges(&[3, 4, 70]),
+            vec![(0, 2), (5, 69), (71, u32::MAX)]
+        );
+        assert_eq!(close_ranges(&[u32::MAX]), vec![(0, u32::MAX - 1)]);
+    }
 }
 
 #[cfg(test)]

@@ -402,6 +402,33 @@ async fn bad_images_are_refused_and_leave_nothing() {
     let r = import("t/x", t[..20_000].to_vec()).await.unwrap();
     assert_eq!(r.status(), 400);
 
+    // A layer may carry device nodes, but they open nothing in a sandbox (the root is nodev).
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::Char);
+    h.set_device_major(1).unwrap();
+    h.set_device_minor(3).unwrap();
+    h.set_mode(0o666);
+    h.set_size(0);
+    b.append_data(&mut h, "opt/null", std::io::empty()).unwrap();
+    let dev_layer = work_tar(b.into_inner().unwrap());
+    crate::import(&p, dev_layer.path(), "t/dev");
+    let base = tempfile::tempdir().unwrap();
+    base_rootfs(base.path());
+    crate::import(&p, base.path(), "t/base");
+    let sb = create(&c, "t/base,t/dev").await;
+    let (code, _) = sh(&sb, "echo x > /opt/null").await;
+    assert_ne!(code, 0, "a device node from an image must not open");
+    let r = sb
+        .exec(&argv(["/bin/busybox", "sh", "-c", "echo x > /opt/null"]))
+        .await
+        .unwrap();
+    assert!(r.stderr.contains("Permission denied"), "{r:?}");
+    sb.kill().await.unwrap();
+    for n in ["t/base", "t/dev"] {
+        c.remove_image(n).await.unwrap();
+    }
+
     // Names, unknown images, and the built-in image.
     let r = import("Bad%20Name", b"x".to_vec()).await.unwrap();
     assert_eq!(r.status(), 400);
@@ -486,6 +513,13 @@ async fn interrupted_imports_are_cleaned_and_layers_survive_a_crash() {
     sb.kill().await.unwrap();
     wait_for("the layer to be unmounted", || mounts_of(&p, &digest) == 0);
     p.assert_clean();
+}
+
+/// `data` in a temporary file.
+fn work_tar(data: Vec<u8>) -> tempfile::NamedTempFile {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(f.path(), data).unwrap();
+    f
 }
 
 /// sha256 of `data`, with `sha256sum`.
