@@ -119,6 +119,7 @@ pub fn import_file(
         let tmp = store.tmp()?;
         let copy = tmp.path().join("layer.erofs");
         fs::copy(file, &copy).map_err(|e| ImageError::io("copying the layer", e))?;
+        crate::store::fsck(&copy)?;
         let layer = store.add_layer_file(&copy, "erofs", creator)?;
         return Ok(Imported::plain(vec![layer], "erofs"));
     }

@@ -256,6 +256,24 @@ pub fn mkfs(dir: &Path, out: &Path) -> Result<(), ImageError> {
     }
 }
 
+/// Checks an EROFS file made elsewhere with `fsck.erofs` (every inode and every compressed
+/// extent decoded), so a corrupt or truncated one is refused at import, not at a mount.
+pub fn fsck(file: &Path) -> Result<(), ImageError> {
+    let out = Command::new("fsck.erofs")
+        .arg("--extract")
+        .arg(file)
+        .output()
+        .map_err(|e| ImageError::io("running fsck.erofs (install erofs-utils)", e))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let msg = String::from_utf8_lossy(&out.stderr);
+    let msg = msg.lines().rev().take(2).collect::<Vec<_>>().join("; ");
+    Err(ImageError::Invalid(format!(
+        "the EROFS file is corrupt or truncated (fsck.erofs: {msg})"
+    )))
+}
+
 /// Checks that `file` is an EROFS image.
 pub fn check_erofs(file: &Path) -> Result<(), ImageError> {
     let mut f = fs::File::open(file).map_err(|e| ImageError::io("opening the layer", e))?;
@@ -365,6 +383,19 @@ mod tests {
         s.remove_layer(&a.digest).unwrap();
         assert_eq!(s.layers().len(), 1);
         assert!(matches!(s.layer(&a.digest), Err(ImageError::NotFound(_))));
+    }
+
+    #[test]
+    fn a_truncated_erofs_file_fails_its_check() {
+        let (_d, s) = store();
+        let l = layer_of(&s, &[("etc/a", &"x".repeat(100_000))]);
+        let path = s.layer_path(&l.digest).unwrap();
+        fsck(&path).unwrap();
+        let tmp = s.tmp().unwrap();
+        let cut = tmp.path().join("cut.erofs");
+        let bytes = fs::read(&path).unwrap();
+        fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+        assert!(matches!(fsck(&cut), Err(ImageError::Invalid(_))));
     }
 
     #[test]

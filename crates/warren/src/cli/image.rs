@@ -348,6 +348,27 @@ fn bar(len: Option<u64>, what: &str) -> ProgressBar {
     pb
 }
 
+/// A spinner with elapsed time on standard error (drawn only on a terminal).
+fn spinner(msg: String) -> ProgressBar {
+    let pb = ProgressBar::new_spinner().with_style(
+        ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    pb.set_message(msg);
+    pb.enable_steady_tick(std::time::Duration::from_millis(120));
+    pb
+}
+
+/// Ends a spinner, leaving its last line (the step and how long it took) on a terminal, or
+/// printing the step on standard error otherwise.
+fn finish(pb: ProgressBar) {
+    if pb.is_hidden() {
+        eprintln!("{}", pb.message());
+    } else {
+        pb.finish();
+    }
+}
+
 /// Writes into a channel in chunks: the tar of a directory, made on a thread, streamed out.
 struct ChanWriter {
     tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
@@ -543,11 +564,13 @@ async fn build(client: &Client, json: bool, a: BuildArgs) -> anyhow::Result<Exit
             match kind {
                 StepKind::Run => {
                     let cmd = runs.next().context("step order")?;
-                    eprintln!("step {}: run {cmd}", i + 1);
+                    let pb = spinner(format!("step {}/{}: run {cmd}", i + 1, order.len()));
                     let mut req = warren_sdk::shell(cmd);
                     req.user = Some("root".into());
                     req.timeout = Some(a.step_timeout as f64);
-                    let out = sb.exec(&req).await?;
+                    let out = sb.exec(&req).await;
+                    finish(pb);
+                    let out = out?;
                     io::stderr().write_all(&out.stdout_data()?)?;
                     io::stderr().write_all(&out.stderr_data()?)?;
                     if out.status.exit_code != 0 {
@@ -565,22 +588,32 @@ async fn build(client: &Client, json: bool, a: BuildArgs) -> anyhow::Result<Exit
                 StepKind::Copy => {
                     let pair = copies.next().context("step order")?;
                     let (src, dst) = (Path::new(&pair[0]), pair[1].as_str());
-                    eprintln!("step {}: copy {} {dst}", i + 1, src.display());
+                    let pb = spinner(format!(
+                        "step {}/{}: copy {} {dst}",
+                        i + 1,
+                        order.len(),
+                        src.display()
+                    ));
                     let md = std::fs::metadata(src)
                         .with_context(|| format!("cannot read {}", src.display()))?;
-                    if md.is_dir() {
+                    let r = if md.is_dir() {
                         root.upload_tar(dst, reqwest::Body::wrap_stream(tar_dir(src)))
-                            .await?;
+                            .await
                     } else {
                         use std::os::unix::fs::PermissionsExt;
                         root.upload_file(src, dst, Some(md.permissions().mode() & 0o7777))
-                            .await?;
-                    }
+                            .await
+                            .map(drop)
+                    };
+                    finish(pb);
+                    r?;
                 }
             }
         }
-        eprintln!("saving the new layer");
-        Ok(sb.commit(&a.name).await?)
+        let pb = spinner("saving the new layer".into());
+        let image = sb.commit(&a.name).await;
+        finish(pb);
+        Ok(image?)
     }
     .await;
     let _ = sb.kill().await;
