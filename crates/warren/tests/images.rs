@@ -30,6 +30,14 @@ fn write(root: &Path, rel: &str, data: &str) {
     std::fs::write(p, data).unwrap();
 }
 
+/// Imports a busybox root file system (`base_rootfs`) under `name`; returns its directory.
+fn import_base(p: &Platform, work: &Path, name: &str) -> PathBuf {
+    let base = work.join("base");
+    base_rootfs(&base);
+    import(p, &base, name);
+    base
+}
+
 /// A root file system with a static busybox.
 fn base_rootfs(root: &Path) {
     std::fs::create_dir_all(root.join("bin")).unwrap();
@@ -113,9 +121,7 @@ async fn import_compose_share_and_protect_layers() {
     let work = tempfile::tempdir().unwrap();
 
     // Bottom: a directory.
-    let base = work.path().join("base");
-    base_rootfs(&base);
-    import(&p, &base, "t/base:1");
+    import_base(&p, work.path(), "t/base:1");
 
     // Middle: a gzip tarball with OCI whiteouts: etc/gone deleted, var/lib/stuff opaque.
     let mid = work.path().join("mid");
@@ -276,9 +282,7 @@ async fn build_turns_steps_into_a_layer() {
     let p = Platform::start_with(Some(CONFIG));
     let c = p.client();
     let work = tempfile::tempdir().unwrap();
-    let base = work.path().join("base");
-    base_rootfs(&base);
-    import(&p, &base, "t/base");
+    import_base(&p, work.path(), "t/base");
     let ctx = work.path().join("ctx");
     write(&ctx, "agent/run.sh", "echo agent");
     let out = cli_ok(
@@ -413,9 +417,8 @@ async fn bad_images_are_refused_and_leave_nothing() {
     b.append_data(&mut h, "opt/null", std::io::empty()).unwrap();
     let dev_layer = work_tar(b.into_inner().unwrap());
     crate::import(&p, dev_layer.path(), "t/dev");
-    let base = tempfile::tempdir().unwrap();
-    base_rootfs(base.path());
-    crate::import(&p, base.path(), "t/base");
+    let work = tempfile::tempdir().unwrap();
+    import_base(&p, work.path(), "t/base");
     let sb = create(&c, "t/base,t/dev").await;
     let (code, _) = sh(&sb, "echo x > /opt/null").await;
     assert_ne!(code, 0, "a device node from an image must not open");
@@ -479,9 +482,7 @@ async fn interrupted_imports_are_cleaned_and_layers_survive_a_crash() {
     let mut p = Platform::start_with(Some(&format!("{CONFIG}layer_mount = \"loop\"\n")));
     let c = p.client();
     let work = tempfile::tempdir().unwrap();
-    let base = work.path().join("base");
-    base_rootfs(&base);
-    import(&p, &base, "t/base");
+    import_base(&p, work.path(), "t/base");
     let sb = create(&c, "t/base").await;
     let digest = sb.info().await.unwrap().layers[0].clone();
 
