@@ -233,6 +233,8 @@ async fn serve(
             eprintln!("warren: could not remove its cgroups: {e}");
         }
     } else {
+        // Layers no sandbox uses are unmounted; the running sandboxes' stay for the next start.
+        node.unmount_unused_layers();
         eprintln!("warren: stopped; sandboxes keep running and are re-adopted on the next start");
     }
     Ok(())

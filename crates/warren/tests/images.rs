@@ -699,3 +699,41 @@ async fn a_full_store_is_a_clear_error_and_leaves_nothing() {
     }
     p.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_unmounts_unused_layers_and_keeps_used_ones() {
+    require_root!();
+    let mut p = Platform::start_with(Some("[node]\nlayer_idle_unmount = 3600\nwarm_pool = 0\n"));
+    let c = p.client();
+    let work = tempfile::tempdir().unwrap();
+    import_base(&p, work.path(), "t/base");
+    let top = work.path().join("top");
+    write(&top, "etc/marker", "top");
+    import(&p, &top, "t/top");
+    let used = create(&c, "t/base,t/top").await;
+    let gone = create(&c, "t/base").await;
+    let layers = used.info().await.unwrap().layers;
+    gone.kill().await.unwrap();
+    used.kill().await.unwrap();
+    let keep = create(&c, "t/base").await;
+    assert_eq!(
+        mounts_of(&p, &layers[1]),
+        1,
+        "unused, but within its idle time"
+    );
+
+    p.stop();
+    assert_eq!(
+        mounts_of(&p, &layers[1]),
+        0,
+        "an unused layer is unmounted at stop"
+    );
+    assert_eq!(
+        mounts_of(&p, &layers[0]),
+        1,
+        "a running sandbox's layer stays"
+    );
+    p.start_again();
+    assert_eq!(sh(&keep, "cat /etc/marker").await.1, "base");
+    keep.kill().await.unwrap();
+}
