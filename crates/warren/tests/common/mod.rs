@@ -153,6 +153,7 @@ impl Platform {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                // Who holds the port, should it be taken (a restart that finds it in use).
                 let ss = Command::new("ss")
                     .arg("-tanp")
                     .output()
@@ -163,7 +164,11 @@ impl Platform {
                     .filter(|l| l.contains(&format!(":{}", self.port)))
                     .collect::<Vec<_>>()
                     .join("\n");
-                panic!("warren up exited with {status}:\n{}\nSS:\n{ss}", self.log());
+                panic!(
+                    "warren up exited with {status}:\n{}\nsockets on port {} (ss -tanp):\n{ss}",
+                    self.log(),
+                    self.port
+                );
             }
             if self.data.path().join("admin.key").exists() && health_ok(self.port) {
                 break;
