@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use warren_types::api::Layer;
 
 use crate::ImageError;
-use crate::store::{Store, hex, is_erofs};
+use crate::store::{Store, is_erofs};
 use crate::unpack::{Limits, Mode, unpack};
 
 /// What an import produced.
@@ -218,7 +218,7 @@ fn layer_from_blob(
     io::copy(&mut hashing, &mut io::sink())
         .map_err(|e| ImageError::io("reading a layer blob", e))?;
     if let Some(want) = expect {
-        let got = format!("sha256:{}", hex(&hashing.hash.finalize()));
+        let got = format!("sha256:{:x}", hashing.hash.finalize());
         if got != want {
             return Err(ImageError::Invalid(format!(
                 "layer blob {want} is corrupt: its content hashes to {got}"
@@ -427,7 +427,7 @@ mod tests {
     }
 
     fn sha(data: &[u8]) -> String {
-        format!("sha256:{}", hex(&Sha256::digest(data)))
+        format!("sha256:{:x}", Sha256::digest(data))
     }
 
     /// Extracts a layer with fsck.erofs to look at it.

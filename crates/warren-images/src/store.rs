@@ -53,11 +53,6 @@ impl Store {
         Ok(store)
     }
 
-    /// The store's directory.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     fn clean_tmp(&self) {
         let host = hostname();
         let Ok(rd) = fs::read_dir(self.root.join("tmp")) else {
@@ -278,8 +273,7 @@ pub fn fsck(file: &Path) -> Result<(), ImageError> {
 pub fn check_erofs(file: &Path) -> Result<(), ImageError> {
     let mut f = fs::File::open(file).map_err(|e| ImageError::io("opening the layer", e))?;
     let mut head = [0u8; 1028];
-    let ok = f.read_exact(&mut head).is_ok() && head[1024..1028] == EROFS_MAGIC;
-    if ok {
+    if f.read_exact(&mut head).is_ok() && is_erofs(&head) {
         Ok(())
     } else {
         Err(ImageError::Invalid(
@@ -308,12 +302,7 @@ fn sha256_file(path: &Path) -> Result<(String, u64), ImageError> {
         h.update(&buf[..k]);
         n += k as u64;
     }
-    Ok((format!("sha256:{}", hex(&h.finalize())), n))
-}
-
-/// Lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Ok((format!("sha256:{:x}", h.finalize()), n))
 }
 
 /// Removes overlayfs's bookkeeping attributes (`trusted.overlay.*`: origin, impure, ...) from

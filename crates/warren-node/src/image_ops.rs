@@ -49,20 +49,11 @@ impl Node {
 
     /// How this node's mounted layers and layered sandboxes have been read.
     pub fn image_stats(&self) -> ImageStats {
-        let layers = self
-            .layers
-            .stats()
-            .into_iter()
-            .map(|m| LayerStats {
-                node: self.id.clone(),
-                read_fraction: fraction(m.read_bytes, m.size),
-                digest: m.digest,
-                size: m.size,
-                mode: m.mode.name().into(),
-                read_bytes: m.read_bytes,
-                sandboxes: m.refs,
-            })
-            .collect();
+        let mounts = self.layers.stats();
+        // A running sandbox's layers are all mounted: their sizes come from the mounts, not
+        // from the store (which may be a remote file system).
+        let sizes: std::collections::HashMap<&str, u64> =
+            mounts.iter().map(|m| (m.digest.as_str(), m.size)).collect();
         let sandboxes: Vec<_> = self
             .sandboxes
             .read()
@@ -71,7 +62,6 @@ impl Node {
             .filter(|s| !s.record.layers.is_empty())
             .cloned()
             .collect();
-        let store = self.images.store.as_ref();
         let sandboxes = sandboxes
             .into_iter()
             .map(|sb| {
@@ -79,8 +69,7 @@ impl Node {
                     .record
                     .layers
                     .iter()
-                    .filter_map(|d| store.and_then(|s| s.layer(d).ok()))
-                    .map(|l| l.size)
+                    .filter_map(|d| sizes.get(d.as_str()))
                     .sum();
                 let read_bytes: u64 = sb.cgroup.pids().into_iter().map(proc_read_bytes).sum();
                 SandboxReadStats {
@@ -91,6 +80,18 @@ impl Node {
                     read_bytes,
                     read_fraction: fraction(read_bytes, image_size),
                 }
+            })
+            .collect();
+        let layers = mounts
+            .into_iter()
+            .map(|m| LayerStats {
+                node: self.id.clone(),
+                read_fraction: fraction(m.read_bytes, m.size),
+                digest: m.digest,
+                size: m.size,
+                mode: m.mode.name().into(),
+                read_bytes: m.read_bytes,
+                sandboxes: m.refs,
             })
             .collect();
         ImageStats { layers, sandboxes }

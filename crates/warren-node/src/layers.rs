@@ -198,11 +198,6 @@ impl LayerMounts {
         })
     }
 
-    /// The configured mount mode.
-    pub fn mode(&self) -> LayerMount {
-        self.mode
-    }
-
     /// Mounts (or finds mounted) each layer and takes a reference on it; returns the mount
     /// points in the order given. Blocking. On failure nothing stays referenced.
     pub fn acquire(
@@ -320,15 +315,6 @@ impl LayerMounts {
             }
         }
         idle.len()
-    }
-
-    /// Whether a layer is mounted here, and by how many sandboxes it is used.
-    pub fn refs(&self, digest: &str) -> Option<u32> {
-        self.mounted
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(digest)
-            .map(|m| m.refs)
     }
 
     /// Read statistics of every mounted layer.

@@ -246,6 +246,10 @@ async fn import_compose_share_and_protect_layers() {
     assert_eq!(s.sandboxes, 3);
     assert!(s.read_bytes > 0 && s.read_bytes <= 4 * s.size, "{s:?}");
     assert_eq!(stats.sandboxes.len(), 3);
+    assert!(
+        stats.sandboxes.iter().all(|x| x.image_size >= s.size),
+        "each sandbox's image includes the base layer: {stats:?}"
+    );
 
     // Removal of what is in use is refused, naming the users.
     let e = c.remove_image("t/base:1").await.unwrap_err();

@@ -483,10 +483,7 @@ pub async fn pull(
         .map_err(|e| Error(ApiError::internal(format!("manifest: {e}"))))?;
     let manifest_digest = {
         use sha2::Digest as _;
-        format!(
-            "sha256:{}",
-            warren_images::store::hex(&sha2::Sha256::digest(&manifest_bytes))
-        )
+        format!("sha256:{:x}", sha2::Sha256::digest(&manifest_bytes))
     };
     tokio::fs::write(blob_path(&manifest_digest)?, &manifest_bytes)
         .await

@@ -167,6 +167,16 @@ class _Base:
             return httpx.create_ssl_context()
         return False  # plain http: no TLS, so no certificates to load
 
+    def _pool_args(self, url: str, tls: Any, size: int) -> Dict[str, Any]:
+        """The arguments of one pool shard (an ``httpx.Client`` or ``httpx.AsyncClient``)."""
+        return dict(
+            base_url=url,
+            verify=tls,
+            headers=self.headers,
+            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+            timeout=httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT, pool=None),
+        )
+
     def _timeout(self, call: Call[Any]) -> httpx.Timeout:
         read = self.timeout if call.read_timeout is CLIENT_TIMEOUT else call.read_timeout
         if read is not None:
@@ -278,13 +288,7 @@ class SyncTransport(_Base):
         tls = self._tls()
 
         def make(size: int) -> httpx.Client:
-            return httpx.Client(
-                base_url=url,
-                verify=tls,
-                headers=self.headers,
-                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-                timeout=httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT, pool=None),
-            )
+            return httpx.Client(**self._pool_args(url, tls, size))
 
         self.shards = Shards(max_connections, make)
 
@@ -352,13 +356,7 @@ class AsyncTransport(_Base):
         tls = self._tls()
 
         def make(size: int) -> httpx.AsyncClient:
-            return httpx.AsyncClient(
-                base_url=url,
-                verify=tls,
-                headers=self.headers,
-                limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
-                timeout=httpx.Timeout(self.timeout, connect=CONNECT_TIMEOUT, pool=None),
-            )
+            return httpx.AsyncClient(**self._pool_args(url, tls, size))
 
         self.shards = Shards(max_connections, make)
 
