@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use warren_fs::Beneath;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -15,7 +17,7 @@ use warren_types::api::Layer;
 
 use crate::ImageError;
 use crate::store::{Store, is_erofs};
-use crate::unpack::{Limits, Mode, unpack};
+use crate::unpack::{Budget, Limits, Mode, unpack};
 
 /// What an import produced.
 #[derive(Debug, Clone)]
@@ -48,8 +50,9 @@ impl Imported {
 /// Imports a directory: an OCI image layout when it has an `oci-layout` file, else a root
 /// file system taken as it is.
 pub fn import_dir(store: &Store, dir: &Path, creator: &str) -> Result<Imported, ImageError> {
-    if dir.join("oci-layout").is_file() {
-        return import_oci(store, dir, creator, Limits::default());
+    let root = Beneath::open(dir).map_err(|e| ImageError::io("opening the directory", e))?;
+    if is_file(&root, "oci-layout") {
+        return import_oci(store, &root, creator, &mut Budget::new(Limits::default()));
     }
     let layer = store.add_layer_dir(dir, "directory", creator)?;
     Ok(Imported::plain(vec![layer], "directory"))
@@ -136,12 +139,15 @@ pub fn import_file(
     let staging = store.tmp()?;
     let root = staging.path().join("root");
     fs::create_dir(&root).map_err(|e| ImageError::io("making the staging directory", e))?;
-    unpack(r, &root, Mode { layer: true }, limits)?;
-    if root.join("oci-layout").is_file() && root.join("index.json").is_file() {
-        return import_oci(store, &root, creator, limits);
+    let mut budget = Budget::new(limits);
+    unpack(r, &root, Mode { layer: true }, &mut budget)?;
+    let tree =
+        Beneath::open(&root).map_err(|e| ImageError::io("opening the staging directory", e))?;
+    if is_file(&tree, "oci-layout") && is_file(&tree, "index.json") {
+        return import_oci(store, &tree, creator, &mut budget);
     }
-    if root.join("manifest.json").is_file() && !root.join("etc").exists() {
-        return import_docker(store, &root, creator, limits);
+    if is_file(&tree, "manifest.json") && !exists(&tree, "etc") {
+        return import_docker(store, &tree, creator, &mut budget);
     }
     let source = match comp {
         Some(c) => format!("tar+{c}"),
@@ -178,30 +184,45 @@ impl<R: Read> BufRead for Hashing<BufReader<R>> {
     }
 }
 
-/// `path` inside `root` (an archive unpacked for reading), following links only within it.
-fn inside(root: &Path, rel: &str, what: &str) -> Result<PathBuf, ImageError> {
-    let missing = || ImageError::Invalid(format!("{what} {rel:?} is missing from the archive"));
-    let p = root.join(rel.trim_start_matches('/'));
-    let real = p.canonicalize().map_err(|_| missing())?;
-    let base = root
-        .canonicalize()
-        .map_err(|e| ImageError::io("reading the archive", e))?;
-    if !real.starts_with(&base) || !real.is_file() {
-        return Err(missing());
-    }
-    Ok(real)
+/// Largest JSON document (index, manifest, config) read from an archive.
+const MAX_JSON: u64 = 16 << 20;
+
+/// Whether `rel` in `root` is a regular file (links are not followed).
+fn is_file(root: &Beneath, rel: &str) -> bool {
+    rustix::fs::statat(root.root(), rel, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+        .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_file())
+}
+
+/// Whether anything is at `rel` in `root` (links are not followed).
+fn exists(root: &Beneath, rel: &str) -> bool {
+    rustix::fs::statat(root.root(), rel, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).is_ok()
+}
+
+/// Opens regular file `rel` of an unpacked archive. `links` says whether links in the archive
+/// may be resolved (inside it only, as `docker save` archives use them for shared layers) or
+/// are refused (OCI layouts name files by digest and have no use for them).
+fn open_in(
+    root: &Beneath,
+    rel: &str,
+    what: &str,
+    links: warren_fs::Links,
+) -> Result<fs::File, ImageError> {
+    warren_fs::open_file(root.root(), Path::new(rel.trim_start_matches('/')), links).map_err(|e| {
+        ImageError::Invalid(format!(
+            "{what} {rel:?} is missing from the archive or is not a regular file: {e}"
+        ))
+    })
 }
 
 /// Unpacks one layer blob (any compression) into a staging directory and stores it.
 fn layer_from_blob(
     store: &Store,
-    blob: &Path,
+    f: fs::File,
     expect: Option<&str>,
     source: &str,
     creator: &str,
-    limits: Limits,
+    budget: &mut Budget,
 ) -> Result<Layer, ImageError> {
-    let f = fs::File::open(blob).map_err(|e| ImageError::io("opening a layer blob", e))?;
     let mut hashing = Hashing {
         inner: BufReader::with_capacity(1 << 20, f),
         hash: Sha256::new(),
@@ -211,7 +232,7 @@ fn layer_from_blob(
     fs::create_dir(&root).map_err(|e| ImageError::io("making the staging directory", e))?;
     {
         let (mut r, _) = decompressed(&mut hashing, "a layer blob")?;
-        unpack(&mut r, &root, Mode { layer: true }, limits)?;
+        unpack(&mut r, &root, Mode { layer: true }, budget)?;
         io::copy(&mut r, &mut io::sink())
             .map_err(|e| ImageError::Invalid(format!("a layer blob is corrupt: {e}")))?;
     }
@@ -272,15 +293,39 @@ struct RunConfig {
     workdir: Option<String>,
 }
 
-fn read_json<T: for<'de> Deserialize<'de>>(path: &Path, what: &str) -> Result<T, ImageError> {
-    let bytes = fs::read(path).map_err(|e| ImageError::io(format!("reading {what}"), e))?;
+/// Reads a JSON document of at most [`MAX_JSON`] bytes.
+fn parse_json<T: for<'de> Deserialize<'de>>(f: fs::File, what: &str) -> Result<T, ImageError> {
+    let mut bytes = Vec::new();
+    f.take(MAX_JSON + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| ImageError::io(format!("reading {what}"), e))?;
+    if bytes.len() as u64 > MAX_JSON {
+        return Err(ImageError::TooLarge(format!(
+            "{what} is larger than {MAX_JSON} bytes"
+        )));
+    }
     serde_json::from_slice(&bytes)
         .map_err(|e| ImageError::Invalid(format!("{what} is not valid: {e}")))
 }
 
-fn blob_path(root: &Path, digest: &str) -> Result<PathBuf, ImageError> {
+/// A JSON file of an OCI layout (no links followed).
+fn read_json<T: for<'de> Deserialize<'de>>(
+    root: &Beneath,
+    rel: &str,
+    what: &str,
+) -> Result<T, ImageError> {
+    parse_json(open_in(root, rel, what, warren_fs::Links::Refuse)?, what)
+}
+
+/// A blob of an OCI layout, by digest.
+fn blob(root: &Beneath, digest: &str) -> Result<fs::File, ImageError> {
     let hex = crate::names::check_digest(digest)?;
-    inside(root, &format!("blobs/sha256/{hex}"), "blob")
+    open_in(
+        root,
+        &format!("blobs/sha256/{hex}"),
+        "blob",
+        warren_fs::Links::Refuse,
+    )
 }
 
 fn go_arch() -> &'static str {
@@ -323,35 +368,31 @@ fn apply_config(out: &mut Imported, cfg: ConfigFile) {
 /// Imports an OCI image layout (unpacked at `root`).
 fn import_oci(
     store: &Store,
-    root: &Path,
+    root: &Beneath,
     creator: &str,
-    limits: Limits,
+    budget: &mut Budget,
 ) -> Result<Imported, ImageError> {
-    let index: Index = read_json(&root.join("index.json"), "index.json")?;
+    let index: Index = read_json(root, "index.json", "index.json")?;
     let mut desc = pick(index.manifests)?;
     for _ in 0..2 {
         if desc.media_type.contains("index") || desc.media_type.contains("manifest.list") {
-            let inner: Index = read_json(&blob_path(root, &desc.digest)?, "the image index")?;
+            let inner: Index = parse_json(blob(root, &desc.digest)?, "the image index")?;
             desc = pick(inner.manifests)?;
         }
     }
-    let manifest: Manifest = read_json(&blob_path(root, &desc.digest)?, "the image manifest")?;
+    let manifest: Manifest = parse_json(blob(root, &desc.digest)?, "the image manifest")?;
     let mut out = Imported::plain(Vec::new(), "oci");
     for l in &manifest.layers {
-        let blob = blob_path(root, &l.digest)?;
         out.layers.push(layer_from_blob(
             store,
-            &blob,
+            blob(root, &l.digest)?,
             Some(&l.digest),
             "oci",
             creator,
-            limits,
+            budget,
         )?);
     }
-    let cfg: ConfigFile = read_json(
-        &blob_path(root, &manifest.config.digest)?,
-        "the image config",
-    )?;
+    let cfg: ConfigFile = parse_json(blob(root, &manifest.config.digest)?, "the image config")?;
     apply_config(&mut out, cfg);
     if out.layers.is_empty() {
         return Err(ImageError::Invalid("the image has no layers".into()));
@@ -370,27 +411,30 @@ struct DockerManifest {
 /// Imports a `docker save` archive (unpacked at `root`).
 fn import_docker(
     store: &Store,
-    root: &Path,
+    root: &Beneath,
     creator: &str,
-    limits: Limits,
+    budget: &mut Budget,
 ) -> Result<Imported, ImageError> {
-    let manifests: Vec<DockerManifest> = read_json(&root.join("manifest.json"), "manifest.json")?;
+    let manifests: Vec<DockerManifest> = read_json(root, "manifest.json", "manifest.json")?;
     let Some(m) = manifests.into_iter().next() else {
         return Err(ImageError::Invalid("manifest.json lists no image".into()));
     };
     let mut out = Imported::plain(Vec::new(), "docker-save");
+    let inside = warren_fs::Links::InsideRoot;
     for rel in &m.layers {
-        let blob = inside(root, rel, "layer")?;
         out.layers.push(layer_from_blob(
             store,
-            &blob,
+            open_in(root, rel, "layer", inside)?,
             None,
             "docker-save",
             creator,
-            limits,
+            budget,
         )?);
     }
-    let cfg: ConfigFile = read_json(&inside(root, &m.config, "config")?, "the image config")?;
+    let cfg: ConfigFile = parse_json(
+        open_in(root, &m.config, "config", inside)?,
+        "the image config",
+    )?;
     apply_config(&mut out, cfg);
     if out.layers.is_empty() {
         return Err(ImageError::Invalid("the image has no layers".into()));
@@ -605,5 +649,82 @@ mod tests {
         let e = upload(&s, &t[..t.len() / 2]).unwrap_err();
         assert!(matches!(e, ImageError::Invalid(_)), "{e:?}");
         assert!(s.layers().is_empty(), "nothing half-written is visible");
+    }
+
+    /// An OCI layout whose index.json is a link to a host file is refused, not read.
+    #[test]
+    fn oci_layout_files_are_never_read_through_links() {
+        let (_d, s) = store();
+        let dir = tempfile::tempdir().unwrap();
+        oci_layout(dir.path());
+        let secret = tempfile::NamedTempFile::new().unwrap();
+        fs::write(secret.path(), br#"{"manifests":[]}"#).unwrap();
+        fs::remove_file(dir.path().join("index.json")).unwrap();
+        std::os::unix::fs::symlink(secret.path(), dir.path().join("index.json")).unwrap();
+        let e = import_dir(&s, dir.path(), "test").unwrap_err();
+        assert!(
+            matches!(&e, ImageError::Invalid(m) if m.contains("index.json")),
+            "{e:?}"
+        );
+        // A blob that is a link: refused too.
+        let dir = tempfile::tempdir().unwrap();
+        oci_layout(dir.path());
+        let blobs = dir.path().join("blobs/sha256");
+        let first = fs::read_dir(&blobs)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        fs::rename(&first, dir.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("moved"), &first).unwrap();
+        assert!(import_dir(&s, dir.path(), "test").is_err());
+    }
+
+    /// docker save shares identical layers through links inside the archive; those resolve
+    /// inside it, and a link out of it finds nothing.
+    #[test]
+    fn docker_save_links_resolve_inside_the_archive_only() {
+        let (_d, s) = store();
+        let layer = tar_files(&[("etc/a", b"one")]);
+        let mut b = tar::Builder::new(Vec::new());
+        let mut add = |path: &str, data: &[u8]| {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            b.append_data(&mut h, path, data).unwrap();
+        };
+        add("aaa/layer.tar", &layer);
+        add("cfg.json", br#"{"config":{}}"#);
+        add(
+            "manifest.json",
+            br#"[{"Config":"cfg.json","Layers":["aaa/layer.tar","bbb/layer.tar"]}]"#,
+        );
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, "bbb/layer.tar", "../aaa/layer.tar")
+            .unwrap();
+        let ok = b.into_inner().unwrap();
+        assert_eq!(upload(&s, &ok).unwrap().layers.len(), 2);
+
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(13);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "cfg.json", &br#"{"config":{}}"#[..])
+            .unwrap();
+        let m = br#"[{"Config":"cfg.json","Layers":["l/layer.tar"]}]"#;
+        let mut h = tar::Header::new_gnu();
+        h.set_size(m.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, "manifest.json", &m[..]).unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, "l/layer.tar", "/etc/passwd").unwrap();
+        let out = b.into_inner().unwrap();
+        let e = upload(&s, &out).unwrap_err();
+        assert!(matches!(e, ImageError::Invalid(_)), "{e:?}");
     }
 }

@@ -112,6 +112,14 @@ fn dependencies_point_one_way() {
     for d in ["warren-sys", "warren-node", "warren-control"] {
         assert!(!has("warren-sdk", d), "warren-sdk must not depend on {d}");
     }
+    // File operations on trees others control: rustix only, so the control plane (imports),
+    // the node and the guest can all use them.
+    assert!(
+        !deps["warren-fs"]
+            .iter()
+            .any(|d| d.starts_with("warren-") || d == "tokio"),
+        "warren-fs depends on no Warren crate and no async runtime"
+    );
     // The syscall layer sits below everything.
     assert!(!deps["warren-sys"].iter().any(|d| d.starts_with("warren-")));
 }

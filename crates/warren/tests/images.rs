@@ -601,6 +601,7 @@ async fn pull_from_a_registry() {
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha256(&config), "size": config.len()},
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": sha256(&layer), "size": layer.len()}],
     });
+    let (config_again, layer_again, layer_digest) = (config.clone(), layer.clone(), sha256(&layer));
     let blobs = [(sha256(&config), config), (sha256(&layer), layer)].into();
     let port = registry_double(serde_json::to_vec(&manifest).unwrap(), blobs).await;
 
@@ -629,6 +630,28 @@ async fn pull_from_a_registry() {
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("registry"),
+        "{out:?}"
+    );
+    assert_eq!(p.client().images().await.unwrap().len(), 1);
+
+    // A blob longer than its manifest says is cut off and refused (pulled bytes are bounded).
+    let mut lying = manifest.clone();
+    lying["layers"][0]["size"] = serde_json::json!(100);
+    let blobs = [
+        (sha256(&config_again), config_again),
+        (layer_digest, layer_again),
+    ]
+    .into();
+    let port = registry_double(serde_json::to_vec(&lying).unwrap(), blobs).await;
+    let out = p.cli(&[
+        "image",
+        "pull",
+        &format!("127.0.0.1:{port}/t/lying:1"),
+        "--insecure",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("larger than"),
         "{out:?}"
     );
     assert_eq!(p.client().images().await.unwrap().len(), 1);

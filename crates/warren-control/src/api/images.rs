@@ -399,6 +399,7 @@ async fn node_json<T: serde::de::DeserializeOwned>(
     request_body = PullRequest,
     responses((status = 201, body = ImageDetail),
         (status = 400, description = "A bad reference or name.", body = ErrorBody),
+        (status = 413, description = "The image is larger than max_image_upload, or a blob longer than its manifest says.", body = ErrorBody),
         (status = 502, description = "The registry failed or refused.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn pull(
@@ -470,14 +471,44 @@ pub async fn pull(
     tokio::fs::write(blob_path(&manifest.config.digest)?, config.as_bytes())
         .await
         .map_err(io)?;
+    // Pulled bytes are bounded like an upload (max_image_upload, all blobs together), and no
+    // blob may be longer than its manifest says.
+    let max = c.cfg.max_image_upload.bytes();
+    let too_large = || {
+        Error(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "{} is larger than max_image_upload ({}); raise it in the [control] configuration",
+                req.reference, c.cfg.max_image_upload
+            ),
+        ))
+    };
+    let declared = manifest
+        .layers
+        .iter()
+        .try_fold(config.len() as u64, |n, l| {
+            n.checked_add(l.size.max(0) as u64)
+        });
+    if declared.is_none_or(|n| n > max) {
+        return Err(too_large());
+    }
+    let mut left = max - config.len() as u64;
     for layer in &manifest.layers {
         let path = blob_path(&layer.digest)?;
-        let mut f = tokio::fs::File::create(&path).await.map_err(io)?;
-        client
-            .pull_blob(&reference, layer, &mut f)
-            .await
-            .map_err(registry)?;
-        f.flush().await.map_err(io)?;
+        let f = tokio::fs::File::create(&path).await.map_err(io)?;
+        let cap = if layer.size > 0 {
+            (layer.size as u64).min(left)
+        } else {
+            left
+        };
+        let mut w = Capped::new(f, cap);
+        let r = client.pull_blob(&reference, layer, &mut w).await;
+        if w.over {
+            return Err(too_large());
+        }
+        r.map_err(registry)?;
+        w.inner.flush().await.map_err(io)?;
+        left -= w.written;
     }
     let manifest_bytes = serde_json::to_vec(&manifest)
         .map_err(|e| Error(ApiError::internal(format!("manifest: {e}"))))?;
@@ -515,4 +546,58 @@ pub async fn pull(
     let detail = name_imported(&c, name, imported, format!("pull {source}")).await?;
     tracing::info!(image = %detail.image.name, reference = %req.reference, "image pulled");
     Ok((StatusCode::CREATED, Json(detail)))
+}
+
+/// A writer that refuses to grow past `cap` bytes (and says so in `over`).
+struct Capped<W> {
+    inner: W,
+    cap: u64,
+    written: u64,
+    over: bool,
+}
+
+impl<W> Capped<W> {
+    fn new(inner: W, cap: u64) -> Self {
+        Capped {
+            inner,
+            cap,
+            written: 0,
+            over: false,
+        }
+    }
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Capped<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.written.saturating_add(buf.len() as u64) > self.cap {
+            self.over = true;
+            return std::task::Poll::Ready(Err(std::io::Error::other(
+                "the blob is larger than allowed",
+            )));
+        }
+        let me = &mut *self;
+        let r = std::pin::Pin::new(&mut me.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &r {
+            me.written += *n as u64;
+        }
+        r
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
