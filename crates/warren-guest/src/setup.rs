@@ -12,7 +12,10 @@ use warren_sys::mount::{self, flags};
 use warren_types::guest::InitConfig;
 
 /// Files hidden behind /dev/null: kernel internals a sandbox has no business reading
-/// (the same list the usual OCI runtimes mask).
+/// (the list the usual OCI runtimes mask). Every other file at the top of /proc and of
+/// /sys/kernel that only root may read is masked too ([`root_only_files`]): uid 0 in a
+/// sandbox has no capabilities, but it owns those files, so their mode bits alone would let
+/// it read /proc/kpageflags, /proc/kpagecgroup (the paper's side channel), /proc/slabinfo.
 const MASKED_FILES: &[&str] = &[
     "proc/kcore",
     "proc/keys",
@@ -20,16 +23,37 @@ const MASKED_FILES: &[&str] = &[
     "proc/timer_list",
     "proc/timer_stats",
     "proc/sched_debug",
+    // The physical address of the kernel's crash-dump notes: a KASLR leak.
+    "sys/kernel/vmcoreinfo",
 ];
 
-/// Directories hidden behind an empty read-only tmpfs.
+/// Directories hidden behind an empty read-only tmpfs: firmware and DMI tables (serial
+/// numbers), page-level memory state (page_idle, DAMON), per-slab statistics, debug,
+/// tracing and security file systems, module parameters, and control files whose read has
+/// an effect. `containment::root_only_host_information_is_hidden` lists every root-only
+/// file of /sys that root in a sandbox can still read, so a kernel with new ones fails it.
 const MASKED_DIRS: &[&str] = &[
     "proc/acpi",
     "proc/asound",
     "proc/scsi",
     "sys/firmware",
     "sys/devices/virtual/powercap",
+    "sys/devices/virtual/dmi",
+    "sys/kernel/slab",
+    "sys/kernel/mm/page_idle",
+    "sys/kernel/mm/damon",
+    "sys/kernel/debug",
+    "sys/kernel/tracing",
+    "sys/kernel/security",
+    "sys/module",
+    "sys/fs/pstore",
+    "sys/fs/bpf",
+    // Reading `hot_add` makes a new zram device on the host.
+    "sys/class/zram-control",
 ];
+
+/// Directories whose root-only files are masked (see [`MASKED_FILES`]).
+const SCAN_FOR_ROOT_ONLY: &[&str] = &["proc", "sys/kernel"];
 
 /// Paths made read-only.
 const READONLY: &[&str] = &[
@@ -145,22 +169,54 @@ fn dev() -> io::Result<()> {
     Ok(())
 }
 
+/// Regular files directly in `dir` that only their owner may read (no read bit for others):
+/// on /proc and /sys those are root's.
+fn root_only_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| {
+            e.metadata().is_ok_and(|m| {
+                m.is_file()
+                    && m.permissions().mode() & 0o444 != 0
+                    && m.permissions().mode() & 0o004 == 0
+            })
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
 fn mask() -> io::Result<()> {
-    for f in MASKED_FILES {
-        let p = Path::new(f);
+    let mut files: Vec<std::path::PathBuf> =
+        MASKED_FILES.iter().map(std::path::PathBuf::from).collect();
+    for d in SCAN_FOR_ROOT_ONLY {
+        files.extend(root_only_files(Path::new(d)));
+    }
+    for p in &files {
         if p.exists() {
             mount::bind(Path::new("dev/null"), p, false, flags::RDONLY)?;
         }
     }
+    // One empty read-only tmpfs, bound over every masked directory.
+    let mut empty: Option<&Path> = None;
     for d in MASKED_DIRS {
         let p = Path::new(d);
-        if p.is_dir() {
-            mount::mount_fs(
-                "tmpfs",
-                p,
-                flags::RDONLY | flags::NOSUID | flags::NODEV | flags::NOEXEC,
-                Some("size=0"),
-            )?;
+        if !p.is_dir() {
+            continue;
+        }
+        match empty {
+            None => {
+                mount::mount_fs(
+                    "tmpfs",
+                    p,
+                    flags::RDONLY | flags::NOSUID | flags::NODEV | flags::NOEXEC,
+                    Some("size=0,mode=0555"),
+                )?;
+                empty = Some(p);
+            }
+            Some(src) => mount::bind(src, p, false, flags::RDONLY | flags::NOSUID | flags::NODEV)?,
         }
     }
     for r in READONLY {

@@ -29,7 +29,7 @@ pub struct Rootfs {
 
 /// Version of the skeleton's contents; a new version gets a new directory, so running
 /// sandboxes keep the lower layer they were started with.
-const HOST_SKELETON_VERSION: u32 = 1;
+const HOST_SKELETON_VERSION: u32 = 2;
 
 const PASSWD: &str = "\
 root:x:0:0:root:/root:/bin/bash
@@ -61,11 +61,13 @@ services:       files
 /// or symlinks into /usr (merged /usr, Debian 12).
 const TOP_LEVEL_SYSTEM: &[&str] = &["bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 
-/// Parts of the host's /etc bound read-only into the `host` image when they exist.
+/// Parts of the host's /etc bound read-only into the `host` image when they exist. Only
+/// public certificates from /etc/ssl: never `/etc/ssl/private` (the host's TLS keys).
 const HOST_ETC: &[&str] = &[
     "etc/alternatives",
     "etc/ld.so.cache",
-    "etc/ssl",
+    "etc/ssl/certs",
+    "etc/ssl/openssl.cnf",
     "etc/ca-certificates",
 ];
 
@@ -320,6 +322,9 @@ fn build_skeleton(
         if host_root.join(p).is_dir() {
             mkdir(root, p, 0o755)?;
         } else {
+            if let Some(parent) = Path::new(p).parent() {
+                mkdir(root, &parent.to_string_lossy(), 0o755)?;
+            }
             fs::write(root.join(p), b"")?;
         }
     }

@@ -106,15 +106,63 @@ pub fn bind(source: &Path, target: &Path, recursive: bool, flags: u64) -> io::Re
             ),
         )
     })?;
-    if flags != 0 {
-        raw_mount(
-            None,
-            &t,
-            None,
-            libc::MS_BIND | libc::MS_REMOUNT | flags,
-            None,
+    if flags == 0 {
+        return Ok(());
+    }
+    if recursive {
+        // A remount changes only the top mount: submounts of the source (a /usr with a mount
+        // below it) would stay writable. mount_setattr changes the whole tree.
+        return set_attrs_recursive(target, flags);
+    }
+    raw_mount(
+        None,
+        &t,
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | flags,
+        None,
+    )
+    .map_err(|e| with_target(e, "remounting", target))
+}
+
+/// Applies `flags` (read-only, nosuid, nodev, noexec) to the mount at `target` and every
+/// mount below it, with `mount_setattr(AT_RECURSIVE)`.
+pub fn set_attrs_recursive(target: &Path, flags: u64) -> io::Result<()> {
+    let mut set = 0u64;
+    for (ms, attr) in [
+        (libc::MS_RDONLY, libc::MOUNT_ATTR_RDONLY),
+        (libc::MS_NOSUID, libc::MOUNT_ATTR_NOSUID),
+        (libc::MS_NODEV, libc::MOUNT_ATTR_NODEV),
+        (libc::MS_NOEXEC, libc::MOUNT_ATTR_NOEXEC),
+    ] {
+        if flags & ms != 0 {
+            set |= attr;
+        }
+    }
+    let attr = libc::mount_attr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let t = c(target)?;
+    // SAFETY: `t` is a NUL-terminated path and `attr` a properly sized mount_attr, both alive
+    // for the call; the kernel only reads them.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::AT_RECURSIVE as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
         )
-        .map_err(|e| with_target(e, "remounting", target))?;
+    };
+    if r < 0 {
+        return Err(with_target(
+            io::Error::last_os_error(),
+            "setting mount attributes (recursively) on",
+            target,
+        ));
     }
     Ok(())
 }
@@ -181,4 +229,54 @@ pub fn unshare_cgroup_namespace() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `f` on a thread of its own with a private mount namespace (and file system
+    /// context), so the test's mounts never reach the host's namespace and vanish with it.
+    fn in_private_mount_ns(f: impl FnOnce() + Send + 'static) {
+        std::thread::spawn(move || {
+            // SAFETY: unshare takes flags and touches no memory; CLONE_FS makes the mount
+            // namespace this thread's alone.
+            let r = unsafe { libc::unshare(libc::CLONE_FS | libc::CLONE_NEWNS) };
+            assert_eq!(r, 0, "unshare: {}", io::Error::last_os_error());
+            make_all_private().unwrap();
+            f();
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn read_only_binds_cover_submounts() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root (mounts)");
+            return;
+        }
+        in_private_mount_ns(|| {
+            let d = tempfile::tempdir().unwrap();
+            let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+            std::fs::create_dir_all(src.join("sub")).unwrap();
+            std::fs::create_dir(&dst).unwrap();
+            mount_fs("tmpfs", &src.join("sub"), 0, Some("size=1m")).unwrap();
+            bind(
+                &src,
+                &dst,
+                true,
+                flags::RDONLY | flags::NOSUID | flags::NODEV,
+            )
+            .unwrap();
+            for p in [dst.join("top"), dst.join("sub/below")] {
+                let e = std::fs::write(&p, b"x").unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{}: {e}", p.display());
+            }
+            // The source itself stays writable.
+            std::fs::write(src.join("sub/below"), b"x").unwrap();
+            unmount_detach(&dst).unwrap();
+            unmount_detach(&src.join("sub")).unwrap();
+        });
+    }
 }
