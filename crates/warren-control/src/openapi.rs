@@ -19,6 +19,7 @@ use crate::api;
         api::files::mkdir, api::files::rename, api::files::download_tar, api::files::upload_tar,
         api::images::import, api::images::list, api::images::get, api::images::remove,
         api::images::stats, api::images::commit, api::images::pull,
+        api::events::list,
     ),
     modifiers(&Security),
     tags(
@@ -27,6 +28,7 @@ use crate::api;
         (name = "commands", description = "Run commands: exec and background processes."),
         (name = "files", description = "Move files in and out of sandboxes."),
         (name = "images", description = "Layered images: import, inspect, remove, build (commit), read statistics."),
+        (name = "events", description = "Incident events: what sandboxes tried that the platform stopped or cut."),
         (name = "system", description = "Health, nodes, this document."),
     )
 )]

@@ -12,7 +12,9 @@
 //! pivoted away: nothing inside the sandbox can reach it, see its path, or read the guest's
 //! log (stderr, a host file).
 
+mod confine;
 mod files;
+mod incidents;
 mod procs;
 mod server;
 mod setup;
@@ -58,6 +60,13 @@ fn init() -> Result<(), String> {
     let mut reader = std::io::BufReader::new(&channel);
     let cfg: InitConfig = read_line(&mut reader, "config")?;
     setup::rootfs(&cfg).map_err(|e| format!("setting up the root file system: {e}"))?;
+    // Keys of this sandbox never meet another's, or the daemon's.
+    warren_sys::confine::join_new_session_keyring()
+        .map_err(|e| format!("joining a new session keyring: {e}"))?;
+    let mut limits = cfg.limits;
+    limits.max_open_files = warren_sys::confine::raise_own_open_files(limits.max_open_files);
+    let confinement =
+        confine::prepare(limits).map_err(|e| format!("preparing the sandbox policy: {e}"))?;
     setup::lock_down().map_err(|e| format!("dropping privileges: {e}"))?;
     // Tell the node the root is built: from now on it may rename the init's directory. A node
     // starting a sandbox directly has sent the activation already and does not listen.
@@ -67,7 +76,7 @@ fn init() -> Result<(), String> {
     drop(reader);
     drop(channel);
     let listener = std::os::unix::net::UnixListener::from(listener);
-    run(listener, act.env, started)
+    run(listener, act.env, started, confinement)
 }
 
 /// Reads one JSON line from the configuration pipe.
@@ -87,13 +96,16 @@ fn serve_path(path: &str) -> Result<(), String> {
     let _ = std::fs::remove_file(path);
     let listener =
         std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("bind {path}: {e}"))?;
-    run(listener, Vec::new(), Instant::now())
+    let confinement = confine::prepare(Default::default())
+        .map_err(|e| format!("preparing the sandbox policy: {e}"))?;
+    run(listener, Vec::new(), Instant::now(), confinement)
 }
 
 fn run(
     listener: std::os::unix::net::UnixListener,
     env: Vec<(String, String)>,
     started: Instant,
+    (confinement, listeners): (Arc<warren_sys::confine::Confinement>, std::os::fd::OwnedFd),
 ) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -110,7 +122,10 @@ fn run(
             table: procs::Table::default(),
             env,
             started,
+            confinement,
+            incidents: Arc::new(incidents::Incidents::default()),
         });
+        tokio::spawn(confine::serve_listeners(listeners, guest.incidents.clone()));
         // Reap every child, ours or orphaned into us; report ours to the process table.
         let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
             .map_err(|e| format!("SIGCHLD handler: {e}"))?;

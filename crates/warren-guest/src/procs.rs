@@ -269,6 +269,7 @@ impl Table {
         spec: &ExecSpec,
         user: &User,
         base_env: &[(String, String)],
+        confinement: &Arc<warren_sys::confine::Confinement>,
     ) -> Result<(Arc<Proc>, Option<pipe::Sender>), OpError> {
         let Some(program) = spec.argv.first() else {
             return Err(OpError::invalid(
@@ -318,6 +319,7 @@ impl Table {
                 StdinMode::Null => Stdio::null(),
                 StdinMode::Frames => Stdio::piped(),
             });
+        confinement.apply_on_exec(&mut cmd);
 
         let mut inner = self.inner();
         inner.next_id += 1;

@@ -22,6 +22,10 @@ pub struct Guest {
     pub table: Table,
     pub env: Vec<(String, String)>,
     pub started: Instant,
+    /// What every command is confined by.
+    pub confinement: Arc<warren_sys::confine::Confinement>,
+    /// Denied system calls and attempts on the guest.
+    pub incidents: Arc<crate::incidents::Incidents>,
 }
 
 /// Accepts connections until the listener fails.
@@ -244,12 +248,34 @@ async fn dispatch(
             .await?;
             write_msg(w, &Reply::Entry(entry)).await.map_err(io)
         }
+        Op::Incidents { after } => incidents(g, after, w).await.map_err(io),
         Op::Rename { from, to, user } => {
             let entry = files::as_user(user, move |u| {
                 files::rename(&files::resolve(u, &from)?, &files::resolve(u, &to)?)
             })
             .await?;
             write_msg(w, &Reply::Entry(entry)).await.map_err(io)
+        }
+    }
+}
+
+/// Sends incident records changed after `after`, then every later change (at most a few
+/// replies a second), until the host hangs up.
+async fn incidents(g: &Guest, mut after: u64, w: &mut OwnedWriteHalf) -> std::io::Result<()> {
+    let mut rx = g.incidents.subscribe();
+    let mut first = true;
+    loop {
+        rx.borrow_and_update();
+        let (incidents, seq) = g.incidents.since(after);
+        if !incidents.is_empty() || first {
+            write_msg(w, &Reply::Incidents { incidents, seq }).await?;
+            // A flood is reported a few times a second, not per occurrence.
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        first = false;
+        after = seq;
+        if !rx.has_changed().unwrap_or(false) && rx.changed().await.is_err() {
+            return Ok(());
         }
     }
 }
@@ -262,7 +288,7 @@ async fn start(
     w: &mut OwnedWriteHalf,
 ) -> Result<std::sync::Arc<Proc>, OpError> {
     let user = users::lookup(&spec.user)?;
-    let (proc, stdin) = g.table.start(spec, &user, &g.env)?;
+    let (proc, stdin) = g.table.start(spec, &user, &g.env, &g.confinement)?;
     let started = Reply::Started {
         process: proc.id,
         pid: proc.pid,

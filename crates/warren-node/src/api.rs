@@ -41,6 +41,7 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         .route("/v1/sandboxes/{id}/commit", post(commit))
         .route("/v1/images/stats", get(image_stats))
         .route("/v1/tasks", get(tasks))
+        .route("/v1/events", get(events))
         .route("/v1/tasks/{task}/{action}", post(task_action))
         .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/sandboxes/{id}/processes", post(spawn).get(processes))
@@ -134,6 +135,58 @@ async fn create(
         StatusCode::OK
     };
     Ok((status, Json(sb)).into_response())
+}
+
+/// `GET /v1/events` filters (the control plane turns `since` into `since_ms`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventQuery {
+    pub sandbox: Option<String>,
+    pub task: Option<String>,
+    pub kind: Option<String>,
+    pub since_ms: Option<u64>,
+}
+
+async fn events(
+    State(n): S,
+    Query(q): Query<EventQuery>,
+) -> Result<Json<warren_types::events::EventList>, Error> {
+    let kind = q
+        .kind
+        .as_deref()
+        .map(|k| {
+            warren_types::events::EventKind::parse(k).ok_or_else(|| {
+                let known: Vec<&str> = warren_types::events::EventKind::ALL
+                    .iter()
+                    .map(|k| k.name())
+                    .collect();
+                Error(ApiError::invalid(format!(
+                    "unknown event kind {k:?} (known: {})",
+                    known.join(", ")
+                )))
+            })
+        })
+        .transpose()?;
+    let sandbox = q
+        .sandbox
+        .as_deref()
+        .map(|s| {
+            s.parse::<SandboxId>().map_err(|e| {
+                Error(ApiError::invalid(format!(
+                    "{e}; sandbox ids are what create returned"
+                )))
+            })
+        })
+        .transpose()?;
+    let f = crate::events::EventFilter {
+        sandbox,
+        task: q.task,
+        kind,
+        since_ms: q.since_ms,
+    };
+    Ok(Json(warren_types::events::EventList {
+        events: n.events.list(&n.id, &f),
+    }))
 }
 
 /// `GET /v1/sandboxes` filters.

@@ -445,6 +445,34 @@ impl SandboxCgroup {
         }
     }
 
+    /// How often the kernel killed a process of the cgroup for memory, and how often a fork
+    /// failed at the process limit (`memory.oom_control`/`memory.events` `oom_kill`,
+    /// `pids.events` `max`).
+    pub fn limit_counters(&self) -> (u64, u64) {
+        let field = |path: PathBuf, name: &str| {
+            fs::read_to_string(path)
+                .ok()
+                .and_then(|s| {
+                    s.lines().find_map(|l| {
+                        l.strip_prefix(name)
+                            .and_then(|v| v.strip_prefix(' '))
+                            .and_then(|v| v.trim().parse().ok())
+                    })
+                })
+                .unwrap_or(0)
+        };
+        match &self.layout {
+            Layout::V2 { .. } => (
+                field(self.dirs[0].join("memory.events"), "oom_kill"),
+                field(self.dirs[0].join("pids.events"), "max"),
+            ),
+            Layout::V1 { .. } => (
+                field(self.dirs[1].join("memory.oom_control"), "oom_kill"),
+                field(self.dirs[2].join("pids.events"), "max"),
+            ),
+        }
+    }
+
     /// Memory in use, bytes.
     pub fn memory_usage(&self) -> u64 {
         let (d, file) = match &self.layout {

@@ -33,6 +33,12 @@ pub struct NodeConfig {
     pub default_memory: ByteSize,
     /// Process limit when a request gives none. Default 1024.
     pub default_pids: u32,
+    /// Largest process limit a request may ask for. Default 32768.
+    pub max_pids: u32,
+    /// Open files per process in a sandbox (`RLIMIT_NOFILE` soft limit). Default 4096.
+    pub open_files: u64,
+    /// The most a sandbox process may raise its open-file limit to (hard limit). Default 65536.
+    pub max_open_files: u64,
     /// Lifetime when a request gives none, seconds. Default 3600.
     pub default_timeout: u64,
     /// Longest lifetime a request may ask for, seconds. Default 7 days.
@@ -69,6 +75,9 @@ impl Default for NodeConfig {
             default_cpu: 1000,
             default_memory: ByteSize(512 << 20),
             default_pids: 1024,
+            max_pids: 32768,
+            open_files: 4096,
+            max_open_files: 65536,
             default_timeout: 3600,
             max_timeout: 7 * 24 * 3600,
             max_upload: ByteSize(1 << 30),
@@ -77,6 +86,16 @@ impl Default for NodeConfig {
             image_store: PathBuf::from("/var/lib/warren/images"),
             layer_mount: crate::layers::LayerMount::File,
             layer_idle_unmount: 60,
+        }
+    }
+}
+
+impl NodeConfig {
+    /// The limits every sandbox command gets.
+    pub fn guest_limits(&self) -> warren_types::guest::GuestLimits {
+        warren_types::guest::GuestLimits {
+            open_files: self.open_files.min(self.max_open_files),
+            max_open_files: self.max_open_files,
         }
     }
 }

@@ -62,8 +62,11 @@ pub fn validate(
         ));
     }
     let pids = req.pids.unwrap_or(cfg.default_pids);
-    if !(16..=1 << 22).contains(&pids) {
-        return bad(format!("pids {pids} is out of range: give 16 to 4194304"));
+    if !(16..=cfg.max_pids).contains(&pids) {
+        return bad(format!(
+            "pids {pids} is out of range: give 16 to {} (this node's max_pids)",
+            cfg.max_pids
+        ));
     }
     let timeout = req.timeout.unwrap_or(cfg.default_timeout);
     if timeout == 0 || timeout > cfg.max_timeout {
@@ -503,6 +506,7 @@ impl Node {
         }
         let s = spawn_guest(
             &self.guest_bin,
+            self.cfg.guest_limits(),
             rootfs,
             cgroup,
             Some(&record.resources),
@@ -573,7 +577,11 @@ pub(crate) fn random_name(n: usize) -> String {
 
 /// Makes an init's directory (writable layer, links to the read-only layers) and returns the
 /// configuration that builds its root from it.
-fn prepare_dir(rootfs: &Rootfs, dir: &Path) -> std::io::Result<InitConfig> {
+fn prepare_dir(
+    rootfs: &Rootfs,
+    dir: &Path,
+    limits: warren_types::guest::GuestLimits,
+) -> std::io::Result<InitConfig> {
     std::fs::DirBuilder::new().mode(0o700).create(dir)?;
     for sub in ["upper", "work"] {
         std::fs::DirBuilder::new()
@@ -595,6 +603,7 @@ fn prepare_dir(rootfs: &Rootfs, dir: &Path) -> std::io::Result<InitConfig> {
             work: "work".into(),
             binds: rootfs.binds.clone(),
         },
+        limits,
     })
 }
 
@@ -602,13 +611,14 @@ fn prepare_dir(rootfs: &Rootfs, dir: &Path) -> std::io::Result<InitConfig> {
 /// guest agent into new namespaces and sends it its root's configuration. Blocking.
 pub(crate) fn spawn_guest(
     guest_bin: &Path,
+    guest_limits: warren_types::guest::GuestLimits,
     rootfs: &Rootfs,
     cgroup: &SandboxCgroup,
     limits: Option<&Resources>,
     socket: &Path,
     dir: &Path,
 ) -> std::io::Result<Spawned> {
-    let config = prepare_dir(rootfs, dir)?;
+    let config = prepare_dir(rootfs, dir, guest_limits)?;
     let join = cgroup.create(limits)?;
     let _ = std::fs::remove_file(socket);
     let listener = std::os::unix::net::UnixListener::bind(socket)?;

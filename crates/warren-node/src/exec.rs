@@ -256,7 +256,10 @@ impl Node {
                 Some(Incoming::Data(FrameKind::Stdout, d)) => out.extend_from_slice(&d),
                 Some(Incoming::Data(FrameKind::Stderr, d)) => err.extend_from_slice(&d),
                 Some(Incoming::Data(..)) => {}
-                Some(Incoming::Reply(Reply::Exit(status))) => return Ok(result(status, out, err)),
+                Some(Incoming::Reply(Reply::Exit(status))) => {
+                    self.note_truncation(&sb, &status);
+                    return Ok(result(status, out, err));
+                }
                 Some(Incoming::Reply(other)) => return Err(unexpected(other)),
                 None => return Err(guest_failure(&sb, GuestError::Closed)),
             }
@@ -300,7 +303,26 @@ impl Node {
         }
         let keep = sb.record.trajectory;
         if let Some((status, out, err)) = forward(&sb, conn, tx, keep).await {
+            self.note_truncation(&sb, &status);
             sb.record(key.entry(Some(&result(status, out, err))));
+        }
+    }
+
+    /// Output cut at `max_output` is an incident (a `yes` flood looks like this).
+    fn note_truncation(&self, sb: &Sandbox, status: &ExitStatus) {
+        for (cut, stream) in [
+            (status.stdout_truncated, "stdout"),
+            (status.stderr_truncated, "stderr"),
+        ] {
+            if cut {
+                self.events.occur(
+                    &sb.record.id,
+                    sb.record.task.as_deref(),
+                    warren_types::events::EventKind::OutputTruncated,
+                    format!("{stream} cut at max_output"),
+                    1,
+                );
+            }
         }
     }
 

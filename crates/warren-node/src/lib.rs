@@ -13,12 +13,14 @@ pub mod cgroups;
 pub mod config;
 pub mod create;
 pub mod error;
+pub mod events;
 pub mod exec;
 pub mod files;
 pub mod guest_client;
 pub mod image_ops;
 pub mod images;
 pub mod layers;
+pub mod limits;
 pub mod node;
 pub mod pool;
 pub mod state;
@@ -111,8 +113,10 @@ impl Node {
         if !guest_bin.is_file() {
             return Err(StartError::Guest(guest_bin));
         }
+        let events = crate::events::EventStore::open(&root);
         let node = Arc::new(Node {
             id,
+            events,
             cfg,
             cgroups,
             images,

@@ -39,6 +39,8 @@ pub struct Node {
     pub id: NodeId,
     /// Its configuration.
     pub cfg: NodeConfig,
+    /// Incident events of its sandboxes.
+    pub events: crate::events::EventStore,
     pub(crate) cgroups: Cgroups,
     pub(crate) images: Images,
     /// Image layers mounted here.
@@ -87,6 +89,10 @@ pub struct Sandbox {
     pub(crate) replay: Mutex<Option<crate::trajectory::Replay>>,
     /// Serialises appends to the trajectory log.
     pub(crate) log: Mutex<()>,
+    /// How far the node has read the guest's incident records.
+    pub(crate) incident_seq: AtomicU64,
+    /// Kernel counters last seen (OOM kills, pids-limit hits), to turn increases into events.
+    pub(crate) counters: Mutex<crate::limits::Counters>,
 }
 
 /// API activity on a sandbox.
@@ -134,6 +140,8 @@ impl Sandbox {
             }),
             replay: Mutex::new(None),
             log: Mutex::new(()),
+            incident_seq: AtomicU64::new(0),
+            counters: Mutex::new(Default::default()),
             record,
             dir,
             socket,
@@ -291,6 +299,9 @@ impl Node {
 
     /// Tears a sandbox down: init killed, cgroup removed, directories and socket gone.
     pub(crate) async fn destroy(&self, sb: Arc<Sandbox>) {
+        if !sb.cgroup.is_frozen() {
+            self.last_incidents(&sb).await;
+        }
         for t in sb.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             t.abort();
         }
@@ -354,6 +365,7 @@ impl Node {
                 .abort_handle(),
             );
         }
+        tasks.push(self.watch_incidents(sb));
         *sb.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
     }
 

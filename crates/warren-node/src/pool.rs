@@ -92,8 +92,16 @@ impl Node {
         let socket = self.dirs.sockets.join(format!("{name}.sock"));
         let dir = self.dirs.warm.join(&name);
         // Only an init whose root is built joins the pool: claiming renames its directory.
-        let started = spawn_guest(&self.guest_bin, &rootfs, &cgroup, None, &socket, &dir)
-            .and_then(|s| s.wait_built(Duration::from_secs(30)).map(|()| s));
+        let started = spawn_guest(
+            &self.guest_bin,
+            self.cfg.guest_limits(),
+            &rootfs,
+            &cgroup,
+            None,
+            &socket,
+            &dir,
+        )
+        .and_then(|s| s.wait_built(Duration::from_secs(30)).map(|()| s));
         match started {
             Ok(spawned) => Ok(Warm {
                 image: image.to_string(),

@@ -34,6 +34,20 @@ impl Node {
                 let Some(node) = node.upgrade() else { break };
                 node.sweep();
                 n += 1;
+                if n.is_multiple_of(8) {
+                    // Kernel limit counters into events (every 2 s).
+                    let node = node.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let all: Vec<_> = node
+                            .sandboxes
+                            .read()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .values()
+                            .cloned()
+                            .collect();
+                        node.check_limits(&all);
+                    });
+                }
                 if n.is_multiple_of(20) {
                     // Unmount layers unused for a while (every 5 s).
                     let node = node.clone();

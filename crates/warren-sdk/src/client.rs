@@ -13,6 +13,7 @@ use warren_types::api::{
     TaskList, TaskResult,
 };
 use warren_types::error::ErrorCode;
+use warren_types::events::{Event, EventKind, EventList};
 use warren_types::id::SandboxId;
 
 use crate::config::Config;
@@ -235,6 +236,26 @@ impl Client {
         let rb = self.request(Method::GET, self.endpoint("/v1/tasks", &[])?);
         let list: TaskList = self.json(rb).await?;
         Ok(list.tasks)
+    }
+
+    /// Incident events, oldest first (`GET /v1/events`): what sandboxes tried that the
+    /// platform stopped or cut.
+    pub async fn events(&self, filter: &EventFilter) -> Result<Vec<Event>> {
+        let mut query: Vec<(&str, &str)> = Vec::new();
+        let kind = filter.kind.map(|k| k.name());
+        for (k, v) in [
+            ("sandbox", filter.sandbox.as_deref()),
+            ("task", filter.task.as_deref()),
+            ("kind", kind),
+            ("since", filter.since.as_deref()),
+        ] {
+            if let Some(v) = v {
+                query.push((k, v));
+            }
+        }
+        let rb = self.request(Method::GET, self.endpoint("/v1/events", &query)?);
+        let list: EventList = self.json(rb).await?;
+        Ok(list.events)
     }
 
     /// Whether Warren and its nodes answer (`GET /v1/health`; needs no key).
@@ -473,4 +494,17 @@ mod tests {
         );
         assert!(err.is_retryable());
     }
+}
+
+/// Which events [`Client::events`] lists.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    /// Only this sandbox's.
+    pub sandbox: Option<String>,
+    /// Only those of this task's sandboxes.
+    pub task: Option<String>,
+    /// Only this kind.
+    pub kind: Option<EventKind>,
+    /// Only since then: RFC 3339, or a duration back from now (`10m`).
+    pub since: Option<String>,
 }

@@ -36,7 +36,7 @@ mod ndjson;
 pub mod process;
 pub mod sandbox;
 
-pub use client::{Client, ListFilter};
+pub use client::{Client, EventFilter, ListFilter};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use exec::{ExecEvents, ExecResultExt, argv, decode_data, set_stdin, shell};
@@ -51,6 +51,7 @@ pub use warren_types::api::{
     Health, IdleAction, Image, ImageDetail, ImageStats, Layer, NodeInfo, ProcessInfo, PullRequest,
     Resources, SandboxState, TaskAction, TaskInfo, TaskResult, TrajectoryEntry,
 };
+pub use warren_types::events::{Event, EventKind};
 pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};
 
 #[cfg(test)]

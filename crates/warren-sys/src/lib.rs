@@ -12,12 +12,17 @@
 //! - [`mount`]: mounts, bind mounts, pivot_root.
 //! - [`creds`]: capabilities, securebits, no_new_privs, per-thread file system credentials.
 //! - [`net`]: bringing up loopback in a fresh network namespace.
+//! - [`seccomp`]: system-call filters and their notifications.
+//! - [`confine`]: what a sandbox command gets between fork and exec (limits, Landlock,
+//!   filters), and the sandbox's own session keyring.
 
 pub mod blockdev;
+pub mod confine;
 pub mod creds;
 pub mod mount;
 pub mod net;
 pub mod process;
+pub mod seccomp;
 pub mod spawn;
 
 pub use rustix::io::Errno;

@@ -264,6 +264,13 @@ pub enum Op {
         /// Acting user.
         user: String,
     },
+    /// Incidents the guest saw (denied system calls, attempts on the guest itself): a
+    /// [`Reply::Incidents`] with every record changed after `after`, then one more each time
+    /// records change, for as long as the connection stays open.
+    Incidents {
+        /// The `seq` of the last reply the host has (0: everything kept).
+        after: u64,
+    },
 }
 
 /// Replies from the guest.
@@ -300,6 +307,13 @@ pub enum Reply {
         /// The entries.
         entries: Vec<FileEntry>,
     },
+    /// Incident records that changed, and the sequence number they bring the host to.
+    Incidents {
+        /// Records, each whole (an update replaces the record with the same id).
+        incidents: Vec<Incident>,
+        /// Pass this as `after` to get only later changes.
+        seq: u64,
+    },
     /// The operation succeeded.
     Done,
     /// The operation failed.
@@ -327,6 +341,50 @@ pub struct InitConfig {
     pub hostname: String,
     /// How to build the root file system.
     pub rootfs: RootfsSpec,
+    /// Limits for every command.
+    #[serde(default)]
+    pub limits: GuestLimits,
+}
+
+/// Limits every command in the sandbox gets (node settings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestLimits {
+    /// `RLIMIT_NOFILE` soft limit.
+    pub open_files: u64,
+    /// `RLIMIT_NOFILE` hard limit.
+    pub max_open_files: u64,
+}
+
+impl Default for GuestLimits {
+    fn default() -> Self {
+        GuestLimits {
+            open_files: 4096,
+            max_open_files: 65536,
+        }
+    }
+}
+
+/// One incident record: occurrences of one kind of attempt, summed over a window (a burst of
+/// a million denials is one record with a count).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incident {
+    /// Unique within the guest's life.
+    pub id: u64,
+    /// What happened: `seccomp` (a denied system call) or `management` (an attempt on the
+    /// guest agent itself).
+    pub kind: String,
+    /// Which: the system call and what it targeted.
+    pub detail: String,
+    /// Occurrences.
+    pub count: u64,
+    /// First occurrence, ms since the epoch.
+    pub first_ms: u64,
+    /// Last occurrence, ms since the epoch.
+    pub last_ms: u64,
+    /// The process of the last occurrence (in the sandbox's pid namespace).
+    pub pid: Option<i32>,
+    /// Its command name.
+    pub comm: Option<String>,
 }
 
 /// What makes a ready init a particular sandbox: the second message on the configuration pipe.

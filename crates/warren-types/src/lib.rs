@@ -9,11 +9,13 @@
 //! - [`api`]: the REST API's request and response bodies, shared by the control plane, the node
 //!   daemon and the SDKs.
 //! - [`error`]: the stable error codes and the JSON error body.
+//! - [`events`]: incident events (what sandboxes tried that the platform stopped).
 //! - [`guest`]: the host ↔ guest agent protocol (frames, requests, replies, version).
 //! - [`path`]: validation of paths that users pass to the file API.
 
 pub mod api;
 pub mod error;
+pub mod events;
 pub mod guest;
 pub mod id;
 pub mod path;

@@ -90,3 +90,182 @@ async fn root_only_host_information_is_hidden() {
     sb.kill().await.unwrap();
     p.assert_clean();
 }
+
+/// Events of `sandbox` of `kind`, waiting (up to 5 s) until `ok` holds for them.
+async fn events_until(
+    p: &Platform,
+    sandbox: &str,
+    kind: warren_sdk::EventKind,
+    ok: impl Fn(&[warren_sdk::Event]) -> bool,
+) -> Vec<warren_sdk::Event> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let events = p
+            .client()
+            .events(&warren_sdk::EventFilter {
+                sandbox: Some(sandbox.to_string()),
+                kind: Some(kind),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        if ok(&events) || std::time::Instant::now() > deadline {
+            return events;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// An exploit-shaped program calls every system call the policy denies, in turn: each fails
+/// with EPERM (the new-namespace and too-new ones with ENOSYS, so libc falls back), nothing
+/// happens, the sandbox keeps working, and the attempts are events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_system_calls_fail_cleanly_and_are_recorded() {
+    require_root!();
+    let p = Platform::start();
+    let sb = host_sandbox(&p).await;
+    let (_, out, _) = run(
+        &sb,
+        "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status",
+        false,
+    )
+    .await;
+    assert_eq!(out, "NoNewPrivs:\t1\nSeccomp:\t2\n");
+    let denied: Vec<&str> = include_str!("../../warren-guest/seccomp/denied.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(':'))
+        .map(|l| l.split(':').next().unwrap().trim())
+        .collect();
+    let script = format!(
+        r##"
+import ctypes, os, re
+hdr = open("/usr/include/x86_64-linux-gnu/asm/unistd_64.h").read() if os.path.exists("/usr/include/x86_64-linux-gnu/asm/unistd_64.h") else ""
+nr = dict((m.group(1), int(m.group(2))) for m in re.finditer(r"#define __NR_(\w+) (\d+)", hdr))
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+for name in {denied:?}:
+    if name not in nr: continue
+    r = libc.syscall(nr[name], 0, 0, 0, 0, 0, 0)
+    print(name, r, ctypes.get_errno())
+print("beyond", libc.syscall(470, 0, 0), ctypes.get_errno())
+"##
+    );
+    for root in [false, true] {
+        let r = sb
+            .exec(&ExecRequest {
+                user: root.then(|| "root".into()),
+                argv: Some(vec!["python3".into(), "-c".into(), script.clone()]),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.status.exit_code, 0, "{}", r.stderr);
+        let mut seen = 0;
+        for line in r.stdout.lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            let want = if f[0] == "clone3" || f[0] == "beyond" {
+                "38"
+            } else {
+                "1"
+            };
+            assert_eq!((f[1], f[2]), ("-1", want), "root={root}: {line}");
+            seen += 1;
+        }
+        assert!(seen > 40, "too few denied calls tried: {}", r.stdout);
+    }
+    // The classic escapes by name.
+    for (cmd, root) in [
+        ("unshare -Ur true", false),
+        ("unshare -m true", true),
+        ("unshare -n true", true),
+        ("unshare -p -f true", true),
+    ] {
+        let (code, _, err) = run(&sb, cmd, root).await;
+        assert_ne!(code, 0, "{cmd} (root={root}) succeeded");
+        assert!(err.contains("Operation not permitted"), "{cmd}: {err}");
+    }
+    // Still works.
+    assert_eq!(run(&sb, "echo alive", false).await.1, "alive\n");
+    let ev = events_until(&p, sb.id().as_str(), warren_sdk::EventKind::Seccomp, |e| {
+        e.iter().any(|e| e.detail == "mount") && e.iter().any(|e| e.detail == "bpf")
+    })
+    .await;
+    let mount = ev
+        .iter()
+        .find(|e| e.detail == "mount")
+        .expect("mount denial recorded");
+    assert!(mount.count >= 2, "{mount:?}");
+    assert_eq!(mount.comm.as_deref(), Some("python3"), "{mount:?}");
+    assert!(ev.iter().any(|e| e.detail == "unshare"), "{ev:?}");
+    // The CLI shows them too.
+    let out = p.cli(&[
+        "events",
+        "--sandbox",
+        sb.id().as_str(),
+        "--kind",
+        "seccomp",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v.as_array().unwrap().len() >= 10, "{v}");
+    sb.kill().await.unwrap();
+    p.assert_clean();
+}
+
+/// A burst of 100,000 denied calls is one event with its count, and the sandbox answers
+/// meanwhile; attempts on PID 1 (the guest agent) are their own kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_is_one_event_and_attacks_on_the_agent_are_named() {
+    require_root!();
+    let p = Platform::start();
+    let sb = host_sandbox(&p).await;
+    let flood =
+        "import ctypes\nl=ctypes.CDLL(None)\nfor i in range(100000): l.syscall(165,0,0,0,0,0)\n";
+    let (code, _, err) = run(&sb, &format!("python3 -c '{flood}'"), false).await;
+    assert_eq!(code, 0, "{err}");
+    let ev = events_until(&p, sb.id().as_str(), warren_sdk::EventKind::Seccomp, |e| {
+        e.iter().map(|e| e.count).sum::<u64>() >= 100_000
+    })
+    .await;
+    let mounts: Vec<_> = ev.iter().filter(|e| e.detail == "mount").collect();
+    assert!(
+        mounts.len() <= 2,
+        "a burst spread over {} events",
+        mounts.len()
+    );
+    assert_eq!(mounts.iter().map(|e| e.count).sum::<u64>(), 100_000);
+    // Signals, ptrace and limits aimed at the guest agent: refused, recorded as management.
+    let (_, out, _) = run(
+        &sb,
+        "python3 -c 'import ctypes; l=ctypes.CDLL(None, use_errno=True); \
+         print(l.kill(1, 9), l.ptrace(16, 1, 0, 0), l.syscall(302, 1, 7, 0, 0), ctypes.get_errno())'",
+        true,
+    )
+    .await;
+    assert_eq!(out, "-1 -1 -1 1\n");
+    let ev = events_until(
+        &p,
+        sb.id().as_str(),
+        warren_sdk::EventKind::Management,
+        |e| e.len() >= 3,
+    )
+    .await;
+    let details: Vec<&str> = ev.iter().map(|e| e.detail.as_str()).collect();
+    for want in ["kill of PID 1", "ptrace of PID 1", "prlimit64 of PID 1"] {
+        assert!(details.iter().any(|d| d.starts_with(want)), "{details:?}");
+    }
+    assert_eq!(run(&sb, "echo alive", false).await.1, "alive\n");
+    sb.kill().await.unwrap();
+    // Events outlive their sandbox.
+    let after = p
+        .client()
+        .events(&warren_sdk::EventFilter {
+            sandbox: Some(sb.id().to_string()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(after.len() >= 4, "{after:?}");
+    p.assert_clean();
+}

@@ -5,6 +5,7 @@
 //! is refused without a round trip.
 
 pub(crate) mod commands;
+pub(crate) mod events;
 pub(crate) mod files;
 pub mod forward;
 pub(crate) mod images;
@@ -50,6 +51,7 @@ pub fn router(c: Arc<Control>) -> Router {
         )
         .route("/v1/sandboxes/{id}/commit", post(images::commit))
         .route("/v1/tasks", get(tasks::list))
+        .route("/v1/events", get(events::list))
         .route("/v1/tasks/{task}/{action}", post(tasks::act))
         .route("/v1/sandboxes/{id}/exec", post(commands::exec))
         .route(

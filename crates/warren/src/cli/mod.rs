@@ -5,6 +5,7 @@
 
 mod args;
 mod cp;
+mod events;
 mod exec;
 mod health;
 mod image;
@@ -139,6 +140,13 @@ enum Command {
     /// Look at the nodes that run sandboxes.
     #[command(subcommand, after_help = "Examples:\n  warren node ls")]
     Node(node::NodeCommand),
+    /// Incident events: denied system calls, attempts on the guest agent, limits reached.
+    #[command(
+        after_help = "Examples:\n  warren events\n  warren events --sandbox $id\n  \
+        warren events --task run-7 --kind seccomp --since 10m --json\n\n\
+        Each event sums a burst: a million denied calls in a minute is one line with its count."
+    )]
+    Events(events::EventsArgs),
     /// Check that Warren and its nodes answer.
     #[command(after_help = "Examples:\n  warren health\n  warren health --json\n\n\
         Exits 0 when Warren answers and every node is up, 1 otherwise.")]
@@ -196,6 +204,7 @@ async fn run(global: Global, command: Command) -> anyhow::Result<ExitCode> {
         Command::Cp(args) => cp::run(&client, json, args).await,
         Command::Ps(args) => ps::run(&client, json, args).await,
         Command::Node(cmd) => node::run(&client, json, cmd).await,
+        Command::Events(args) => events::run(&client, json, args).await,
         Command::Health => health::run(&client, json).await,
     }
 }

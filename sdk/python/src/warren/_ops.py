@@ -15,6 +15,7 @@ from ._http import Call, json_body
 from .errors import InvalidArgument
 from .trajectory import TrajectoryEntry, parse_jsonl
 from .types import (
+    IncidentEvent,
     ExecResult,
     FileEntry,
     Health,
@@ -404,6 +405,26 @@ def list_tasks() -> Call[List[TaskInfo]]:
         return [TaskInfo.from_json(t) for t in json_body(resp)["tasks"]]
 
     return Call("GET", "/v1/tasks", parse=parse)
+
+
+def list_events(
+    sandbox: Any = None, task: Any = None, kind: Any = None, since: Any = None
+) -> Call[List[IncidentEvent]]:
+    params: Dict[str, str] = {}
+    if sandbox is not None:
+        params["sandbox"] = v.sandbox_id(sandbox)
+    if task is not None:
+        params["task"] = v.string(task, "task")
+    k = v.choice(kind, "kind", v.EVENT_KINDS)
+    if k is not None:
+        params["kind"] = k
+    if since is not None:
+        params["since"] = v.string(since, "since")
+
+    def parse(resp: httpx.Response) -> List[IncidentEvent]:
+        return [IncidentEvent.from_json(e) for e in json_body(resp)["events"]]
+
+    return Call("GET", "/v1/events", params=params, parse=parse)
 
 
 def health() -> Call[Health]:

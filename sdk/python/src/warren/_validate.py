@@ -20,6 +20,14 @@ _SHIFT = {"": 0, "b": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 _SANDBOX_ID = re.compile(r"^[a-z][a-z0-9]{19}$")
 ON_IDLE = ("pause", "stop")
 STATES = ("running", "paused")
+EVENT_KINDS = (
+    "seccomp",
+    "management",
+    "disk_quota",
+    "output_truncated",
+    "pids_limit",
+    "oom_kill",
+)
 
 
 def _type_name(v: Any) -> str:

@@ -18,7 +18,7 @@ from ._http import AsyncTransport
 from .async_sandbox import AsyncSandbox
 from .client import Size
 from .trajectory import LogSource, load
-from .types import Health, NodeInfo, SandboxInfo, TaskInfo, TaskResult
+from .types import Health, IncidentEvent, NodeInfo, SandboxInfo, TaskInfo, TaskResult
 
 
 class AsyncContainers:
@@ -116,6 +116,29 @@ class AsyncTasks:
         return await self._t.call(_ops.list_tasks())
 
 
+class AsyncEvents:
+    """Incident events: ``client.events``. What sandboxes tried that the platform stopped or
+    cut (denied system calls, attempts on the guest agent, limits reached), gathered from every
+    node; events outlive their sandboxes."""
+
+    def __init__(self, t: AsyncTransport) -> None:
+        self._t = t
+
+    async def list(
+        self,
+        *,
+        sandbox: Optional[str] = None,
+        task: Optional[str] = None,
+        kind: Optional[str] = None,
+        since: Optional[str] = None,
+    ) -> List[IncidentEvent]:
+        """Events, oldest first: only ``sandbox``'s, only ``task``'s, only of ``kind``
+        (``"seccomp"``, ``"management"``, ``"disk_quota"``, ``"output_truncated"``,
+        ``"pids_limit"``, ``"oom_kill"``), only since ``since`` (RFC 3339, or a duration back
+        from now such as ``"10m"``)."""
+        return await self._t.call(_ops.list_events(sandbox, task, kind, since))
+
+
 class AsyncClient:
     """A client of Warren's REST API for asyncio; arguments as :class:`warren.Client`, with a
     pool of ``max_connections=1000`` by default. Use ``async with``, or ``await close()``."""
@@ -145,6 +168,7 @@ class AsyncClient:
         self.containers = AsyncContainers(self._t)
         self.sandboxes = AsyncSandboxes(self._t)
         self.tasks = AsyncTasks(self._t)
+        self.events = AsyncEvents(self._t)
 
     @property
     def url(self) -> str:

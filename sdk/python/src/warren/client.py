@@ -25,7 +25,7 @@ from ._config import resolve_key, resolve_url
 from ._http import SyncTransport
 from .sandbox import Sandbox
 from .trajectory import LogSource, load
-from .types import Health, NodeInfo, SandboxInfo, TaskInfo, TaskResult
+from .types import Health, IncidentEvent, NodeInfo, SandboxInfo, TaskInfo, TaskResult
 
 Size = Union[int, str]
 
@@ -164,6 +164,29 @@ class Tasks:
         return self._t.call(_ops.list_tasks())
 
 
+class Events:
+    """Incident events: ``client.events``. What sandboxes tried that the platform stopped or
+    cut (denied system calls, attempts on the guest agent, limits reached), gathered from every
+    node; events outlive their sandboxes."""
+
+    def __init__(self, t: SyncTransport) -> None:
+        self._t = t
+
+    def list(
+        self,
+        *,
+        sandbox: Optional[str] = None,
+        task: Optional[str] = None,
+        kind: Optional[str] = None,
+        since: Optional[str] = None,
+    ) -> List[IncidentEvent]:
+        """Events, oldest first: only ``sandbox``'s, only ``task``'s, only of ``kind``
+        (``"seccomp"``, ``"management"``, ``"disk_quota"``, ``"output_truncated"``,
+        ``"pids_limit"``, ``"oom_kill"``), only since ``since`` (RFC 3339, or a duration back
+        from now such as ``"10m"``)."""
+        return self._t.call(_ops.list_events(sandbox, task, kind, since))
+
+
 class Client:
     """A client of Warren's REST API (blocking; thread-safe; one connection pool).
 
@@ -208,6 +231,7 @@ class Client:
         self.containers = Containers(self._t)
         self.sandboxes = Sandboxes(self._t)
         self.tasks = Tasks(self._t)
+        self.events = Events(self._t)
 
     @property
     def url(self) -> str:

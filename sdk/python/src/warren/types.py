@@ -374,3 +374,41 @@ class NodeInfo:
             cgroups=d["cgroups"],
             max_upload=int(d["max_upload"]),
         )
+
+
+@dataclass(frozen=True)
+class IncidentEvent:
+    """An incident event (``client.events.list``): what a sandbox tried that the platform
+    stopped or cut. A burst is one event with its ``count``."""
+
+    id: str
+    node: str
+    sandbox: str
+    task: Optional[str]
+    kind: str
+    """``seccomp``, ``management``, ``disk_quota``, ``output_truncated``, ``pids_limit`` or
+    ``oom_kill``."""
+    detail: str
+    """Which: the system call, the stream, the limit."""
+    count: int
+    first_at: str
+    last_at: str
+    pid: Optional[int] = None
+    """The process of the last occurrence (in the sandbox), when known."""
+    comm: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> IncidentEvent:
+        return cls(
+            id=d["id"],
+            node=d["node"],
+            sandbox=d["sandbox"],
+            task=d.get("task"),
+            kind=d["kind"],
+            detail=d["detail"],
+            count=int(d["count"]),
+            first_at=d["first_at"],
+            last_at=d["last_at"],
+            pid=d.get("pid"),
+            comm=d.get("comm"),
+        )

@@ -1,0 +1,132 @@
+//! `GET /v1/events`: incident events, gathered from the nodes that recorded them.
+
+use warren_http::{Error, Json, Query};
+use warren_types::error::{ApiError, ErrorBody, ErrorCode};
+use warren_types::events::{EventKind, EventList};
+
+use super::S;
+use crate::api::forward::{route, unavailable};
+
+/// `GET /v1/events` filters.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct EventQuery {
+    /// Only this sandbox's events (it may be gone: events outlive their sandboxes).
+    pub sandbox: Option<String>,
+    /// Only events of sandboxes of this task.
+    pub task: Option<String>,
+    /// Only this kind: `seccomp`, `management`, `disk_quota`, `output_truncated`,
+    /// `pids_limit` or `oom_kill`.
+    pub kind: Option<String>,
+    /// Only events that happened since then: an RFC 3339 time (`2026-12-01T10:00:00Z`) or a
+    /// duration back from now (`10m`, `2h`, `1d`).
+    pub since: Option<String>,
+}
+
+/// `since` as ms since the epoch.
+fn since_ms(s: &str) -> Result<u64, Error> {
+    let bad = || {
+        Error(ApiError::invalid(format!(
+            "since {s:?} is neither an RFC 3339 time (2026-12-01T10:00:00Z) nor a duration (10m, 2h, 1d)"
+        )))
+    };
+    let now = std::time::SystemTime::now();
+    let t = match humantime::parse_rfc3339_weak(s) {
+        Ok(t) => t,
+        Err(_) => {
+            let d = humantime::parse_duration(s).map_err(|_| bad())?;
+            now.checked_sub(d).ok_or_else(bad)?
+        }
+    };
+    Ok(t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0))
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Incident events: denied system calls, attempts on the guest agent, disk quotas reached,
+/// output cut, process and memory limits hit. Each sums a burst (its `count`); oldest first.
+/// Events outlive their sandboxes. A node that does not answer is left out (and logged).
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(EventQuery),
+    responses((status = 200, body = EventList), (status = 400, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn list(
+    axum::extract::State(c): S,
+    Query(q): Query<EventQuery>,
+) -> Result<Json<EventList>, Error> {
+    let mut parts = Vec::new();
+    if let Some(k) = &q.kind {
+        if EventKind::parse(k).is_none() {
+            let known: Vec<&str> = EventKind::ALL.iter().map(|k| k.name()).collect();
+            return Err(Error(ApiError::invalid(format!(
+                "unknown event kind {k:?} (known: {})",
+                known.join(", ")
+            ))));
+        }
+        parts.push(format!("kind={}", enc(k)));
+    }
+    if let Some(t) = &q.task {
+        parts.push(format!("task={}", enc(t)));
+    }
+    if let Some(s) = &q.since {
+        parts.push(format!("since_ms={}", since_ms(s)?));
+    }
+    // A sandbox id names its node: ask only that one.
+    let nodes = match &q.sandbox {
+        Some(raw) => match route(&c, raw) {
+            Ok((id, node)) => {
+                parts.push(format!("sandbox={id}"));
+                vec![node]
+            }
+            // A node that left the cluster took its events with it.
+            Err(e) if e.0.code == ErrorCode::SandboxNotFound => {
+                return Ok(Json(EventList::default()));
+            }
+            Err(e) => return Err(e),
+        },
+        None => c.nodes.all(),
+    };
+    let qs = if parts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", parts.join("&"))
+    };
+    let asks = nodes.into_iter().map(|n| {
+        let path = format!("/v1/events{qs}");
+        async move {
+            let r = n.client.request(reqwest::Method::GET, &path).send().await;
+            match r {
+                Ok(resp) if resp.status().is_success() => resp
+                    .json::<EventList>()
+                    .await
+                    .map_err(|e| unavailable(&n, &e)),
+                Ok(resp) => Err(match resp.json::<ErrorBody>().await {
+                    Ok(b) => Error(b.error),
+                    Err(e) => unavailable(&n, &e),
+                }),
+                Err(e) => Err(unavailable(&n, &e)),
+            }
+        }
+    });
+    let mut events = Vec::new();
+    for r in futures_util::future::join_all(asks).await {
+        match r {
+            Ok(l) => events.extend(l.events),
+            Err(e) if e.0.code == ErrorCode::InvalidArgument => return Err(e),
+            Err(e) => tracing::warn!("events: {}", e.0.message),
+        }
+    }
+    events.sort_by(|a, b| a.first_at.cmp(&b.first_at).then_with(|| a.id.cmp(&b.id)));
+    Ok(Json(EventList { events }))
+}

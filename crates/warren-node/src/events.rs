@@ -1,0 +1,401 @@
+//! The node's incident store: what its sandboxes tried that the platform stopped or cut.
+//!
+//! Events come from two places: the guest agents (denied system calls, attempts on the agent
+//! itself: their records stream to the node, see [`Node::watch_incidents`]) and the node
+//! (cut output, process and memory limits, disk quotas). Occurrences of one kind and detail
+//! in one sandbox within a minute are one event with a count. The store is bounded
+//! ([`MAX_EVENTS`], oldest dropped) and kept in `events.jsonl` in the state directory, so it
+//! outlives the sandboxes it describes and restarts of the daemon.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use warren_types::events::{Event, EventKind};
+use warren_types::guest::Incident;
+use warren_types::id::{NodeId, SandboxId};
+
+use crate::state;
+
+/// Events kept; the oldest go first.
+pub const MAX_EVENTS: usize = 100_000;
+
+/// Occurrences within this long of an event's first one add to it.
+const WINDOW: Duration = Duration::from_secs(60);
+
+/// The log is rewritten from what is kept once it has grown by this much.
+const COMPACT_AFTER: u64 = 32 << 20;
+
+/// An event as kept (times in ms).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Record {
+    id: String,
+    sandbox: SandboxId,
+    #[serde(default)]
+    task: Option<String>,
+    kind: EventKind,
+    detail: String,
+    count: u64,
+    first_ms: u64,
+    last_ms: u64,
+    #[serde(default)]
+    pid: Option<i32>,
+    #[serde(default)]
+    comm: Option<String>,
+}
+
+/// Which events to list.
+#[derive(Debug, Default, Clone)]
+pub struct EventFilter {
+    pub sandbox: Option<SandboxId>,
+    pub task: Option<String>,
+    pub kind: Option<EventKind>,
+    /// Only events whose last occurrence is at or after this, ms since the epoch.
+    pub since_ms: Option<u64>,
+}
+
+/// The store.
+pub struct EventStore {
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    by_id: HashMap<String, Record>,
+    /// (first occurrence, id), for listing oldest first and dropping the oldest.
+    order: BTreeMap<(u64, String), ()>,
+    /// The open window of node-made events: (sandbox, kind, detail) → id.
+    open: HashMap<(SandboxId, EventKind, String), String>,
+    next: u64,
+    file: Option<std::fs::File>,
+    written: u64,
+}
+
+impl EventStore {
+    /// Opens the store in `dir` (`events.jsonl`), keeping what an earlier run recorded.
+    pub fn open(dir: &Path) -> EventStore {
+        let path = dir.join("events.jsonl");
+        let mut inner = Inner {
+            path: path.clone(),
+            by_id: HashMap::new(),
+            order: BTreeMap::new(),
+            open: HashMap::new(),
+            next: state::now_ms(),
+            file: None,
+            written: 0,
+        };
+        if let Ok(f) = std::fs::File::open(&path) {
+            for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
+                if let Ok(r) = serde_json::from_str::<Record>(&line) {
+                    inner.put(r);
+                }
+            }
+        }
+        inner.compact();
+        EventStore {
+            inner: Mutex::new(inner),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds `n` occurrences of an event the node itself saw.
+    pub fn occur(
+        &self,
+        sandbox: &SandboxId,
+        task: Option<&str>,
+        kind: EventKind,
+        detail: String,
+        n: u64,
+    ) {
+        let now = state::now_ms();
+        let mut g = self.lock();
+        let key = (sandbox.clone(), kind, detail);
+        let open = g
+            .open
+            .get(&key)
+            .and_then(|id| g.by_id.get(id))
+            .filter(|r| now.saturating_sub(r.first_ms) < WINDOW.as_millis() as u64)
+            .cloned();
+        let rec = match open {
+            Some(mut r) => {
+                r.count += n;
+                r.last_ms = now;
+                r
+            }
+            None => {
+                g.next += 1;
+                let id = format!("{}-n{}", sandbox, g.next);
+                g.open.insert(key.clone(), id.clone());
+                Record {
+                    id,
+                    sandbox: sandbox.clone(),
+                    task: task.map(str::to_string),
+                    kind,
+                    detail: key.2,
+                    count: n,
+                    first_ms: now,
+                    last_ms: now,
+                    pid: None,
+                    comm: None,
+                }
+            }
+        };
+        g.save(rec);
+    }
+
+    /// Takes in a record the sandbox's guest reported (a later report of the same record
+    /// replaces it).
+    pub fn from_guest(&self, sandbox: &SandboxId, task: Option<&str>, i: &Incident) {
+        let kind = match i.kind.as_str() {
+            "management" => EventKind::Management,
+            _ => EventKind::Seccomp,
+        };
+        let rec = Record {
+            id: format!("{sandbox}-g{}", i.id),
+            sandbox: sandbox.clone(),
+            task: task.map(str::to_string),
+            kind,
+            detail: i.detail.chars().take(256).collect(),
+            count: i.count,
+            first_ms: i.first_ms,
+            last_ms: i.last_ms,
+            pid: i.pid,
+            comm: i.comm.as_ref().map(|c| c.chars().take(64).collect()),
+        };
+        self.lock().save(rec);
+    }
+
+    /// Events matching `f`, oldest first.
+    pub fn list(&self, node: &NodeId, f: &EventFilter) -> Vec<Event> {
+        let g = self.lock();
+        g.order
+            .keys()
+            .filter_map(|(_, id)| g.by_id.get(id))
+            .filter(|r| f.sandbox.as_ref().is_none_or(|s| *s == r.sandbox))
+            .filter(|r| f.task.as_ref().is_none_or(|t| r.task.as_ref() == Some(t)))
+            .filter(|r| f.kind.is_none_or(|k| k == r.kind))
+            .filter(|r| f.since_ms.is_none_or(|s| r.last_ms >= s))
+            .map(|r| Event {
+                id: r.id.clone(),
+                node: node.clone(),
+                sandbox: r.sandbox.clone(),
+                task: r.task.clone(),
+                kind: r.kind,
+                detail: r.detail.clone(),
+                count: r.count,
+                first_at: state::rfc3339(r.first_ms),
+                last_at: state::rfc3339(r.last_ms),
+                pid: r.pid,
+                comm: r.comm.clone(),
+            })
+            .collect()
+    }
+}
+
+impl Inner {
+    /// Puts a record in memory (replacing one with its id), dropping the oldest past the
+    /// bound.
+    fn put(&mut self, r: Record) {
+        if let Some(old) = self.by_id.remove(&r.id) {
+            self.order.remove(&(old.first_ms, old.id));
+        }
+        self.order.insert((r.first_ms, r.id.clone()), ());
+        self.by_id.insert(r.id.clone(), r);
+        while self.by_id.len() > MAX_EVENTS {
+            let Some(((_, id), ())) = self.order.pop_first() else {
+                break;
+            };
+            if let Some(r) = self.by_id.remove(&id) {
+                self.open.remove(&(r.sandbox, r.kind, r.detail));
+            }
+        }
+    }
+
+    /// Puts a record and appends it to the log.
+    fn save(&mut self, r: Record) {
+        let mut line = serde_json::to_vec(&r).unwrap_or_default();
+        line.push(b'\n');
+        self.put(r);
+        if self.file.is_none() {
+            self.file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.path)
+                .ok();
+        }
+        if let Some(f) = &mut self.file
+            && f.write_all(&line).is_ok()
+        {
+            self.written += line.len() as u64;
+        }
+        if self.written > COMPACT_AFTER {
+            self.compact();
+        }
+    }
+
+    /// Rewrites the log with what is kept (one line per event).
+    fn compact(&mut self) {
+        let tmp = self.path.with_extension("jsonl.tmp");
+        let write = || -> std::io::Result<()> {
+            let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+            for (_, id) in self.order.keys() {
+                if let Some(r) = self.by_id.get(id) {
+                    serde_json::to_writer(&mut f, r)?;
+                    f.write_all(b"\n")?;
+                }
+            }
+            f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            std::fs::rename(&tmp, &self.path)
+        };
+        match write() {
+            Ok(()) => {
+                self.file = None;
+                self.written = 0;
+            }
+            Err(e) => tracing::warn!("rewriting {}: {e}", self.path.display()),
+        }
+    }
+}
+
+impl crate::node::Node {
+    /// Follows a sandbox's incident records for its whole life (reconnecting when the
+    /// connection breaks), storing each as an event.
+    pub(crate) fn watch_incidents(
+        self: &std::sync::Arc<Self>,
+        sb: &std::sync::Arc<crate::node::Sandbox>,
+    ) -> tokio::task::AbortHandle {
+        use std::sync::atomic::Ordering;
+        use warren_types::guest::{Op, Reply};
+        let node = std::sync::Arc::downgrade(self);
+        let weak = std::sync::Arc::downgrade(sb);
+        let socket = sb.socket.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(200);
+            loop {
+                let Some(after) = weak
+                    .upgrade()
+                    .filter(|sb| sb.phase() != crate::node::Phase::Stopping)
+                    .map(|sb| sb.incident_seq.load(Ordering::Relaxed))
+                else {
+                    return;
+                };
+                if let Ok(mut conn) =
+                    crate::guest_client::GuestConn::open(&socket, Op::Incidents { after }).await
+                {
+                    loop {
+                        match conn.reply().await {
+                            Ok(Reply::Incidents { incidents, seq }) => {
+                                backoff = Duration::from_millis(200);
+                                let (Some(node), Some(sb)) = (node.upgrade(), weak.upgrade())
+                                else {
+                                    return;
+                                };
+                                for i in &incidents {
+                                    node.events.from_guest(
+                                        &sb.record.id,
+                                        sb.record.task.as_deref(),
+                                        i,
+                                    );
+                                }
+                                sb.incident_seq.store(seq, Ordering::Relaxed);
+                            }
+                            // A guest too old to report incidents: nothing to follow.
+                            Ok(Reply::Error { .. }) => return,
+                            Ok(_) | Err(_) => break,
+                        }
+                    }
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        })
+        .abort_handle()
+    }
+
+    /// Reads what the guest has not reported yet, before the sandbox dies (a burst is
+    /// reported a few times a second; its last quarter second would be lost otherwise).
+    pub(crate) async fn last_incidents(&self, sb: &crate::node::Sandbox) {
+        use std::sync::atomic::Ordering;
+        use warren_types::guest::{Op, Reply};
+        let after = sb.incident_seq.load(Ordering::Relaxed);
+        if after == 0 {
+            return; // nothing was ever reported: nothing to catch up on
+        }
+        let read = async {
+            let mut conn =
+                crate::guest_client::GuestConn::open(&sb.socket, Op::Incidents { after })
+                    .await
+                    .ok()?;
+            match conn.reply().await.ok()? {
+                Reply::Incidents { incidents, .. } => Some(incidents),
+                _ => None,
+            }
+        };
+        if let Ok(Some(incidents)) = tokio::time::timeout(Duration::from_millis(200), read).await {
+            for i in &incidents {
+                self.events
+                    .from_guest(&sb.record.id, sb.record.task.as_deref(), i);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn occurrences_add_up_and_survive_a_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let node = NodeId::from_random(rand::random());
+        let id = SandboxId::new(&node, rand::random());
+        let sid = || id.clone();
+        let s = EventStore::open(d.path());
+        for _ in 0..1000 {
+            s.occur(
+                &sid(),
+                Some("t"),
+                EventKind::OutputTruncated,
+                "stdout".into(),
+                1,
+            );
+        }
+        let i = Incident {
+            id: 3,
+            kind: "seccomp".into(),
+            detail: "mount".into(),
+            count: 5,
+            first_ms: 1,
+            last_ms: 2,
+            pid: Some(9),
+            comm: Some("x".into()),
+        };
+        s.from_guest(&sid(), None, &i);
+        s.from_guest(&sid(), None, &Incident { count: 9, ..i });
+        let all = s.list(&node, &EventFilter::default());
+        assert_eq!(all.len(), 2, "{all:?}");
+        assert_eq!(all[0].kind, EventKind::Seccomp, "oldest first");
+        assert_eq!(all[0].count, 9, "a later report replaces the record");
+        assert_eq!(all[1].count, 1000);
+        drop(s);
+        let s = EventStore::open(d.path());
+        let again = s.list(&node, &EventFilter::default());
+        assert_eq!(again, all);
+        let f = EventFilter {
+            kind: Some(EventKind::Seccomp),
+            ..EventFilter::default()
+        };
+        assert_eq!(s.list(&node, &f).len(), 1);
+        let f = EventFilter {
+            task: Some("t".into()),
+            ..EventFilter::default()
+        };
+        assert_eq!(s.list(&node, &f).len(), 1);
+    }
+}
