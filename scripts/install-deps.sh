@@ -6,8 +6,9 @@
 #   nftables             networking (a later capability)
 #   erofs-utils          layered images: mkfs.erofs writes layers, fsck.erofs checks them
 #   busybox-static       a static busybox: the image tests build small root file systems with it
+#   btrfs-progs          disk quotas: mkfs.btrfs makes the node's disk pool (once)
 set -euo pipefail
-want=(procps python3 bubblewrap runc nftables erofs-utils)
+want=(procps python3 bubblewrap runc nftables erofs-utils btrfs-progs)
 missing=()
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in "${want[@]}"; do

@@ -20,6 +20,24 @@ pub struct Admission {
 pub struct Usage {
     pub sandboxes: u32,
     pub memory: u64,
+    pub disk: u64,
+}
+
+/// What one sandbox asks of the node.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    pub memory: u64,
+    pub disk: u64,
+}
+
+impl Ask {
+    /// What a sandbox with these resources holds.
+    pub fn of(r: &warren_types::api::Resources) -> Ask {
+        Ask {
+            memory: r.memory.bytes(),
+            disk: r.disk.map_or(0, |d| d.bytes()),
+        }
+    }
 }
 
 /// Host facts admission looks at.
@@ -60,8 +78,17 @@ impl Admission {
         *self.usage.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Admits a sandbox of `memory` bytes, or says why not.
-    pub fn reserve(&self, cfg: &NodeConfig, load: &HostLoad, memory: u64) -> Result<(), NodeError> {
+    /// Admits a sandbox asking `ask`, or says why not. `disk` is the size of the node's disk
+    /// pool and its free space, where it has one.
+    pub fn reserve(
+        &self,
+        cfg: &NodeConfig,
+        load: &HostLoad,
+        disk: Option<(u64, u64)>,
+        ask: Ask,
+    ) -> Result<(), NodeError> {
+        let (disk_capacity, disk_free) = disk.unwrap_or((0, u64::MAX));
+        let memory = ask.memory;
         let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         let refuse = |message: String| NodeError::Capacity {
             message,
@@ -98,23 +125,45 @@ impl Admission {
                 load.threads, load.pid_max
             )));
         }
+        let disk_allocatable = (disk_capacity as f64 * cfg.disk_overcommit) as u64;
+        if ask.disk > 0 && u.disk + ask.disk > disk_allocatable {
+            return Err(refuse(format!(
+                "this node has promised {} of disk quota to sandboxes and may promise {} in all \
+                 ({} disk pool × disk_overcommit {}); this sandbox asks {}: ask for less disk or retry when sandboxes end",
+                ByteSize(u.disk),
+                ByteSize(disk_allocatable),
+                ByteSize(disk_capacity),
+                cfg.disk_overcommit,
+                ByteSize(ask.disk)
+            )));
+        }
+        if disk_free < cfg.min_free_disk.bytes() {
+            return Err(refuse(format!(
+                "this node's disk pool has only {} free (it keeps {} free); retry when sandboxes end",
+                ByteSize(disk_free),
+                cfg.min_free_disk
+            )));
+        }
         u.sandboxes += 1;
         u.memory += memory;
+        u.disk += ask.disk;
         Ok(())
     }
 
     /// Counts an existing sandbox (adopted after a restart) without checks.
-    pub fn add(&self, memory: u64) {
+    pub fn add(&self, ask: Ask) {
         let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         u.sandboxes += 1;
-        u.memory += memory;
+        u.memory += ask.memory;
+        u.disk += ask.disk;
     }
 
     /// Gives back what a sandbox held.
-    pub fn release(&self, memory: u64) {
+    pub fn release(&self, ask: Ask) {
         let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
         u.sandboxes = u.sandboxes.saturating_sub(1);
-        u.memory = u.memory.saturating_sub(memory);
+        u.memory = u.memory.saturating_sub(ask.memory);
+        u.disk = u.disk.saturating_sub(ask.disk);
     }
 }
 
@@ -139,25 +188,59 @@ mod tests {
             ..NodeConfig::default()
         };
         let a = Admission::default();
-        a.reserve(&cfg, &load(), 256 << 20).unwrap();
-        let e = a.reserve(&cfg, &load(), 1 << 30).unwrap_err().to_string();
+        a.reserve(&cfg, &load(), None, mem(256 << 20)).unwrap();
+        let e = a
+            .reserve(&cfg, &load(), None, mem(1 << 30))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ask for less memory"), "{e}");
-        a.reserve(&cfg, &load(), 256 << 20).unwrap();
-        let e = a.reserve(&cfg, &load(), 1).unwrap_err().to_string();
+        a.reserve(&cfg, &load(), None, mem(256 << 20)).unwrap();
+        let e = a
+            .reserve(&cfg, &load(), None, mem(1))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("max_sandboxes"), "{e}");
-        a.release(256 << 20);
+        a.release(mem(256 << 20));
         let low = HostLoad {
             mem_available: 1 << 20,
             ..load()
         };
-        let e = a.reserve(&cfg, &low, 1).unwrap_err().to_string();
+        let e = a.reserve(&cfg, &low, None, mem(1)).unwrap_err().to_string();
         assert!(e.contains("available"), "{e}");
         let busy = HostLoad {
             threads: 32700,
             ..load()
         };
-        let e = a.reserve(&cfg, &busy, 1).unwrap_err().to_string();
+        let e = a
+            .reserve(&cfg, &busy, None, mem(1))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("pid_max"), "{e}");
         assert_eq!(a.usage().sandboxes, 1);
+        // Disk quotas count against the pool times its overcommit.
+        let disk = |d: u64| Ask { memory: 1, disk: d };
+        let cfg = NodeConfig {
+            disk_overcommit: 2.0,
+            ..NodeConfig::default()
+        };
+        a.reserve(&cfg, &load(), Some((1 << 30, 1 << 30)), disk(1 << 30))
+            .unwrap();
+        let e = a
+            .reserve(&cfg, &load(), Some((1 << 30, 1 << 30)), disk(2 << 30))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ask for less disk"), "{e}");
+        a.release(disk(1 << 30));
+        a.reserve(&cfg, &load(), Some((1 << 30, 1 << 30)), disk(2 << 30))
+            .unwrap();
+        let e = a
+            .reserve(&cfg, &load(), Some((1 << 40, 1 << 20)), disk(1 << 20))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("disk pool has only"), "{e}");
+    }
+
+    fn mem(m: u64) -> Ask {
+        Ask { memory: m, disk: 0 }
     }
 }

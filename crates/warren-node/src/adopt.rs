@@ -42,7 +42,8 @@ impl Node {
         for (dir, result) in futures_util::future::join_all(checks).await {
             match result {
                 Ok(sb) => {
-                    self.admission.add(sb.record.resources.memory.bytes());
+                    self.admission
+                        .add(crate::admission::Ask::of(&sb.record.resources));
                     if !sb.record.layers.is_empty() {
                         // Its layers are mounted (taken over at start): count it as a user.
                         let layers = sb.record.layers.clone();
@@ -158,6 +159,13 @@ impl Node {
             .keys()
             .map(SandboxId::to_string)
             .collect();
+        let live_dirs: Vec<std::path::PathBuf> = self
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|s| s.dir.clone())
+            .collect();
         let cgroups = self.cgroups.clone();
         let dirs = self.dirs.clone();
         blocking(move || {
@@ -188,8 +196,30 @@ impl Node {
                 .flatten()
                 .flatten()
             {
-                let _ = std::fs::remove_dir_all(e.path());
+                if let Some(pool) = &dirs.disk {
+                    pool.release(&e.path());
+                }
+                if let Err(e) = warren_fs::remove_path(&e.path()) {
+                    tracing::error!("leftover in trash: {e}");
+                }
                 n += 1;
+            }
+            // Disk volumes of sandboxes that are gone.
+            if let Some(pool) = &dirs.disk {
+                let used: HashSet<String> = live_dirs
+                    .iter()
+                    .filter_map(|d| pool.volume_of(d))
+                    .map(|v| v.name)
+                    .collect();
+                for name in pool.volumes() {
+                    if !used.contains(&name) {
+                        match pool.delete(&name) {
+                            Ok(()) => n += 1,
+                            Err(e) => tracing::error!("leftover disk volume: {e}"),
+                        }
+                    }
+                }
+                pool.collect_quota_groups();
             }
             Ok(n)
         })

@@ -43,6 +43,20 @@ pub struct NodeConfig {
     pub default_timeout: u64,
     /// Longest lifetime a request may ask for, seconds. Default 7 days.
     pub max_timeout: u64,
+    /// Disk quotas of writable layers: `auto` (a btrfs pool with a quota per sandbox, see the
+    /// `disk` module; none, with an error in the log, where the kernel lacks btrfs or loop
+    /// devices) or `off`. Default `auto`.
+    pub disk_quota: crate::disk::DiskQuota,
+    /// Size of the disk pool's sparse file, made on first start. Default: half the free space
+    /// where the state directory is, at most 1Ti.
+    pub disk_pool_size: Option<ByteSize>,
+    /// Disk quota when a request gives none. Default 10Gi.
+    pub default_disk: ByteSize,
+    /// Sum of sandboxes' disk quotas allowed, as a multiple of the pool's size: a quota bounds
+    /// what one sandbox can take, and most write little. Default 1024.
+    pub disk_overcommit: f64,
+    /// Refuse new sandboxes when the disk pool has less free space than this. Default 1Gi.
+    pub min_free_disk: ByteSize,
     /// Largest file upload, bytes. Default 1Gi.
     pub max_upload: ByteSize,
     /// Sandbox inits kept started, with their roots built, ahead of requests (see the `pool`
@@ -80,6 +94,11 @@ impl Default for NodeConfig {
             max_open_files: 65536,
             default_timeout: 3600,
             max_timeout: 7 * 24 * 3600,
+            disk_quota: crate::disk::DiskQuota::Auto,
+            disk_pool_size: None,
+            default_disk: ByteSize(10 << 30),
+            disk_overcommit: 1024.0,
+            min_free_disk: ByteSize(1 << 30),
             max_upload: ByteSize(1 << 30),
             warm_pool: 16,
             warm_image: "host".into(),

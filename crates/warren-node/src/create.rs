@@ -104,7 +104,35 @@ pub fn validate(
     if req.on_idle.is_some() && req.idle_timeout.is_none() {
         return bad("on_idle needs an idle_timeout".into());
     }
-    Ok((Resources { cpu, memory, pids }, timeout))
+    let disk = match (&node.dirs.disk, req.disk) {
+        (None, Some(_)) => {
+            return bad(
+                "this node enforces no disk quotas (see its log: it has no btrfs disk pool); \
+                 leave disk out"
+                    .into(),
+            );
+        }
+        (None, None) => None,
+        (Some(pool), d) => {
+            let d = d.unwrap_or(cfg.default_disk);
+            if d.bytes() < 16 << 20 || d.bytes() > pool.capacity {
+                return bad(format!(
+                    "disk {d} is out of range: give 16Mi to {} (this node's disk pool)",
+                    ByteSize(pool.capacity)
+                ));
+            }
+            Some(d)
+        }
+    };
+    Ok((
+        Resources {
+            cpu,
+            memory,
+            pids,
+            disk,
+        },
+        timeout,
+    ))
 }
 
 fn check_name(what: &str, s: &str, max: usize) -> Result<(), NodeError> {
@@ -157,14 +185,14 @@ pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), NodeError> {
 /// Releases an admission reservation unless the create went through.
 struct Reservation<'a> {
     node: &'a Node,
-    memory: u64,
+    ask: crate::admission::Ask,
     kept: bool,
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         if !self.kept {
-            self.node.admission.release(self.memory);
+            self.node.admission.release(self.ask);
         }
     }
 }
@@ -258,11 +286,12 @@ impl Node {
         let load = HostLoad::read().map_err(|e| NodeError::host("reading host load", e))?;
         let (resources, timeout) = validate(self, &req, load.mem_total)?;
         let resolved = self.images.resolve(&req.image, req.resolved.as_ref())?;
-        self.admission
-            .reserve(&self.cfg, &load, resources.memory.bytes())?;
+        let ask = crate::admission::Ask::of(&resources);
+        let disk = self.dirs.disk.as_ref().map(|p| (p.capacity, p.free()));
+        self.admission.reserve(&self.cfg, &load, disk, ask)?;
         let mut reservation = Reservation {
             node: self,
-            memory: resources.memory.bytes(),
+            ask,
             kept: false,
         };
 
@@ -504,15 +533,7 @@ impl Node {
                 }
             }
         }
-        let s = spawn_guest(
-            &self.guest_bin,
-            self.cfg.guest_limits(),
-            rootfs,
-            cgroup,
-            Some(&record.resources),
-            socket,
-            dir,
-        )?;
+        let s = self.spawn_guest(rootfs, cgroup, Some(&record.resources), socket, dir)?;
         s.activate(&activate)
     }
 }
@@ -581,12 +602,21 @@ fn prepare_dir(
     rootfs: &Rootfs,
     dir: &Path,
     limits: warren_types::guest::GuestLimits,
+    disk: Option<(&crate::disk::DiskPool, Option<u64>)>,
 ) -> std::io::Result<InitConfig> {
     std::fs::DirBuilder::new().mode(0o700).create(dir)?;
-    for sub in ["upper", "work"] {
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(dir.join(sub))?;
+    match disk {
+        // The writable layer in a volume of the disk pool, under its quota.
+        Some((pool, limit)) => {
+            pool.attach(dir, limit)?;
+        }
+        None => {
+            for sub in ["upper", "work"] {
+                std::fs::DirBuilder::new()
+                    .mode(0o755)
+                    .create(dir.join(sub))?;
+            }
+        }
     }
     let mut lowers = Vec::new();
     for (i, layer) in rootfs.layers.iter().enumerate() {
@@ -607,65 +637,71 @@ fn prepare_dir(
     })
 }
 
-/// Prepares `dir`, creates the cgroup (with `limits`), binds the control socket, clones the
-/// guest agent into new namespaces and sends it its root's configuration. Blocking.
-pub(crate) fn spawn_guest(
-    guest_bin: &Path,
-    guest_limits: warren_types::guest::GuestLimits,
-    rootfs: &Rootfs,
-    cgroup: &SandboxCgroup,
-    limits: Option<&Resources>,
-    socket: &Path,
-    dir: &Path,
-) -> std::io::Result<Spawned> {
-    let config = prepare_dir(rootfs, dir, guest_limits)?;
-    let join = cgroup.create(limits)?;
-    let _ = std::fs::remove_file(socket);
-    let listener = std::os::unix::net::UnixListener::bind(socket)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("guest.log"))?;
-    let null = std::fs::File::open("/dev/null")?;
-    let (mut cfg_w, cfg_r) = std::os::unix::net::UnixStream::pair()?;
-    let program: PathBuf = guest_bin.to_path_buf();
-    let (procs, dirfd) = match &join {
-        JoinFds::Procs(v) => (v.iter().map(|f| f.as_fd()).collect::<Vec<_>>(), None),
-        JoinFds::Dir(d) => (Vec::new(), Some(d.as_fd())),
-    };
-    let fds = [
-        (null.as_fd(), 0),
-        (log.as_fd(), 1),
-        (log.as_fd(), 2),
-        (listener.as_fd(), 3),
-        (cfg_r.as_fd(), 4),
-    ];
-    let spawned = warren_sys::spawn::spawn(&warren_sys::spawn::SpawnSpec {
-        program: &program,
-        args: &["warren-guest", "init"],
-        env: &[(
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        )],
-        namespaces: warren_sys::spawn::Namespaces::container(),
-        join_cgroups: &procs,
-        into_cgroup: dirfd,
-        fds: &fds,
-    })?;
-    let start_time = warren_sys::process::start_time(spawned.pid).unwrap_or(0);
-    let mut line = serde_json::to_vec(&config).map_err(std::io::Error::other)?;
-    line.push(b'\n');
-    if let Err(e) = cfg_w.write_all(&line) {
-        let _ = warren_sys::process::pidfd_kill(&spawned.pidfd);
-        return Err(e);
+impl Node {
+    /// Prepares `dir`, creates the cgroup (with `limits`), binds the control socket, clones the
+    /// guest agent into new namespaces and sends it its root's configuration. Blocking.
+    pub(crate) fn spawn_guest(
+        &self,
+        rootfs: &Rootfs,
+        cgroup: &SandboxCgroup,
+        limits: Option<&Resources>,
+        socket: &Path,
+        dir: &Path,
+    ) -> std::io::Result<Spawned> {
+        let disk = self
+            .dirs
+            .disk
+            .as_deref()
+            .map(|p| (p, limits.and_then(|r| r.disk).map(|d| d.bytes())));
+        let config = prepare_dir(rootfs, dir, self.cfg.guest_limits(), disk)?;
+        let join = cgroup.create(limits)?;
+        let _ = std::fs::remove_file(socket);
+        let listener = std::os::unix::net::UnixListener::bind(socket)?;
+        std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("guest.log"))?;
+        let null = std::fs::File::open("/dev/null")?;
+        let (mut cfg_w, cfg_r) = std::os::unix::net::UnixStream::pair()?;
+        let program: PathBuf = self.guest_bin.clone();
+        let (procs, dirfd) = match &join {
+            JoinFds::Procs(v) => (v.iter().map(|f| f.as_fd()).collect::<Vec<_>>(), None),
+            JoinFds::Dir(d) => (Vec::new(), Some(d.as_fd())),
+        };
+        let fds = [
+            (null.as_fd(), 0),
+            (log.as_fd(), 1),
+            (log.as_fd(), 2),
+            (listener.as_fd(), 3),
+            (cfg_r.as_fd(), 4),
+        ];
+        let spawned = warren_sys::spawn::spawn(&warren_sys::spawn::SpawnSpec {
+            program: &program,
+            args: &["warren-guest", "init"],
+            env: &[(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )],
+            namespaces: warren_sys::spawn::Namespaces::container(),
+            join_cgroups: &procs,
+            into_cgroup: dirfd,
+            fds: &fds,
+        })?;
+        let start_time = warren_sys::process::start_time(spawned.pid).unwrap_or(0);
+        let mut line = serde_json::to_vec(&config).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        if let Err(e) = cfg_w.write_all(&line) {
+            let _ = warren_sys::process::pidfd_kill(&spawned.pidfd);
+            return Err(e);
+        }
+        Ok(Spawned {
+            pid: spawned.pid,
+            start_time,
+            pidfd: spawned.pidfd,
+            config: cfg_w,
+        })
     }
-    Ok(Spawned {
-        pid: spawned.pid,
-        start_time,
-        pidfd: spawned.pidfd,
-        config: cfg_w,
-    })
 }
 
 /// Waits for the guest's answer on its control socket, or for its init to die.

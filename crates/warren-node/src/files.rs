@@ -218,14 +218,13 @@ impl Node {
             if total > limit {
                 // Dropping the connection without the end frame discards a partial file.
                 drop(conn);
-                // Read the rest so the client, still sending, gets the answer rather than a
-                // broken connection.
-                while let Some(Ok(_)) = body.next().await {}
+                drain(&mut body, limit.saturating_mul(2).max(DRAIN_MIN)).await;
                 return Err(too_large(limit));
             }
             if !chunk.is_empty() && conn.send(FrameKind::Data, &chunk).await.is_err() {
-                // The guest refused early (e.g. permission denied) and hung up: its reply
-                // says why.
+                // The guest refused early (permission denied, disk quota exceeded) and hung
+                // up: its reply says why, once the client has finished sending.
+                drain(&mut body, (limit - total).max(DRAIN_MIN)).await;
                 break;
             }
         }
@@ -350,5 +349,23 @@ impl Node {
         conn.reply()
             .await
             .map_err(|e: GuestError| guest_failure(&sb, e))
+    }
+}
+
+/// The least of an upload refused midway that is read (and discarded) before answering.
+const DRAIN_MIN: u64 = 64 << 20;
+
+/// Reads and discards what is left of an upload (at most `up_to` more bytes), so that a client
+/// still sending gets the answer rather than a broken connection.
+async fn drain<S, E>(body: &mut S, up_to: u64)
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+{
+    let mut left = up_to;
+    while let Some(Ok(chunk)) = body.next().await {
+        match left.checked_sub(chunk.len() as u64) {
+            Some(l) => left = l,
+            None => break,
+        }
     }
 }

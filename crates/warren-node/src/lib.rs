@@ -12,6 +12,7 @@ pub mod api;
 pub mod cgroups;
 pub mod config;
 pub mod create;
+pub mod disk;
 pub mod error;
 pub mod events;
 pub mod exec;
@@ -78,6 +79,7 @@ impl Node {
             images: root.join("images"),
             trash: root.join("trash"),
             warm: root.join("warm"),
+            disk: None,
         };
         for d in [
             &root,
@@ -94,6 +96,17 @@ impl Node {
                 .map_err(state_err(d.clone()))?;
         }
         let id = node_id(&root).map_err(state_err(root.join("node.id")))?;
+        let mut dirs = dirs;
+        dirs.disk = match crate::disk::DiskPool::open(&root, &cfg) {
+            Ok(pool) => pool.map(Arc::new),
+            Err(e) => {
+                tracing::error!(
+                    "no disk quotas on this node ({e}); sandboxes' writable layers are unlimited \
+                     directories in the state directory: install btrfs-progs, or set disk_quota = \"off\" to silence this"
+                );
+                None
+            }
+        };
         let cgroups = Cgroups::new(&cfg.cgroup_parent).map_err(StartError::Cgroups)?;
         let images = Images::prepare(&dirs.images, Some(&cfg.image_store))
             .map_err(state_err(dirs.images.clone()))?;

@@ -31,6 +31,8 @@ pub struct Dirs {
     pub trash: PathBuf,
     /// Logs of warm inits (moved into the sandbox directory when one is taken).
     pub warm: PathBuf,
+    /// The disk pool that holds writable layers under quota, when the node has one.
+    pub disk: Option<Arc<crate::disk::DiskPool>>,
 }
 
 /// One node daemon's state.
@@ -93,6 +95,8 @@ pub struct Sandbox {
     pub(crate) incident_seq: AtomicU64,
     /// Kernel counters last seen (OOM kills, pids-limit hits), to turn increases into events.
     pub(crate) counters: Mutex<crate::limits::Counters>,
+    /// Its writable layer's volume in the disk pool (looked up once).
+    pub(crate) volume: std::sync::OnceLock<Option<crate::disk::Volume>>,
 }
 
 /// API activity on a sandbox.
@@ -142,6 +146,7 @@ impl Sandbox {
             log: Mutex::new(()),
             incident_seq: AtomicU64::new(0),
             counters: Mutex::new(Default::default()),
+            volume: std::sync::OnceLock::new(),
             record,
             dir,
             socket,
@@ -316,7 +321,7 @@ impl Node {
                 .remove(key);
         }
         let dirs = self.dirs.clone();
-        let memory = sb.record.resources.memory.bytes();
+        let ask = crate::admission::Ask::of(&sb.record.resources);
         let layers = sb.record.layers.clone();
         let id = sb.record.id.clone();
         let res = blocking(move || {
@@ -328,7 +333,7 @@ impl Node {
             tracing::error!(sandbox_id = %id, "teardown failed: {e}");
         }
         self.layers.release(&layers);
-        self.admission.release(memory);
+        self.admission.release(ask);
     }
 
     /// Called when a sandbox's init exits on its own (crash, OOM kill of PID 1).
@@ -396,6 +401,8 @@ impl Node {
             pid_max: load.pid_max,
             cgroups: self.cgroups.layout.name().to_string(),
             max_upload: self.cfg.max_upload,
+            disk_pool: self.dirs.disk.as_ref().map(|p| ByteSize(p.capacity)),
+            disk_reserved: ByteSize(usage.disk),
         }
     }
 }
@@ -428,6 +435,10 @@ pub(crate) fn teardown(
         }
     }
     let _ = std::fs::remove_file(socket);
+    // The writable layer's volume, contents and all, in one call.
+    if let Some(pool) = &dirs.disk {
+        pool.release(dir);
+    }
     if dir.exists() {
         // Move aside at once, delete in the background: a large writable layer takes a while.
         let name = dir
@@ -435,14 +446,19 @@ pub(crate) fn teardown(
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let trash = dirs.trash.join(format!("{name}-{}", state::now_ms()));
+        // Iteratively and by descriptor: a writable layer can be 100,000 directories deep.
         match std::fs::rename(dir, &trash) {
             Ok(()) => {
                 std::thread::spawn(move || {
-                    let _ = std::fs::remove_dir_all(&trash);
+                    if let Err(e) = warren_fs::remove_path(&trash) {
+                        tracing::error!("removing {}: {e}", trash.display());
+                    }
                 });
             }
             Err(_) => {
-                let _ = std::fs::remove_dir_all(dir);
+                if let Err(e) = warren_fs::remove_path(dir) {
+                    tracing::error!("removing {}: {e}", dir.display());
+                }
             }
         }
     }

@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::cgroups::SandboxCgroup;
-use crate::create::{Spawned, spawn_guest};
+use crate::create::Spawned;
 use crate::node::{Node, blocking};
 use crate::state::Record;
 
@@ -37,6 +37,7 @@ pub struct Warm {
     cgroup: SandboxCgroup,
     socket: PathBuf,
     dir: PathBuf,
+    disk: Option<Arc<crate::disk::DiskPool>>,
 }
 
 impl Warm {
@@ -52,6 +53,12 @@ impl Warm {
         self.dir = dir.to_path_buf();
         self.cgroup = self.cgroup.rename(record.id.as_str())?;
         self.cgroup.set_limits(&record.resources)?;
+        if let (Some(pool), Some(disk)) = (&self.disk, record.resources.disk) {
+            let v = pool
+                .volume_of(dir)
+                .ok_or_else(|| std::io::Error::other("the warm init has no disk volume"))?;
+            pool.set_limit(&v, disk.bytes())?;
+        }
         std::fs::rename(&self.socket, socket)?;
         self.socket = socket.to_path_buf();
         Ok(())
@@ -71,6 +78,9 @@ impl Warm {
         warren_sys::process::pidfd_reap(&pidfd);
         let _ = self.cgroup.remove(Duration::from_secs(2));
         let _ = std::fs::remove_file(&self.socket);
+        if let Some(pool) = &self.disk {
+            pool.release(&self.dir);
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -92,16 +102,9 @@ impl Node {
         let socket = self.dirs.sockets.join(format!("{name}.sock"));
         let dir = self.dirs.warm.join(&name);
         // Only an init whose root is built joins the pool: claiming renames its directory.
-        let started = spawn_guest(
-            &self.guest_bin,
-            self.cfg.guest_limits(),
-            &rootfs,
-            &cgroup,
-            None,
-            &socket,
-            &dir,
-        )
-        .and_then(|s| s.wait_built(Duration::from_secs(30)).map(|()| s));
+        let started = self
+            .spawn_guest(&rootfs, &cgroup, None, &socket, &dir)
+            .and_then(|s| s.wait_built(Duration::from_secs(30)).map(|()| s));
         match started {
             Ok(spawned) => Ok(Warm {
                 image: image.to_string(),
@@ -109,10 +112,14 @@ impl Node {
                 cgroup,
                 socket,
                 dir,
+                disk: self.dirs.disk.clone(),
             }),
             Err(e) => {
                 let _ = cgroup.remove(Duration::from_secs(2));
                 let _ = std::fs::remove_file(&socket);
+                if let Some(pool) = &self.dirs.disk {
+                    pool.release(&dir);
+                }
                 let _ = std::fs::remove_dir_all(&dir);
                 Err(e)
             }

@@ -114,6 +114,7 @@ mod tests {
                 cpu: 1000,
                 memory: ByteSize(1 << 29),
                 pids: 64,
+                disk: None,
             },
             created_ms: 1,
             expires_ms: 2,

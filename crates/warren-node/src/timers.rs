@@ -53,6 +53,13 @@ impl Node {
                     let node = node.clone();
                     tokio::task::spawn_blocking(move || node.layers.sweep(false));
                 }
+                if n.is_multiple_of(240)
+                    && let Some(pool) = node.dirs.disk.clone()
+                {
+                    // Quota groups of deleted volumes, once the kernel has freed them (every
+                    // minute).
+                    tokio::task::spawn_blocking(move || pool.collect_quota_groups());
+                }
             }
         });
     }

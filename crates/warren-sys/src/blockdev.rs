@@ -57,7 +57,18 @@ pub struct Loop {
 /// The device stays bound only while something holds it: mount it before the returned value's
 /// open descriptor is dropped, which this function does not keep.
 pub fn attach_loop(file: &Path) -> io::Result<(Loop, File)> {
-    let backing = File::open(file)?;
+    attach(file, true)
+}
+
+/// Binds `file` to a free loop device for reading and writing, with direct I/O and auto-clear
+/// (as [`attach_loop`]); discards on the device punch holes in the file, so a sparse file gives
+/// space back as its file system frees blocks.
+pub fn attach_loop_rw(file: &Path) -> io::Result<(Loop, File)> {
+    attach(file, false)
+}
+
+fn attach(file: &Path, read_only: bool) -> io::Result<(Loop, File)> {
+    let backing = File::options().read(true).write(!read_only).open(file)?;
     let ctl = File::options()
         .read(true)
         .write(true)
@@ -70,11 +81,14 @@ pub fn attach_loop(file: &Path) -> io::Result<(Loop, File)> {
             return Err(io::Error::last_os_error());
         }
         let path = PathBuf::from(format!("/dev/loop{n}"));
-        let dev = File::options().read(true).open(&path)?;
+        let dev = File::options().read(true).write(!read_only).open(&path)?;
         // SAFETY: an all-zero loop_config is valid (plain integers and byte arrays).
         let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
         cfg.fd = backing.as_raw_fd() as u32;
-        cfg.info.lo_flags = LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
+        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR | LO_FLAGS_DIRECT_IO;
+        if read_only {
+            cfg.info.lo_flags |= LO_FLAGS_READ_ONLY;
+        }
         let name = file.as_os_str().as_encoded_bytes();
         let k = name.len().min(63);
         cfg.info.lo_file_name[..k].copy_from_slice(&name[..k]);
@@ -122,6 +136,36 @@ pub fn mount_erofs(source: &Path, target: &Path) -> io::Result<()> {
             ),
         )
     })
+}
+
+/// Mounts the btrfs file system on block device `source` at `target` (no access times,
+/// asynchronous discard so freed blocks go back to a sparse backing file).
+pub fn mount_btrfs(source: &Path, target: &Path) -> io::Result<()> {
+    rustix::mount::mount(
+        source,
+        target,
+        "btrfs",
+        rustix::mount::MountFlags::NOATIME
+            | rustix::mount::MountFlags::NODEV
+            | rustix::mount::MountFlags::NOSUID,
+        Some(c"discard=async"),
+    )
+    .map_err(|e| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!(
+                "mounting btrfs {} at {}: {e}",
+                source.display(),
+                target.display()
+            ),
+        )
+    })
+}
+
+/// Bytes free to unprivileged users on the file system holding `path`.
+pub fn free_bytes(path: &Path) -> io::Result<u64> {
+    let st = rustix::fs::statvfs(path)?;
+    Ok(st.f_bavail * st.f_frsize)
 }
 
 /// Page-cache state of a file (`cachestat(2)`), in pages.

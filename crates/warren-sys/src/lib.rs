@@ -17,6 +17,7 @@
 //!   filters), and the sandbox's own session keyring.
 
 pub mod blockdev;
+pub mod btrfs;
 pub mod confine;
 pub mod creds;
 pub mod mount;

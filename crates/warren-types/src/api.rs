@@ -35,6 +35,10 @@ pub struct CreateSandbox {
     /// Most processes and threads the sandbox may hold. Default 1024.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u32>,
+    /// Disk quota of the sandbox's writable layer, e.g. `10Gi`: writes past it fail with
+    /// "Disk quota exceeded" inside the sandbox. Default: the node's `default_disk` (10Gi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<ByteSize>,
     /// Absolute lifetime in seconds; the sandbox is killed when it passes. Default 3600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<u64>,
@@ -127,6 +131,9 @@ pub struct Resources {
     pub memory: ByteSize,
     /// Process and thread limit.
     pub pids: u32,
+    /// Disk quota of the writable layer; absent where the node enforces none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<ByteSize>,
 }
 
 /// A sandbox as the API shows it.
@@ -591,6 +598,13 @@ pub struct NodeInfo {
     pub cgroups: String,
     /// Largest file upload it accepts, bytes.
     pub max_upload: ByteSize,
+    /// Size of its disk pool (writable layers under quota); absent where it enforces no disk
+    /// quotas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_pool: Option<ByteSize>,
+    /// Sum of the disk quotas of its sandboxes.
+    #[serde(default)]
+    pub disk_reserved: ByteSize,
 }
 
 /// `GET /v1/nodes`.

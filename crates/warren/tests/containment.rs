@@ -269,3 +269,88 @@ async fn a_burst_is_one_event_and_attacks_on_the_agent_are_named() {
     assert!(after.len() >= 4, "{after:?}");
     p.assert_clean();
 }
+
+/// Free bytes where the platform's data directory is.
+fn free_bytes(p: &Platform) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(p.data.path())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Writing until the disk is full fills the sandbox's quota only: "Disk quota exceeded"
+/// inside, the node's disk and a neighbour untouched, the event recorded, and everything
+/// given back when the sandbox goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writing_until_full_stops_at_the_quota_inside_only() {
+    require_root!();
+    let p = Platform::start();
+    let c = p.client();
+    let sb = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            disk: Some("64Mi".parse().unwrap()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        sb.info().await.unwrap().resources.disk,
+        Some("64Mi".parse().unwrap())
+    );
+    let neighbour = host_sandbox(&p).await;
+    let before = free_bytes(&p);
+    let (_, out, err) = run(
+        &sb,
+        "dd if=/dev/zero of=$HOME/fill bs=1M count=512 2>&1; (echo x > /tmp/more) 2>&1; df -k / | tail -1",
+        false,
+    )
+    .await;
+    assert!(out.contains("Disk quota exceeded"), "{out}{err}");
+    let written = before.saturating_sub(free_bytes(&p));
+    assert!(
+        written < 80 << 20,
+        "the node lost {written} bytes to a sandbox with a 64Mi quota"
+    );
+    // Root in the sandbox is held to it too (no CAP_SYS_RESOURCE).
+    let (_, out, _) = run(
+        &sb,
+        "(dd if=/dev/zero of=/root/more bs=1M count=64) 2>&1 | tail -1",
+        true,
+    )
+    .await;
+    assert!(out.contains("Disk quota exceeded"), "{out}");
+    // The neighbour writes as usual.
+    let (code, _, err) = run(
+        &neighbour,
+        "dd if=/dev/zero of=$HOME/f bs=1M count=100 2>&1",
+        false,
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    // Uploads are held to it as well.
+    let up = sb.write_file("/home/user/upload", vec![0u8; 8 << 20]).await;
+    let e = up
+        .expect_err("an upload past the quota succeeded")
+        .to_string();
+    assert!(e.contains("quota exceeded"), "{e}");
+    let ev = events_until(
+        &p,
+        sb.id().as_str(),
+        warren_sdk::EventKind::DiskQuota,
+        |e| !e.is_empty(),
+    )
+    .await;
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    sb.kill().await.unwrap();
+    neighbour.kill().await.unwrap();
+    p.assert_clean();
+}

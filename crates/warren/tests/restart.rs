@@ -108,6 +108,7 @@ async fn restart_removes_half_made_leftovers() {
             cpu: 100,
             memory: warren_sdk::ByteSize(64 << 20),
             pids: 16,
+            disk: None,
         }))
         .unwrap();
     let record = warren_node::state::load(&state.join("sandboxes").join(sb.id().as_str())).unwrap();

@@ -64,3 +64,15 @@ async def test_events_async(server: Server):
             assert any(e.detail == "mount" for e in evs), evs
         finally:
             await sb.kill()
+
+
+def test_disk_quota(server: Server):
+    with server.client() as c:
+        with c.containers.create(image="host", disk="32Mi") as sb:
+            assert sb.info().resources.disk == 32 << 20
+            r = sb.exec("dd if=/dev/zero of=$HOME/f bs=1M count=100 2>&1")
+            assert r.exit_code != 0 and "Disk quota exceeded" in r.stdout, r.stdout
+            evs = _wait(
+                lambda: c.events.list(sandbox=sb.id, kind="disk_quota"), lambda e: bool(e)
+            )
+            assert evs and evs[0].kind == "disk_quota"

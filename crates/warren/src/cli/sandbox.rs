@@ -78,6 +78,9 @@ pub struct CreateArgs {
     /// Most processes and threads it may hold [default: 1024].
     #[arg(long, value_name = "N")]
     pids: Option<u32>,
+    /// Disk quota of its writable layer, e.g. 256Mi, 10Gi [default: the node's, 10Gi].
+    #[arg(long, value_name = "SIZE")]
+    disk: Option<ByteSize>,
     /// Lifetime in seconds; the sandbox is killed when it passes [default: 3600].
     #[arg(long, value_name = "SECONDS")]
     timeout: Option<u64>,
@@ -109,6 +112,7 @@ impl CreateArgs {
             cpu: self.cpu,
             memory: self.memory,
             pids: self.pids,
+            disk: self.disk,
             timeout: self.timeout,
             labels: args::to_map(self.labels),
             env: args::to_map(self.env),

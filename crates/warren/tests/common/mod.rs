@@ -273,12 +273,32 @@ impl Platform {
         for name in cg.existing().into_iter().filter(|n| !n.starts_with(WARM)) {
             out.push(format!("cgroup {}/{name}", self.cgroup_parent));
         }
+        // Disk volumes (writable layers under quota) that no warm init or sandbox links to.
+        let pool = self.state_dir().join("disk");
+        let linked: Vec<PathBuf> = ["warm", "sandboxes"]
+            .iter()
+            .flat_map(|d| {
+                std::fs::read_dir(self.state_dir().join(d))
+                    .into_iter()
+                    .flatten()
+            })
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path().join("upper")).ok())
+            .collect();
+        for e in std::fs::read_dir(&pool).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("v-") && !linked.iter().any(|l| l.starts_with(e.path())) {
+                out.push(format!("disk volume {name}"));
+            }
+        }
         let data = self.data.path().display().to_string();
+        let pool = pool.display().to_string();
         for line in std::fs::read_to_string("/proc/self/mountinfo")
             .unwrap_or_default()
             .lines()
         {
-            if line.contains(&data) {
+            // The node's disk pool stays mounted while the platform runs.
+            if line.contains(&data) && line.split(' ').nth(4) != Some(pool.as_str()) {
                 out.push(format!("mount: {line}"));
             }
         }

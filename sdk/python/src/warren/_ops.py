@@ -78,6 +78,7 @@ def create(
     cpu: Any = None,
     memory: Any = None,
     pids: Any = None,
+    disk: Any = None,
     timeout: Any = None,
     idle_timeout: Any = None,
     on_idle: Any = None,
@@ -105,6 +106,9 @@ def create(
     mem = v.size(memory, "memory")
     if mem is not None:
         body["memory"] = mem
+    dsk = v.size(disk, "disk")
+    if dsk is not None:
+        body["disk"] = dsk
     if on_idle is not None:
         body["on_idle"] = v.choice(on_idle, "on_idle", v.ON_IDLE)
         if idle_timeout is None:

@@ -46,6 +46,7 @@ class Containers:
         cpu: Optional[int] = None,
         memory: Optional[Size] = None,
         pids: Optional[int] = None,
+        disk: Optional[Size] = None,
         timeout: Optional[int] = None,
         idle_timeout: Optional[int] = None,
         on_idle: Optional[str] = None,
@@ -64,6 +65,8 @@ class Containers:
             cpu: CPU limit in millicores (1000 = one core; server default 1000).
             memory: Memory limit: bytes, or a string like ``"512Mi"`` (server default 512Mi).
             pids: Most processes and threads (server default 1024).
+            disk: Disk quota of the writable layer: bytes or ``"10Gi"`` (server default 10Gi);
+                writes past it fail inside the sandbox with "Disk quota exceeded".
             timeout: Absolute lifetime in seconds, after which it is killed (default 3600).
             idle_timeout: Seconds without API activity after which ``on_idle`` happens.
             on_idle: ``"pause"`` (default; the next operation resumes it) or ``"stop"``.
@@ -86,6 +89,7 @@ class Containers:
             cpu=cpu,
             memory=memory,
             pids=pids,
+            disk=disk,
             timeout=timeout,
             idle_timeout=idle_timeout,
             on_idle=on_idle,

@@ -23,10 +23,18 @@ class Resources:
     """Memory limit in bytes."""
     pids: int
     """Most processes and threads."""
+    disk: Optional[int] = None
+    """Disk quota of the writable layer in bytes; ``None`` where the node enforces none."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Resources:
-        return cls(cpu=int(d["cpu"]), memory=int(d["memory"]), pids=int(d["pids"]))
+        disk = d.get("disk")
+        return cls(
+            cpu=int(d["cpu"]),
+            memory=int(d["memory"]),
+            pids=int(d["pids"]),
+            disk=None if disk is None else int(disk),
+        )
 
 
 @dataclass(frozen=True)
