@@ -19,7 +19,7 @@ mod walk;
 
 pub use copy::{CopyStats, copy_tree};
 pub use remove::{remove_path, remove_tree};
-pub use walk::{Beneath, Links, check_relative, open_file};
+pub use walk::{Beneath, Links, check_relative, open_dir_beneath, open_file};
 
 use std::io;
 

@@ -147,6 +147,22 @@ impl Beneath {
     }
 }
 
+/// Opens directory `rel` below `root` as a path descriptor, with no symbolic link (or magic
+/// link) anywhere on the way and never above `root`.
+pub fn open_dir_beneath(root: BorrowedFd<'_>, rel: &Path) -> io::Result<OwnedFd> {
+    let rel = check_relative(rel)?;
+    rustix::fs::openat2(
+        root,
+        &rel,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+        rustix::fs::ResolveFlags::BENEATH
+            | rustix::fs::ResolveFlags::NO_SYMLINKS
+            | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| crate::ctx(e, "opening directory", &rel))
+}
+
 /// How [`open_file`] treats symbolic links on the way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Links {

@@ -14,6 +14,7 @@
 
 mod confine;
 mod files;
+mod grader;
 mod incidents;
 mod procs;
 mod server;
@@ -67,6 +68,9 @@ fn init() -> Result<(), String> {
     limits.max_open_files = warren_sys::confine::raise_own_open_files(limits.max_open_files);
     let confinement =
         confine::prepare(limits).map_err(|e| format!("preparing the sandbox policy: {e}"))?;
+    // Before the capabilities go: the grader's thread keeps the few it needs.
+    let grader =
+        grader::Grader::start(&cfg).map_err(|e| format!("starting the grader thread: {e}"))?;
     setup::lock_down().map_err(|e| format!("dropping privileges: {e}"))?;
     // Tell the node the root is built: from now on it may rename the init's directory. A node
     // starting a sandbox directly has sent the activation already and does not listen.
@@ -76,7 +80,7 @@ fn init() -> Result<(), String> {
     drop(reader);
     drop(channel);
     let listener = std::os::unix::net::UnixListener::from(listener);
-    run(listener, act.env, started, confinement)
+    run(listener, act.env, started, confinement, Some(grader))
 }
 
 /// Reads one JSON line from the configuration pipe.
@@ -98,7 +102,7 @@ fn serve_path(path: &str) -> Result<(), String> {
         std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("bind {path}: {e}"))?;
     let confinement = confine::prepare(Default::default())
         .map_err(|e| format!("preparing the sandbox policy: {e}"))?;
-    run(listener, Vec::new(), Instant::now(), confinement)
+    run(listener, Vec::new(), Instant::now(), confinement, None)
 }
 
 fn run(
@@ -106,6 +110,7 @@ fn run(
     env: Vec<(String, String)>,
     started: Instant,
     (confinement, listeners): (Arc<warren_sys::confine::Confinement>, std::os::fd::OwnedFd),
+    grader: Option<grader::Grader>,
 ) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -124,6 +129,7 @@ fn run(
             started,
             confinement,
             incidents: Arc::new(incidents::Incidents::default()),
+            grader,
         });
         tokio::spawn(confine::serve_listeners(listeners, guest.incidents.clone()));
         // Reap every child, ours or orphaned into us; report ours to the process table.

@@ -270,6 +270,7 @@ impl Table {
         user: &User,
         base_env: &[(String, String)],
         confinement: &Arc<warren_sys::confine::Confinement>,
+        grader: Option<&crate::grader::Grader>,
     ) -> Result<(Arc<Proc>, Option<pipe::Sender>), OpError> {
         let Some(program) = spec.argv.first() else {
             return Err(OpError::invalid(
@@ -280,18 +281,21 @@ impl Table {
             Some(c) => warren_types::path::resolve(&user.home, c),
             None => user.home.clone(),
         };
-        let cwd_ok = {
-            let _as = warren_sys::creds::ActAs::new(user.uid, user.gid);
-            std::fs::metadata(&cwd).map(|m| m.is_dir())
-        };
-        match cwd_ok {
-            Ok(true) => {}
-            Ok(false) => {
-                return Err(OpError::invalid(format!(
-                    "working directory {cwd} is not a directory"
-                )));
+        // A grader's working directory is in its own view, checked there.
+        if grader.is_none() {
+            let cwd_ok = {
+                let _as = warren_sys::creds::ActAs::new(user.uid, user.gid);
+                std::fs::metadata(&cwd).map(|m| m.is_dir())
+            };
+            match cwd_ok {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(OpError::invalid(format!(
+                        "working directory {cwd} is not a directory"
+                    )));
+                }
+                Err(e) => return Err(OpError::io(&e, "working directory", &cwd)),
             }
-            Err(e) => return Err(OpError::io(&e, "working directory", &cwd)),
         }
 
         let mut cmd = Command::new(program);
@@ -309,8 +313,10 @@ impl Table {
         for (k, v) in base_env.iter().chain(spec.env.iter()) {
             cmd.env(k, v);
         }
-        cmd.current_dir(&cwd)
-            .uid(user.uid)
+        if grader.is_none() {
+            cmd.current_dir(&cwd);
+        }
+        cmd.uid(user.uid)
             .gid(user.gid)
             .process_group(0)
             .stdout(Stdio::piped())
@@ -324,7 +330,11 @@ impl Table {
         let mut inner = self.inner();
         inner.next_id += 1;
         let id = inner.next_id;
-        match cmd.spawn() {
+        let spawned = match grader {
+            None => cmd.spawn(),
+            Some(g) => g.spawn(cmd, spec.cwd.as_ref().map(|_| cwd.clone())),
+        };
+        match spawned {
             Ok(mut child) => {
                 let pid = child.id() as i32;
                 let proc = Proc::new(id, pid, spec, user);

@@ -26,6 +26,8 @@ pub struct Guest {
     pub confinement: Arc<warren_sys::confine::Confinement>,
     /// Denied system calls and attempts on the guest.
     pub incidents: Arc<crate::incidents::Incidents>,
+    /// The grader role (none in development `serve` mode).
+    pub grader: Option<crate::grader::Grader>,
 }
 
 /// Accepts connections until the listener fails.
@@ -287,8 +289,16 @@ async fn start(
     r: &mut OwnedReadHalf,
     w: &mut OwnedWriteHalf,
 ) -> Result<std::sync::Arc<Proc>, OpError> {
-    let user = users::lookup(&spec.user)?;
-    let (proc, stdin) = g.table.start(spec, &user, &g.env, &g.confinement)?;
+    let (user, grader) = match spec.role {
+        warren_types::api::Role::Agent => (users::lookup(&spec.user)?, None),
+        warren_types::api::Role::Grader => {
+            let gr = g.grader.as_ref().ok_or_else(|| {
+                OpError::invalid("this guest has no grader role (development mode)")
+            })?;
+            (gr.user(), Some(gr))
+        }
+    };
+    let (proc, stdin) = g.table.start(spec, &user, &g.env, &g.confinement, grader)?;
     let started = Reply::Started {
         process: proc.id,
         pid: proc.pid,

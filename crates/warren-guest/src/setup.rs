@@ -114,6 +114,7 @@ pub fn rootfs(cfg: &InitConfig) -> io::Result<()> {
         None,
     )?;
     dev()?;
+    pristine(cfg)?;
     mask()?;
 
     mount::pivot_root_here()?;
@@ -188,12 +189,51 @@ fn root_only_files(dir: &Path) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
+/// Where the grader's pristine sources are, inside the sandbox: a directory that only the
+/// grader's uid owns (mode 0700), so agent processes, root included, cannot enter it.
+pub const PRISTINE: &str = "/dev/.warren";
+
+/// Binds the image's read-only layers and host paths again under [`PRISTINE`], before the
+/// agent's writable layer exists for anything: the grader builds its view of the system from
+/// these (see [`crate::grader`]), never from what the agent changed.
+fn pristine(cfg: &InitConfig) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let base = Path::new(PRISTINE.trim_start_matches('/'));
+    std::fs::DirBuilder::new().mode(0o700).create(base)?;
+    let uid = cfg.grader.uid;
+    std::os::unix::fs::chown(base, Some(uid), Some(uid))?;
+    std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o700))?;
+    let ro = flags::RDONLY | flags::NOSUID | flags::NODEV;
+    for (i, lower) in cfg.rootfs.lowers.iter().enumerate() {
+        let target = base.join(format!("l{i}"));
+        std::fs::DirBuilder::new().mode(0o755).create(&target)?;
+        // The sandbox directory's link to the layer (`../<lower>`: cwd is `rootfs`).
+        mount::bind(&Path::new("..").join(lower), &target, false, ro)?;
+    }
+    for (i, b) in cfg.rootfs.binds.iter().enumerate() {
+        let target = base.join(format!("b{i}"));
+        if Path::new(&b.source).is_dir() {
+            std::fs::DirBuilder::new().mode(0o755).create(&target)?;
+        } else {
+            std::fs::write(&target, b"")?;
+        }
+        mount::bind(Path::new(&b.source), &target, true, ro)?;
+    }
+    // Where each grader command's own writable layer is mounted (in its private namespace).
+    std::fs::DirBuilder::new()
+        .mode(0o755)
+        .create(base.join("g"))?;
+    Ok(())
+}
+
 fn mask() -> io::Result<()> {
     let mut files: Vec<std::path::PathBuf> =
         MASKED_FILES.iter().map(std::path::PathBuf::from).collect();
     for d in SCAN_FOR_ROOT_ONLY {
         files.extend(root_only_files(Path::new(d)));
     }
+    files.sort();
+    files.dedup();
     for p in &files {
         if p.exists() {
             mount::bind(Path::new("dev/null"), p, false, flags::RDONLY)?;

@@ -39,6 +39,14 @@ pub struct NodeConfig {
     pub open_files: u64,
     /// The most a sandbox process may raise its open-file limit to (hard limit). Default 65536.
     pub max_open_files: u64,
+    /// The grader role's uid (and gid), which no agent process has. Default 61000.
+    pub grader_uid: u32,
+    /// The agent's directories a grader command sees, where they exist. Default
+    /// `["/home/user", "/workspace"]`.
+    pub grader_paths: Vec<String>,
+    /// The grader's own writable layer (a fresh tmpfs for each command, charged to the
+    /// sandbox's memory). Default 256Mi.
+    pub grader_tmp: ByteSize,
     /// Lifetime when a request gives none, seconds. Default 3600.
     pub default_timeout: u64,
     /// Longest lifetime a request may ask for, seconds. Default 7 days.
@@ -92,6 +100,9 @@ impl Default for NodeConfig {
             max_pids: 32768,
             open_files: 4096,
             max_open_files: 65536,
+            grader_uid: 61000,
+            grader_paths: vec!["/home/user".into(), "/workspace".into()],
+            grader_tmp: ByteSize(256 << 20),
             default_timeout: 3600,
             max_timeout: 7 * 24 * 3600,
             disk_quota: crate::disk::DiskQuota::Auto,
@@ -110,6 +121,15 @@ impl Default for NodeConfig {
 }
 
 impl NodeConfig {
+    /// The grader role's settings.
+    pub fn grader(&self) -> warren_types::guest::GraderSpec {
+        warren_types::guest::GraderSpec {
+            uid: self.grader_uid,
+            workspaces: self.grader_paths.clone(),
+            tmp_size: self.grader_tmp.bytes(),
+        }
+    }
+
     /// The limits every sandbox command gets.
     pub fn guest_limits(&self) -> warren_types::guest::GuestLimits {
         warren_types::guest::GuestLimits {

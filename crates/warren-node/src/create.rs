@@ -602,6 +602,7 @@ fn prepare_dir(
     rootfs: &Rootfs,
     dir: &Path,
     limits: warren_types::guest::GuestLimits,
+    grader: &warren_types::guest::GraderSpec,
     disk: Option<(&crate::disk::DiskPool, Option<u64>)>,
 ) -> std::io::Result<InitConfig> {
     std::fs::DirBuilder::new().mode(0o700).create(dir)?;
@@ -634,6 +635,7 @@ fn prepare_dir(
             binds: rootfs.binds.clone(),
         },
         limits,
+        grader: grader.clone(),
     })
 }
 
@@ -653,7 +655,13 @@ impl Node {
             .disk
             .as_deref()
             .map(|p| (p, limits.and_then(|r| r.disk).map(|d| d.bytes())));
-        let config = prepare_dir(rootfs, dir, self.cfg.guest_limits(), disk)?;
+        let config = prepare_dir(
+            rootfs,
+            dir,
+            self.cfg.guest_limits(),
+            &self.cfg.grader(),
+            disk,
+        )?;
         let join = cgroup.create(limits)?;
         let _ = std::fs::remove_file(socket);
         let listener = std::os::unix::net::UnixListener::bind(socket)?;

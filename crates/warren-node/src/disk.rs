@@ -102,7 +102,7 @@ impl DiskPool {
         if !Path::new(&format!("/sys/fs/btrfs/{fsid}/qgroups")).is_dir() {
             warren_sys::btrfs::enable_quota(dir.as_fd()).map_err(|e| ctx(e, "enabling quotas"))?;
         }
-        let capacity = std::fs::metadata(&img).map(|m| m.len()).unwrap_or(0);
+        let capacity = warren_sys::blockdev::size_bytes(&root)?;
         Ok(Some(DiskPool {
             root,
             dir,

@@ -7,7 +7,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use warren_types::ByteSize;
 use warren_types::api::{
-    Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, ProcessInfo, TrajectoryEntry,
+    Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, ProcessInfo, Role, TrajectoryEntry,
 };
 use warren_types::guest::{ExecSpec, FrameKind, Op, Reply, StdinMode};
 use warren_types::id::SandboxId;
@@ -95,7 +95,16 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
         warren_types::path::check_user_path(cwd)
             .map_err(|m| NodeError::Invalid(format!("cwd: {m}")))?;
     }
-    let user = req.user.clone().unwrap_or_else(|| "user".to_string());
+    let role = req.role.unwrap_or_default();
+    let user = match role {
+        Role::Grader if req.user.is_some() => {
+            return bad(
+                "a grader command runs as the grader, a user of its own: leave user out (or run as the agent without role)",
+            );
+        }
+        Role::Grader => "grader".to_string(),
+        Role::Agent => req.user.clone().unwrap_or_else(|| "user".to_string()),
+    };
     if user.is_empty() || user.len() > 64 || user.contains(['\0', ':', '/']) {
         return bad("user must be a user name or a numeric uid");
     }
@@ -146,6 +155,7 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
             } else {
                 StdinMode::Null
             },
+            role,
         },
         stdin,
         env: req.env.clone(),

@@ -167,6 +167,21 @@ impl Node {
         self.layers.sweep(true)
     }
 
+    /// Unmounts the disk pool when no sandbox is left to use it (at stop; the next start mounts
+    /// it again). Its loop device frees itself.
+    pub fn unmount_disk_pool_if_unused(&self) {
+        let none = self
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if let (true, Some(pool)) = (none, &self.dirs.disk)
+            && let Err(e) = warren_sys::mount::unmount_detach(&pool.root)
+        {
+            tracing::warn!("unmounting the disk pool: {e}");
+        }
+    }
+
     /// Removes Warren's (empty) parent cgroups, once every sandbox is gone.
     pub fn remove_cgroups(&self) -> std::io::Result<()> {
         self.cgroups.remove_all()

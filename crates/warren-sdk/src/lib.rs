@@ -49,7 +49,7 @@ pub use warren_types::api::Sandbox as SandboxInfo;
 pub use warren_types::api::{
     CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, FileEntry, FileKind,
     Health, IdleAction, Image, ImageDetail, ImageStats, Layer, NodeInfo, ProcessInfo, PullRequest,
-    Resources, SandboxState, TaskAction, TaskInfo, TaskResult, TrajectoryEntry,
+    Resources, Role, SandboxState, TaskAction, TaskInfo, TaskResult, TrajectoryEntry,
 };
 pub use warren_types::events::{Event, EventKind};
 pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};

@@ -162,6 +162,12 @@ pub fn mount_btrfs(source: &Path, target: &Path) -> io::Result<()> {
     })
 }
 
+/// Size of the file system holding `path`, bytes.
+pub fn size_bytes(path: &Path) -> io::Result<u64> {
+    let st = rustix::fs::statvfs(path)?;
+    Ok(st.f_blocks * st.f_frsize)
+}
+
 /// Bytes free to unprivileged users on the file system holding `path`.
 pub fn free_bytes(path: &Path) -> io::Result<u64> {
     let st = rustix::fs::statvfs(path)?;

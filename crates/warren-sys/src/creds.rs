@@ -66,6 +66,29 @@ pub fn keep_only_agent_capabilities() -> io::Result<()> {
     Ok(())
 }
 
+/// Capabilities the guest's grader thread keeps: building each grader command's view (mounts,
+/// `setns`, `pivot_root`), switching to the grader's uid, owning its directories, entering the
+/// pristine layers' directory.
+pub fn keep_only_grader_capabilities() -> io::Result<()> {
+    let keep = CapabilitySet::SYS_ADMIN
+        | CapabilitySet::SYS_CHROOT
+        | CapabilitySet::CHOWN
+        | CapabilitySet::DAC_OVERRIDE
+        | CapabilitySet::DAC_READ_SEARCH
+        | CapabilitySet::FOWNER
+        | CapabilitySet::SETGID
+        | CapabilitySet::SETUID;
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: keep,
+            permitted: keep,
+            inheritable: CapabilitySet::empty(),
+        },
+    )?;
+    Ok(())
+}
+
 /// Sets `no_new_privs`: nothing this process execs can gain privileges (set-user-id bits and
 /// file capabilities are ignored). Inherited by every child.
 pub fn set_no_new_privs() -> io::Result<()> {

@@ -220,6 +220,45 @@ pub fn set_hostname(name: &str) -> io::Result<()> {
     Ok(rustix::system::sethostname(name.as_bytes())?)
 }
 
+/// Gives the calling thread a file-system context of its own (root, working directory), so
+/// that it can change mount namespace and root without the rest of the process.
+pub fn unshare_fs_for_thread() -> io::Result<()> {
+    // SAFETY: CLONE_FS takes no memory; only this thread's fs context is copied.
+    let r = unsafe { libc::unshare(libc::CLONE_FS) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Gives the calling thread (after [`unshare_fs_for_thread`]) a private copy of its mount
+/// namespace.
+pub fn unshare_mount_namespace() -> io::Result<()> {
+    // SAFETY: CLONE_NEWNS takes no memory; it copies the caller's mount namespace.
+    let r = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The calling thread's mount namespace, as a descriptor (to come back to it).
+pub fn own_mount_namespace() -> io::Result<std::os::fd::OwnedFd> {
+    Ok(std::fs::File::open("/proc/thread-self/ns/mnt")?.into())
+}
+
+/// Moves the calling thread into mount namespace `ns` (its root and working directory become
+/// the namespace's root).
+pub fn enter_mount_namespace(ns: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setns takes a descriptor and a flag.
+    let r = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Gives the calling process a new cgroup namespace rooted at its current cgroups.
 pub fn unshare_cgroup_namespace() -> io::Result<()> {
     // SAFETY: CLONE_NEWCGROUP changes only how cgroup paths are shown to this process and

@@ -233,6 +233,24 @@ pub struct ExecRequest {
     /// Stream the output as newline-delimited JSON events ([`ExecEvent`]) instead of one reply.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stream: bool,
+    /// Who runs it: `agent` (default) or `grader`, a separate user that agent processes cannot
+    /// signal, trace or read, seeing the image's pristine /usr, /bin, /lib, /etc (whatever the
+    /// agent changed there, even as root) and the agent's workspace (/home/user, /workspace).
+    /// A grader command takes no `user`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+}
+
+/// Who runs a command.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The agent: the sandbox as the agent left it, as `user` (default uid 1000) or `root`.
+    #[default]
+    Agent,
+    /// The grader: pristine system files, the agent's workspace, its own uid.
+    Grader,
 }
 
 /// How a command ended.

@@ -19,7 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::{ExitStatus, FileEntry, ProcessInfo};
+use crate::api::{ExitStatus, FileEntry, ProcessInfo, Role};
 use crate::error::ErrorCode;
 
 /// The protocol version this build speaks. Bumped on any incompatible change.
@@ -139,6 +139,9 @@ pub struct ExecSpec {
     /// Where stdin comes from.
     #[serde(default)]
     pub stdin: StdinMode,
+    /// Who runs it (a grader command ignores `user`).
+    #[serde(default)]
+    pub role: Role,
 }
 
 /// The one request on a connection.
@@ -344,6 +347,30 @@ pub struct InitConfig {
     /// Limits for every command.
     #[serde(default)]
     pub limits: GuestLimits,
+    /// The grader role.
+    #[serde(default)]
+    pub grader: GraderSpec,
+}
+
+/// The grader role (node settings): its uid and the agent's directories it sees.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraderSpec {
+    /// The grader's uid (and gid): no agent process has it.
+    pub uid: u32,
+    /// The agent's directories the grader sees, where they exist (absolute paths).
+    pub workspaces: Vec<String>,
+    /// Size of the grader's own writable layer (a tmpfs, fresh for each command), bytes.
+    pub tmp_size: u64,
+}
+
+impl Default for GraderSpec {
+    fn default() -> Self {
+        GraderSpec {
+            uid: 61000,
+            workspaces: vec!["/home/user".into(), "/workspace".into()],
+            tmp_size: 256 << 20,
+        }
+    }
 }
 
 /// Limits every command in the sandbox gets (node settings).

@@ -229,12 +229,14 @@ async fn serve(
         eprintln!("warren: killed {n} sandboxes");
         // Nothing runs any more: layer mounts and Warren's parent cgroups go too.
         node.unmount_unused_layers();
+        node.unmount_disk_pool_if_unused();
         if let Err(e) = node.remove_cgroups() {
             eprintln!("warren: could not remove its cgroups: {e}");
         }
     } else {
         // Layers no sandbox uses are unmounted; the running sandboxes' stay for the next start.
         node.unmount_unused_layers();
+        node.unmount_disk_pool_if_unused();
         eprintln!("warren: stopped; sandboxes keep running and are re-adopted on the next start");
     }
     Ok(())

@@ -91,15 +91,15 @@ fn dependencies_point_one_way() {
             "warren-control must not depend on {d}"
         );
     }
-    // The guest agent ships into every sandbox: types and the syscall layer only, no HTTP, no
-    // database.
+    // The guest agent ships into every sandbox: types, the syscall layer and the descriptor-based
+    // file operations only, no HTTP, no database.
     let warren_deps: Vec<&String> = deps["warren-guest"]
         .iter()
         .filter(|d| d.starts_with("warren-"))
         .collect();
     assert_eq!(
         warren_deps,
-        ["warren-sys", "warren-types"],
+        ["warren-fs", "warren-sys", "warren-types"],
         "warren-guest's Warren dependencies"
     );
     for d in ["axum", "hyper", "reqwest", "sqlx"] {

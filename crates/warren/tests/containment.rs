@@ -354,3 +354,151 @@ async fn writing_until_full_stops_at_the_quota_inside_only() {
     neighbour.kill().await.unwrap();
     p.assert_clean();
 }
+
+/// A static busybox, from the host (Debian's busybox or busybox-static).
+fn busybox() -> std::path::PathBuf {
+    ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+        .expect("busybox is installed (make test installs busybox-static)")
+}
+
+/// Imports a tiny image (busybox as /bin/sh, /usr/bin/python3 a script) named `name`.
+fn import_busybox_image(p: &Platform, name: &str) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("root");
+    for dir in ["bin", "usr/bin", "usr/local/bin", "etc", "home/user", "tmp"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    std::fs::copy(busybox(), root.join("bin/busybox")).unwrap();
+    for tool in [
+        "sh", "cat", "echo", "id", "ls", "chmod", "cp", "ln", "rm", "grep", "mkdir",
+    ] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
+    }
+    std::fs::write(
+        root.join("usr/bin/python3"),
+        "#!/bin/sh\necho pristine python\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        root.join("usr/bin/python3"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(root.join("etc/grader.conf"), "pristine\n").unwrap();
+    let out = p.cli(&["image", "import", root.to_str().unwrap(), "--name", name]);
+    assert!(out.status.success(), "{out:?}");
+    d
+}
+
+/// The paper's incident: the agent (even as root) overwrites /bin/sh, plants a python3 earlier
+/// in PATH, edits /etc; the grader still runs the pristine programs and reads the pristine
+/// /etc, while it sees the workspace the agent left; the agent cannot signal or read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_grader_runs_the_pristine_image_and_sees_the_workspace() {
+    require_root!();
+    let p = Platform::start_with(Some("[node]\nlayer_idle_unmount = 1\n"));
+    let _img = import_busybox_image(&p, "t/busybox:1");
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "t/busybox:1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let grade = |cmd: &str| {
+        let sb = sb.clone();
+        let req = ExecRequest {
+            role: Some(warren_sdk::Role::Grader),
+            ..shell(cmd)
+        };
+        async move { sb.exec(&req).await.unwrap() }
+    };
+    // The agent, as root: a fake shell, a planted python3 first in PATH, edited /etc.
+    let (code, _, err) = run(
+        &sb,
+        "rm /bin/sh && printf '#!/bin/busybox sh\\necho PWNED\\n' > /bin/sh && chmod 755 /bin/sh && \
+         printf '#!/bin/busybox sh\\necho planted\\n' > /usr/local/bin/python3 && chmod 755 /usr/local/bin/python3 && \
+         echo tampered > /etc/grader.conf && echo 42 > /home/user/answer && \
+         /bin/busybox mkdir -p /workspace && echo made-later > /workspace/late",
+        true,
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(run(&sb, "/bin/sh -c 'echo x'", false).await.1, "PWNED\n");
+    // From here on the agent's own shell is busybox's (its /bin/sh is the fake).
+    let agent = |cmd: String, root: bool| {
+        let sb = sb.clone();
+        async move {
+            let r = sb
+                .exec(&ExecRequest {
+                    user: root.then(|| "root".into()),
+                    ..warren_sdk::argv(["/bin/busybox", "sh", "-c", &cmd])
+                })
+                .await
+                .unwrap();
+            r.stdout
+        }
+    };
+    let r =
+        grade("id -u; cat /etc/grader.conf; python3; cat /home/user/answer /workspace/late").await;
+    assert_eq!(r.status.exit_code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "61000\npristine\npristine python\n42\nmade-later\n"
+    );
+    // Its own writes stay in its own layer (the agent's /etc is not changed back).
+    grade("echo graded > /etc/grader.conf").await;
+    assert_eq!(
+        agent("cat /etc/grader.conf".into(), false).await,
+        "tampered\n"
+    );
+    // A link planted where a workspace should be does not choose what the grader sees.
+    agent("rm -rf /workspace && ln -s /etc /workspace".into(), true).await;
+    let r = grade("cat /workspace/grader.conf").await;
+    assert_eq!(
+        r.stdout, "",
+        "the grader followed the agent's link: {}",
+        r.stdout
+    );
+    // The agent cannot reach the grader's processes: signal, ptrace, or read them.
+    let bg = sb
+        .start_process(&ExecRequest {
+            role: Some(warren_sdk::Role::Grader),
+            ..warren_sdk::argv(["/bin/busybox", "sleep", "30"])
+        })
+        .await
+        .unwrap();
+    let out = agent(
+        format!(
+            "kill -9 {pid} 2>&1; cat /proc/{pid}/environ 2>&1; ls /proc/{pid}/fd 2>&1 | head -1; echo done",
+            pid = bg.pid
+        ),
+        true,
+    )
+    .await;
+    assert!(
+        out.matches("ermission denied").count() >= 2 || out.matches("not permitted").count() >= 1,
+        "{out}"
+    );
+    assert!(sb.process(bg.process_id).await.unwrap().running, "{out}");
+    // Nor enter the pristine layers' directory.
+    let out = agent("ls /dev/.warren 2>&1".into(), true).await;
+    assert!(out.contains("ermission denied"), "{out}");
+    // A grader command takes no user.
+    let e = sb
+        .exec(&ExecRequest {
+            role: Some(warren_sdk::Role::Grader),
+            user: Some("root".into()),
+            ..shell("true")
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("leave user out"), "{e}");
+    sb.kill().await.unwrap();
+    p.assert_clean();
+}

@@ -35,6 +35,10 @@ pub struct ExecArgs {
     /// Run as this user, a name or uid [default: user, uid 1000]; `root` has no capabilities.
     #[arg(long, short = 'u', value_name = "USER")]
     user: Option<String>,
+    /// Who runs it: agent (default) or grader, a separate user that agent processes cannot
+    /// reach, with the image's pristine system files and the agent's /home/user, /workspace.
+    #[arg(long, value_name = "ROLE", value_parser = ["agent", "grader"], conflicts_with = "user")]
+    role: Option<String>,
     /// Working directory [default: the user's home].
     #[arg(long, short = 'w', value_name = "DIR")]
     cwd: Option<String>,
@@ -76,6 +80,13 @@ impl ExecArgs {
             cwd: self.cwd.clone(),
             user: self.user.clone(),
             timeout: self.timeout,
+            role: self.role.as_deref().map(|r| {
+                if r == "grader" {
+                    warren_sdk::Role::Grader
+                } else {
+                    warren_sdk::Role::Agent
+                }
+            }),
             ..Default::default()
         }
     }

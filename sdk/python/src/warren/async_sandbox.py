@@ -127,10 +127,12 @@ class AsyncProcesses:
         timeout: Optional[float] = None,
         stdin: Optional[Stdin] = None,
         max_output: Union[int, str, None] = None,
+        role: Optional[str] = None,
     ) -> ProcessInfo:
         """Starts a command in the background and returns at once (no timeout by default)."""
         body = _ops.exec_body(
-            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output
+            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output,
+            role=role,
         )
         return await self._sb._t.call(_ops.start_process(self._sb.id, body))
 
@@ -269,10 +271,12 @@ class AsyncSandbox:
         timeout: Optional[float] = None,
         stdin: Optional[Stdin] = None,
         max_output: Union[int, str, None] = None,
+        role: Optional[str] = None,
     ) -> ExecResult:
         """Runs a command and waits for it (see :meth:`warren.sandbox.Sandbox.exec`)."""
         body = _ops.exec_body(
-            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output
+            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output,
+            role=role,
         )
         return await self._t.call(_ops.exec_(self.id, body))
 
@@ -286,10 +290,12 @@ class AsyncSandbox:
         timeout: Optional[float] = None,
         stdin: Optional[Stdin] = None,
         max_output: Union[int, str, None] = None,
+        role: Optional[str] = None,
     ) -> AsyncEventStream:
         """Runs a command and yields its events as they happen (``async for ev in ...``)."""
         body = _ops.exec_body(
-            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output
+            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output,
+            role=role,
         )
         call = _ops.exec_stream(self.id, body)
         return AsyncEventStream(lambda: self._t.open(call), f"a command in sandbox {self.id}")

@@ -109,11 +109,13 @@ class Processes:
         timeout: Optional[float] = None,
         stdin: Optional[Stdin] = None,
         max_output: Union[int, str, None] = None,
+        role: Optional[str] = None,
     ) -> ProcessInfo:
         """Starts a command in the background and returns at once. It runs until it exits, is
         signalled, or ``timeout`` seconds pass (no limit by default)."""
         body = _ops.exec_body(
-            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output
+            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output,
+            role=role,
         )
         return self._sb._t.call(_ops.start_process(self._sb.id, body))
 
@@ -264,6 +266,7 @@ class Sandbox:
         timeout: Optional[float] = None,
         stdin: Optional[Stdin] = None,
         max_output: Union[int, str, None] = None,
+        role: Optional[str] = None,
     ) -> ExecResult:
         """Runs a command and waits for it.
 
@@ -277,11 +280,16 @@ class Sandbox:
                 0: no limit). A command that times out returns with ``timed_out`` set.
             stdin: Standard input, ``str`` or ``bytes``.
             max_output: Output kept per stream (default 64Mi); the rest is counted, not kept.
+            role: ``"grader"`` runs it as the grader: a separate user that agent processes
+                cannot signal, trace or read, with the image's pristine /usr, /bin, /lib, /etc
+                (whatever the agent changed there) and the agent's /home/user and /workspace.
+                Takes no ``user``.
 
         A program that does not exist gives exit code 127, not an exception.
         """
         body = _ops.exec_body(
-            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output
+            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output,
+            role=role,
         )
         return self._t.call(_ops.exec_(self.id, body))
 
@@ -295,11 +303,13 @@ class Sandbox:
         timeout: Optional[float] = None,
         stdin: Optional[Stdin] = None,
         max_output: Union[int, str, None] = None,
+        role: Optional[str] = None,
     ) -> EventStream:
         """Runs a command and yields its events as they happen: ``Start``, ``Stdout``/``Stderr``
         chunks (bytes), then ``Exit``. Same arguments as :meth:`exec`."""
         body = _ops.exec_body(
-            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output
+            cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output,
+            role=role,
         )
         return EventStream(
             self._t.open(_ops.exec_stream(self.id, body)), f"a command in sandbox {self.id}"

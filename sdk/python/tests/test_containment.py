@@ -1,5 +1,5 @@
-"""Incident events through the SDK: a denied system call and an attack on the guest agent
-become events, sync and async, filterable, and they outlive their sandbox."""
+"""Containment through the SDK: incident events (a denied system call, an attack on the guest
+agent), the disk quota, and the grader role, sync and async."""
 
 from __future__ import annotations
 
@@ -76,3 +76,25 @@ def test_disk_quota(server: Server):
                 lambda: c.events.list(sandbox=sb.id, kind="disk_quota"), lambda e: bool(e)
             )
             assert evs and evs[0].kind == "disk_quota"
+
+
+def test_grader_role(server: Server):
+    with server.client() as c:
+        with c.containers.create(image="host") as sb:
+            sb.exec("echo 42 > /home/user/answer")
+            r = sb.exec("id -u; cat /home/user/answer", role="grader")
+            assert (r.exit_code, r.stdout) == (0, "61000\n42\n"), r.stderr
+            with pytest.raises(warren.InvalidArgument):
+                sb.exec("true", role="grader", user="root")
+            with pytest.raises(warren.InvalidArgument):
+                sb.exec("true", role="judge")
+
+
+async def test_grader_role_async(server: Server):
+    async with server.aclient() as c:
+        sb = await c.containers.create(image="host")
+        try:
+            r = await sb.exec(["id", "-u"], role="grader")
+            assert r.stdout == "61000\n"
+        finally:
+            await sb.kill()
