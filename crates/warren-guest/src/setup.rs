@@ -204,11 +204,23 @@ fn pristine(cfg: &InitConfig) -> io::Result<()> {
     std::os::unix::fs::chown(base, Some(uid), Some(uid))?;
     std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o700))?;
     let ro = flags::RDONLY | flags::NOSUID | flags::NODEV;
+    let empty = base.join("e");
+    std::fs::DirBuilder::new().mode(0o555).create(&empty)?;
     for (i, lower) in cfg.rootfs.lowers.iter().enumerate() {
         let target = base.join(format!("l{i}"));
         std::fs::DirBuilder::new().mode(0o755).create(&target)?;
         // The sandbox directory's link to the layer (`../<lower>`: cwd is `rootfs`).
-        mount::bind(&Path::new("..").join(lower), &target, false, ro)?;
+        let source = Path::new("..").join(lower);
+        if mount::is_mount_root(&source) {
+            // A layer mount (EROFS): bound as it is; mountinfo shows its root as `/`.
+            mount::bind(&source, &target, false, ro)?;
+        } else {
+            // A directory (the host image's skeleton): a bind would show its host path in
+            // mountinfo; a read-only overlay of it (over an empty directory, as one needs two
+            // layers) shows only the relative option.
+            let (src, e) = (source.display().to_string(), empty.display().to_string());
+            mount::mount_overlay_readonly(&target, &[&src, &e])?;
+        }
     }
     for (i, b) in cfg.rootfs.binds.iter().enumerate() {
         let target = base.join(format!("b{i}"));

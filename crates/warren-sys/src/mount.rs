@@ -91,6 +91,28 @@ pub fn mount_overlay(target: &Path, lowers: &[&str], upper: &str, work: &str) ->
     .map_err(|e| with_target(e, "mounting overlay at", target))
 }
 
+/// Mounts a read-only overlay of `lowers` (top first, at least two) at `target`.
+pub fn mount_overlay_readonly(target: &Path, lowers: &[&str]) -> io::Result<()> {
+    let data = format!("lowerdir={}", lowers.join(":"));
+    raw_mount(
+        Some(&cs("overlay")?),
+        &c(target)?,
+        Some(&cs("overlay")?),
+        libc::MS_RDONLY | libc::MS_NODEV | libc::MS_NOSUID,
+        Some(&cs(&data)?),
+    )
+    .map_err(|e| with_target(e, "mounting a read-only overlay at", target))
+}
+
+/// Whether `path` is the root of a mount (its device differs from its parent's).
+pub fn is_mount_root(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), std::fs::metadata(path.join(".."))) {
+        (Ok(a), Ok(b)) => a.dev() != b.dev() || a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 /// Bind-mounts `source` at `target` (recursively when `recursive`), then applies `flags`
 /// (read-only, nosuid, nodev, noexec) to the new mount.
 pub fn bind(source: &Path, target: &Path, recursive: bool, flags: u64) -> io::Result<()> {
