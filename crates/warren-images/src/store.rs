@@ -305,33 +305,28 @@ fn sha256_file(path: &Path) -> Result<(String, u64), ImageError> {
     Ok((format!("sha256:{:x}", h.finalize()), n))
 }
 
-/// Removes overlayfs's bookkeeping attributes (`trusted.overlay.*`: origin, impure, ...) from
-/// a writable layer so it can serve as a read-only layer; whiteouts and the opaque marker stay.
-pub fn strip_overlay_xattrs(dir: &Path) -> Result<(), ImageError> {
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let md = fs::symlink_metadata(&p).map_err(|e| ImageError::io("reading the layer", e))?;
-        if md.is_dir() {
-            for e in fs::read_dir(&p)
-                .map_err(|e| ImageError::io("reading the layer", e))?
-                .flatten()
-            {
-                stack.push(e.path());
-            }
-        }
-        let mut names = vec![0u8; 4096];
-        let n = match rustix::fs::llistxattr(&p, &mut names) {
-            Ok(n) => n,
-            Err(_) => continue,
-        };
-        for name in names[..n].split(|b| *b == 0).filter(|s| !s.is_empty()) {
-            let name = String::from_utf8_lossy(name).into_owned();
-            if name.starts_with("trusted.overlay.") && name != "trusted.overlay.opaque" {
-                let _ = rustix::fs::lremovexattr(&p, name.as_str());
-            }
-        }
-    }
-    Ok(())
+/// Makes a layer from a sandbox's writable layer `upper` (a directory the sandbox controls),
+/// without changing it: a copy made by descriptor, following no link, without overlay
+/// bookkeeping attributes (`trusted.overlay.*` but `opaque`), then stored. The live layer keeps
+/// everything it had.
+pub fn commit_upper(
+    store: &Store,
+    upper: &Path,
+    source: &str,
+    creator: &str,
+) -> Result<Layer, ImageError> {
+    let staging = store.tmp()?;
+    let root = staging.path().join("root");
+    fs::create_dir(&root).map_err(|e| ImageError::io("making the staging directory", e))?;
+    let from = warren_fs::Beneath::open(upper)
+        .map_err(|e| ImageError::io("opening the writable layer", e))?;
+    let to = warren_fs::Beneath::open(&root)
+        .map_err(|e| ImageError::io("opening the staging directory", e))?;
+    let keep =
+        |name: &str| !name.starts_with("trusted.overlay.") || name == "trusted.overlay.opaque";
+    warren_fs::copy_tree(from.root(), to.root(), &keep)
+        .map_err(|e| ImageError::io("copying the writable layer", e))?;
+    store.add_layer_dir(&root, source, creator)
 }
 
 #[cfg(test)]

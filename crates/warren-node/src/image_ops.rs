@@ -11,7 +11,10 @@ use crate::node::{Node, blocking};
 
 impl Node {
     /// Writes the sandbox's writable layer to the store as a new layer (the control plane
-    /// names it). The sandbox is frozen meanwhile, so the layer is one consistent state.
+    /// names it). The sandbox is frozen meanwhile and its lifecycle lock held, so no exec or
+    /// file request can thaw it before the copy is done: the layer is one consistent state.
+    /// The copy is made by descriptor, following none of the links the sandbox made, and
+    /// leaves the live layer as it was.
     pub async fn commit(
         self: &Arc<Self>,
         id: &SandboxId,
@@ -31,20 +34,36 @@ impl Node {
                 std::io::Error::other("this node's image store is unusable (see its log)"),
             ));
         };
-        let was_paused = sb.phase() == crate::node::Phase::Paused;
-        self.pause(id).await?;
+        let _g = sb.lifecycle.lock().await;
+        let was_paused = match sb.phase() {
+            crate::node::Phase::Stopping => return Err(NodeError::Gone(id.clone())),
+            crate::node::Phase::Paused => true,
+            crate::node::Phase::Running => false,
+        };
+        let cg = sb.cgroup.clone();
+        if !was_paused {
+            blocking(move || cg.set_frozen(true))
+                .await
+                .map_err(|e| NodeError::host("freezing the sandbox", e))?;
+            sb.set_phase(crate::node::Phase::Paused);
+        }
         let upper = sb.dir.join("upper");
         let creator = creator.to_string();
         let result = blocking(move || {
-            Ok(warren_images::store::strip_overlay_xattrs(&upper)
-                .and_then(|()| store.add_layer_dir(&upper, "build", &creator)))
+            Ok(warren_images::store::commit_upper(
+                &store, &upper, "build", &creator,
+            ))
         })
         .await
-        .map_err(|e| NodeError::host("committing", e))?;
+        .map_err(|e| NodeError::host("committing", e));
         if !was_paused {
-            let _ = self.resume(id).await;
+            let cg = sb.cgroup.clone();
+            match blocking(move || cg.set_frozen(false)).await {
+                Ok(()) => sb.set_phase(crate::node::Phase::Running),
+                Err(e) => tracing::error!(sandbox_id = %id, "thawing after the commit: {e}"),
+            }
         }
-        Ok(result?)
+        Ok(result??)
     }
 
     /// How this node's mounted layers and layered sandboxes have been read.

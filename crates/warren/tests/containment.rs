@@ -502,3 +502,131 @@ async fn the_grader_runs_the_pristine_image_and_sees_the_workspace() {
     sb.kill().await.unwrap();
     p.assert_clean();
 }
+
+/// A builder's commit: the sandbox stays frozen for the whole copy (an exec sent meanwhile
+/// waits; it cannot thaw it), links the sandbox planted are copied as links (never followed on
+/// the host), and the live layer keeps its attributes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_holds_the_sandbox_frozen_and_follows_no_planted_link() {
+    require_root!();
+    let p = Platform::start_with(Some("[node]\nlayer_idle_unmount = 1\n"));
+    let _img = import_busybox_image(&p, "t/busybox:1");
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "t/busybox:1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let secret = p.data.path().join("host-secret");
+    std::fs::write(&secret, "host secret\n").unwrap();
+    // Links to host paths (meaningless inside, dangerous if the host followed them), and a
+    // directory the overlay marks opaque (it replaced the image's /usr/local).
+    let (code, _, err) = run(
+        &sb,
+        &format!(
+            "ln -s {} /home/user/link && ln -s /proc/1/root /home/user/root-link && \
+             rm -rf /usr/local && mkdir /usr/local && echo new > /usr/local/conf && echo data > /home/user/file && \
+             echo changed >> /etc/grader.conf",
+            secret.display()
+        ),
+        true,
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let upper = std::fs::canonicalize(
+        p.state_dir()
+            .join("sandboxes")
+            .join(sb.id().as_str())
+            .join("upper"),
+    )
+    .unwrap();
+    let opaque = |dir: &std::path::Path| {
+        let mut v = [0u8; 4];
+        rustix::fs::lgetxattr(dir, "trusted.overlay.opaque", &mut v).is_ok()
+    };
+    assert!(
+        opaque(&upper.join("usr/local")),
+        "the test needs an opaque directory"
+    );
+    // A copied-up directory carries the overlay's bookkeeping (origin, impure).
+    let attrs_before = list_xattrs(&upper.join("etc"));
+    assert!(
+        attrs_before
+            .iter()
+            .any(|a| a.starts_with("trusted.overlay.")),
+        "the test needs overlay attributes: {attrs_before:?}"
+    );
+
+    let committer = {
+        let sb = sb.clone();
+        tokio::spawn(async move {
+            let r = sb.commit("t/committed:1").await;
+            (r, std::time::Instant::now())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let r = sb
+        .exec(&warren_sdk::argv(["/bin/busybox", "true"]))
+        .await
+        .unwrap();
+    let exec_done = std::time::Instant::now();
+    let (committed, commit_done) = committer.await.unwrap();
+    committed.unwrap();
+    assert_eq!(r.status.exit_code, 0);
+    assert!(
+        exec_done >= commit_done,
+        "an exec ran (thawed the sandbox) while its layer was being copied"
+    );
+    assert_eq!(
+        list_xattrs(&upper.join("etc")),
+        attrs_before,
+        "the live layer lost attributes"
+    );
+    // The committed layer holds the links as links, and the replaced /usr/local.
+    let c = p
+        .client()
+        .create(&CreateSandbox {
+            image: "t/busybox:1,t/committed:1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let r = c
+        .exec(&warren_sdk::argv([
+            "/bin/busybox",
+            "sh",
+            "-c",
+            "readlink /home/user/link; cat /home/user/link 2>&1; cat /usr/local/conf /home/user/file; ls /usr/local",
+        ]))
+        .await
+        .unwrap();
+    assert!(
+        r.stdout.starts_with(&format!("{}\n", secret.display())),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        !r.stdout.contains("host secret"),
+        "a link was followed on the host: {}",
+        r.stdout
+    );
+    assert!(r.stdout.ends_with("new\ndata\nconf\n"), "{}", r.stdout);
+    sb.kill().await.unwrap();
+    c.kill().await.unwrap();
+    p.assert_clean();
+}
+
+/// Extended attributes of `path` (not following it), sorted.
+fn list_xattrs(path: &std::path::Path) -> Vec<String> {
+    let mut buf = vec![0u8; 4096];
+    let n = rustix::fs::llistxattr(path, &mut buf).unwrap_or(0);
+    let mut v: Vec<String> = buf[..n]
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    v.sort();
+    v
+}
