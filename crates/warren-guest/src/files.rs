@@ -84,16 +84,111 @@ fn entry_from(path: &str, md: &fs::Metadata) -> FileEntry {
     }
 }
 
-/// Opens a regular file for reading.
+/// `PROC_SUPER_MAGIC`.
+const PROCFS: i64 = 0x9fa0;
+
+/// Opens `path` for reading without waiting on it (a FIFO or a device planted there must not
+/// hang the guest) and without following magic links (`/proc/*/fd/*`, `/proc/*/root`).
+fn open_nonblocking(path: &str) -> Result<fs::File, OpError> {
+    use std::os::fd::AsFd;
+    let root = fs::File::open("/").map_err(|e| OpError::io(&e, "open", "/"))?;
+    let rel = path.trim_start_matches('/');
+    let rel = if rel.is_empty() { "." } else { rel };
+    let fd = rustix::fs::openat2(
+        root.as_fd(),
+        rel,
+        rustix::fs::OFlags::RDONLY
+            | rustix::fs::OFlags::NONBLOCK
+            | rustix::fs::OFlags::NOCTTY
+            | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+        rustix::fs::ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(|e| {
+        if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::XDEV {
+            OpError::invalid(format!(
+                "{path} goes through a /proc link, which the files API does not follow"
+            ))
+        } else {
+            OpError::io(&e.into(), "open", path)
+        }
+    })?;
+    Ok(fs::File::from(fd))
+}
+
+/// Opens a regular file for reading. Directories, FIFOs, devices and sockets are refused
+/// before anything is read, and so is the kernel's `/proc` (read it with a command).
 pub fn open_read(path: &str) -> Result<(fs::File, FileEntry), OpError> {
-    let f = fs::File::open(path).map_err(|e| OpError::io(&e, "open", path))?;
+    let f = open_nonblocking(path)?;
     let md = f.metadata().map_err(|e| OpError::io(&e, "stat", path))?;
     if md.is_dir() {
         return Err(OpError::invalid(format!(
             "{path} is a directory: list it, or download a file inside it"
         )));
     }
+    if !md.is_file() {
+        return Err(OpError::invalid(format!(
+            "{path} is not a regular file ({}): the files API reads regular files only",
+            kind_name(&md)
+        )));
+    }
+    if rustix::fs::fstatfs(&f).is_ok_and(|s| s.f_type as i64 == PROCFS) {
+        return Err(OpError::invalid(format!(
+            "{path} is in /proc: read the kernel's files with a command (cat), not the files API"
+        )));
+    }
     Ok((f, entry_from(path, &md)))
+}
+
+/// What kind of file `md` is, in words.
+fn kind_name(md: &fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = md.file_type();
+    if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    }
+}
+
+/// Refuses to write over anything but a regular file (or nothing, or a link, which is
+/// replaced).
+pub fn check_writable(path: &str) -> Result<(), OpError> {
+    match fs::symlink_metadata(path) {
+        Ok(md) if md.is_file() || md.file_type().is_symlink() => Ok(()),
+        Ok(md) => Err(OpError::invalid(format!(
+            "{path} is {}: the files API writes regular files only",
+            kind_name(&md)
+        ))),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Reads a small regular file whole (at most `max` bytes), for the guest's own lookups
+/// (`/etc/passwd`): a FIFO, device or huge file planted there is refused, never waited on.
+pub fn read_small(path: &str, max: u64) -> Result<String, OpError> {
+    use std::io::Read;
+    let f = open_nonblocking(path)?;
+    let md = f.metadata().map_err(|e| OpError::io(&e, "stat", path))?;
+    if !md.is_file() {
+        return Err(OpError::invalid(format!(
+            "{path} is {}, not a regular file",
+            kind_name(&md)
+        )));
+    }
+    let mut s = String::new();
+    f.take(max)
+        .read_to_string(&mut s)
+        .map_err(|e| OpError::io(&e, "read", path))?;
+    Ok(s)
 }
 
 /// Opens (creating or truncating) a file for writing, making missing parent directories.
@@ -147,7 +242,9 @@ pub fn remove(path: &str, recursive: bool) -> Result<(), OpError> {
     let md = fs::symlink_metadata(path).map_err(|e| OpError::io(&e, "remove", path))?;
     let r = if md.is_dir() {
         if recursive {
-            fs::remove_dir_all(path)
+            // Iterative, by descriptor: a tree 100,000 directories deep neither overflows the
+            // guest's stack nor runs it out of descriptors.
+            warren_fs::remove_path(Path::new(path))
         } else {
             fs::remove_dir(path)
         }

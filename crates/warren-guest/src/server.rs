@@ -355,6 +355,7 @@ async fn write_file(
     let tmp_suffix = format!(".warren-upload-{}", std::process::id() as u64 ^ nanos());
     let (file, target, tmp) = files::as_user(user.clone(), move |u| {
         let target = files::resolve(u, &path)?;
+        files::check_writable(&target)?;
         let existing_mode = std::fs::metadata(&target).ok().map(|m| {
             use std::os::unix::fs::PermissionsExt;
             m.permissions().mode() & 0o7777

@@ -126,19 +126,36 @@ impl Node {
         }
         let cgroup = self.cgroups.sandbox(record.id.as_str());
         let socket = self.dirs.sockets.join(format!("{}.sock", record.id));
+        if !socket.exists() {
+            return Err("its control socket is gone".into());
+        }
+        // The init is the guest agent: with its identity proven, the sandbox is alive, even
+        // when its agent is slow to answer (a sandbox that hogs its CPU, a node under load;
+        // a frozen one cannot answer at all). Its ping is checked in the background.
         let phase = if cgroup.is_frozen() {
             Phase::Paused
         } else {
-            let ping = async {
-                let mut c = GuestConn::open(&socket, Op::Ping).await?;
-                c.reply().await
-            };
-            match tokio::time::timeout(Duration::from_secs(10), ping).await {
-                Ok(Ok(Reply::Pong { .. })) => Phase::Running,
-                Ok(Ok(other)) => return Err(format!("its guest agent answered {other:?}")),
-                Ok(Err(e)) => return Err(format!("its guest agent does not answer: {e}")),
-                Err(_) => return Err("its guest agent did not answer within 10 s".into()),
-            }
+            let id = record.id.clone();
+            let socket = socket.clone();
+            tokio::spawn(async move {
+                for attempt in 0..3u32 {
+                    let ping = async {
+                        let mut c = GuestConn::open(&socket, Op::Ping).await?;
+                        c.reply().await
+                    };
+                    if let Ok(Ok(Reply::Pong { .. })) =
+                        tokio::time::timeout(Duration::from_secs(5), ping).await
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
+                }
+                tracing::warn!(
+                    sandbox_id = %id,
+                    "adopted, but its guest agent did not answer 3 pings; operations on it fail until it does"
+                );
+            });
+            Phase::Running
         };
         Ok(Sandbox::new(
             record,

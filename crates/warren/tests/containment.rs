@@ -559,6 +559,13 @@ async fn commit_holds_the_sandbox_frozen_and_follows_no_planted_link() {
         "the test needs overlay attributes: {attrs_before:?}"
     );
 
+    // A layer big enough that the copy takes a while.
+    run(
+        &sb,
+        "dd if=/dev/urandom of=/home/user/big bs=1M count=64 2>/dev/null",
+        false,
+    )
+    .await;
     let committer = {
         let sb = sb.clone();
         tokio::spawn(async move {
@@ -566,7 +573,15 @@ async fn commit_holds_the_sandbox_frozen_and_follows_no_planted_link() {
             (r, std::time::Instant::now())
         })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    // Once the commit has frozen it, an exec must wait for the commit to end.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while sb.info().await.unwrap().state != warren_sdk::SandboxState::Paused {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the commit never froze the sandbox"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     let r = sb
         .exec(&warren_sdk::argv(["/bin/busybox", "true"]))
         .await
@@ -629,4 +644,106 @@ fn list_xattrs(path: &std::path::Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// FIFOs and devices planted where the guest reads (/etc/passwd, a requested file) and links
+/// into /proc: refused at once, the guest keeps answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planted_fifos_devices_and_proc_links_do_not_hang_the_guest() {
+    require_root!();
+    let p = Platform::start();
+    let sb = host_sandbox(&p).await;
+    let (code, _, err) = run(
+        &sb,
+        "mkfifo /tmp/fifo && ln -s /proc/1/fd/1 /tmp/guest-log && ln -s /proc/1/environ /tmp/env",
+        true,
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let t = std::time::Instant::now();
+    // As root too, whose file operations the guest performs with its own privileges.
+    let root = sb.as_user("root");
+    for path in [
+        "/tmp/fifo",
+        "/dev/zero",
+        "/tmp/guest-log",
+        "/tmp/env",
+        "/proc/self/environ",
+    ] {
+        for who in [&sb, &root] {
+            let e = who.read_file(path).await.unwrap_err();
+            assert!(
+                matches!(
+                    e.code(),
+                    Some(warren_sdk::ErrorCode::InvalidArgument)
+                        | Some(warren_sdk::ErrorCode::PermissionDenied)
+                ),
+                "{path}: {e}"
+            );
+        }
+        let e = root.read_file(path).await.unwrap_err();
+        assert_eq!(
+            e.code(),
+            Some(warren_sdk::ErrorCode::InvalidArgument),
+            "{path}: {e}"
+        );
+    }
+    let e = sb.write_file("/tmp/fifo", "x").await.unwrap_err();
+    assert!(e.to_string().contains("FIFO"), "{e}");
+    // The user lookup refuses a FIFO at /etc/passwd (the name is then unknown); a numeric uid
+    // still runs.
+    run(&sb, "rm /etc/passwd && mkfifo /etc/passwd", true).await;
+    let e = sb.exec(&shell("id -u")).await.unwrap_err();
+    assert!(e.to_string().contains("does not exist"), "{e}");
+    let r = sb
+        .exec(&ExecRequest {
+            user: Some("1000".into()),
+            ..shell("id -u")
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "1000\n");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(10),
+        "the guest hung"
+    );
+    sb.kill().await.unwrap();
+    p.assert_clean();
+}
+
+/// Trees a sandbox makes deep: 100,000 directories removed by the node's teardown (here
+/// without the disk pool, so the node walks the tree itself), 10,000 through the files API,
+/// without exhausting descriptors or the stack. (This kernel pays for each directory operation
+/// in proportion to the depth, so the deep tree takes tens of seconds to make and to remove.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tree_100000_directories_deep_is_removed() {
+    require_root!();
+    let p = Platform::start_with(Some("[node]\ndisk_quota = \"off\"\n"));
+    let sb = host_sandbox(&p).await;
+    let deep = |top: &str, n: u32| {
+        format!(
+            "import os\nos.chdir(os.path.expanduser('~'))\nos.mkdir('{top}'); os.chdir('{top}')\nfor i in range({n}):\n    os.mkdir('d'); os.chdir('d')\nprint('deep')\n"
+        )
+    };
+    for (top, n) in [("a", 10_000), ("b", 100_000)] {
+        let r = sb
+            .exec(&ExecRequest {
+                timeout: Some(600.0),
+                ..warren_sdk::argv(["python3", "-c", &deep(top, n)])
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.stdout, "deep\n", "{}", r.stderr);
+    }
+    // Through the files API.
+    sb.remove("/home/user/a", true).await.unwrap();
+    assert!(sb.stat("/home/user/a").await.is_err());
+    // The other one is left for the teardown.
+    sb.kill().await.unwrap();
+    p.assert_clean_within(std::time::Duration::from_secs(180));
+    assert!(
+        p.log().lines().all(|l| !l.contains("removing")),
+        "{}",
+        p.log()
+    );
 }

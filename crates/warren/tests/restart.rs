@@ -130,3 +130,43 @@ async fn restart_removes_half_made_leftovers() {
     );
     p.assert_clean();
 }
+
+/// A sandbox whose guest agent does not answer when the daemon restarts (here stopped with
+/// SIGSTOP from the host, as a sandbox starving its agent would look) is adopted, not torn
+/// down: its init is provably the same process. It answers again once it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_guest_is_adopted_not_torn_down() {
+    require_root!();
+    let mut p = Platform::start();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    sb.write_file("/tmp/kept", "still here").await.unwrap();
+    let record =
+        warren_node::state::load(&p.state_dir().join("sandboxes").join(sb.id().as_str())).unwrap();
+    p.kill9();
+    let signal = |s: &str| {
+        std::process::Command::new("kill")
+            .arg(s)
+            .arg(record.pid.to_string())
+            .status()
+            .unwrap()
+    };
+    signal("-STOP");
+    p.start_again();
+    assert!(p.log().contains("1 sandboxes re-adopted"), "{}", p.log());
+    // Still stopped: listed, not torn down.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let c = p.client();
+    assert_eq!(c.list(&ListFilter::default()).await.unwrap().len(), 1);
+    signal("-CONT");
+    let sb = c.sandbox(sb.id().as_str()).unwrap();
+    assert_eq!(&sb.read_file("/tmp/kept").await.unwrap()[..], b"still here");
+    sb.kill().await.unwrap();
+    p.assert_clean();
+}

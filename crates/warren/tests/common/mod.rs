@@ -307,7 +307,12 @@ impl Platform {
 
     /// Waits until nothing is left behind (deletion of writable layers runs in the background).
     pub fn assert_clean(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.assert_clean_within(Duration::from_secs(10))
+    }
+
+    /// [`Platform::assert_clean`], waiting up to `wait`.
+    pub fn assert_clean_within(&self, wait: Duration) {
+        let deadline = Instant::now() + wait;
         loop {
             let left = self.leftovers();
             let trash_empty = std::fs::read_dir(self.state_dir().join("trash"))
@@ -343,6 +348,11 @@ impl Drop for Platform {
             {
                 let _ = Command::new("umount").arg("-l").arg(point).status();
             }
+        }
+        // Iteratively: a sandbox may have left a tree too deep for the recursive removal of
+        // the temporary directory's drop.
+        for d in ["trash", "sandboxes"] {
+            let _ = warren_fs::remove_path(&self.state_dir().join(d));
         }
     }
 }
