@@ -85,7 +85,7 @@ fn entry_from(path: &str, md: &fs::Metadata) -> FileEntry {
 }
 
 /// `PROC_SUPER_MAGIC`.
-const PROCFS: i64 = 0x9fa0;
+const PROCFS: u32 = 0x9fa0;
 
 /// Opens `path` for reading without waiting on it (a FIFO or a device planted there must not
 /// hang the guest) and without following magic links (`/proc/*/fd/*`, `/proc/*/root`).
@@ -132,7 +132,7 @@ pub fn open_read(path: &str) -> Result<(fs::File, FileEntry), OpError> {
             kind_name(&md)
         )));
     }
-    if rustix::fs::fstatfs(&f).is_ok_and(|s| s.f_type as i64 == PROCFS) {
+    if rustix::fs::fstatfs(&f).is_ok_and(|s| s.f_type as u32 == PROCFS) {
         return Err(OpError::invalid(format!(
             "{path} is in /proc: read the kernel's files with a command (cat), not the files API"
         )));
