@@ -4,6 +4,17 @@
 //! - [`Json`]: like axum's extractor, but a malformed body is a Warren `invalid_argument` error
 //!   that says what was wrong, not a plain-text 422.
 //! - [`ndjson`]: streaming bodies of newline-delimited JSON.
+//! - [`serve`]: serving with header-read and idle timeouts.
+//! - [`token_matches`]: constant-time comparison of presented secrets.
+
+pub mod serve;
+
+/// Whether a presented secret equals the expected one, in time that does not depend on where
+/// they differ (only on their lengths).
+pub fn token_matches(presented: &str, expected: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    presented.as_bytes().ct_eq(expected.as_bytes()).into()
+}
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};

@@ -76,7 +76,7 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
                         .get(header::AUTHORIZATION)
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.strip_prefix("Bearer "))
-                        .is_some_and(|v| v == t);
+                        .is_some_and(|v| warren_http::token_matches(v, &t));
                     if ok {
                         next.run(req).await
                     } else {

@@ -182,7 +182,11 @@ async fn serve(
         .with_context(|| format!("binding {}", sock.display()))?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
     let node_app = warren_node::api::router(node.clone(), None);
-    let node_server = tokio::spawn(async move { axum::serve(node_listener, node_app).await });
+    let node_server = tokio::spawn(warren_http::serve::serve(
+        node_listener,
+        node_app,
+        std::future::pending(),
+    ));
 
     let started = Control::start(control_cfg, &[Endpoint::Unix(sock.clone())]).await?;
     let key_file = data_dir.join("admin.key");
@@ -201,7 +205,7 @@ async fn serve(
     // On Ctrl-C or SIGTERM, stop accepting and give requests in flight (streams included) a
     // grace period; then stop anyway.
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(tcp, app).with_graceful_shutdown(async move {
+    let server = warren_http::serve::serve(tcp, app, async move {
         shutdown_signal().await;
         let _ = stopping_tx.send(());
     });
@@ -213,7 +217,7 @@ async fn serve(
         }
     };
     tokio::select! {
-        r = server => r?,
+        () = server => {}
         _ = grace => eprintln!(
             "warren: requests still in flight after {} s; stopping anyway",
             SHUTDOWN_GRACE.as_secs()

@@ -747,3 +747,44 @@ async fn a_tree_100000_directories_deep_is_removed() {
         p.log()
     );
 }
+
+/// A client that sends its headers slowly (or sends a request and then idles) loses its
+/// connection after the header-read timeout instead of pinning it; others are served
+/// meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_header_and_idle_connections_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    require_root!();
+    let p = Platform::start();
+    let addr = p.url.trim_start_matches("http://").to_string();
+    let slow = async {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        tokio::time::timeout(std::time::Duration::from_secs(30), s.read_to_end(&mut buf))
+            .await
+            .expect("the server kept a connection with unfinished headers")
+            .unwrap();
+    };
+    let idle = async {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        tokio::time::timeout(std::time::Duration::from_secs(30), s.read_to_end(&mut buf))
+            .await
+            .expect("the server kept an idle keep-alive connection")
+            .unwrap();
+        assert!(String::from_utf8_lossy(&buf).starts_with("HTTP/1.1 200"));
+    };
+    let others = async {
+        for _ in 0..5 {
+            p.client().health().await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    };
+    tokio::join!(slow, idle, others);
+}
