@@ -164,6 +164,7 @@ impl Node {
             cgroup,
             pidfd,
             phase,
+            self.cfg.max_trajectory.bytes(),
         ))
     }
 

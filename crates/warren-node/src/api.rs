@@ -28,6 +28,9 @@ use crate::node::{ListFilter, Node};
 
 type S = State<Arc<Node>>;
 
+/// Largest JSON body the node takes, bytes (the control plane's limit too).
+pub const MAX_JSON_BODY: usize = 64 << 20;
+
 /// The node API router. With a `token`, every request must carry `Authorization: Bearer <token>`.
 pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
     let r = Router::new()
@@ -65,6 +68,9 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         .route("/v1/sandboxes/{id}/files/mkdir", post(mkdir))
         .route("/v1/sandboxes/{id}/files/rename", post(rename))
         .fallback(warren_http::not_found)
+        // The control plane checks bodies against the same limit (a replayed trajectory rides
+        // in a create's body); uploads stream and have their own (max_upload).
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
         .with_state(node);
     match token {
         Some(t) => r.layer(axum::middleware::from_fn(
@@ -290,10 +296,13 @@ async fn trajectory(State(n): S, Path(id): Path<String>) -> Result<Response, Err
             "sandbox {id} does not record its trajectory: create it with \"trajectory\": true"
         ))));
     }
-    let log = sb
-        .trajectory()
-        .map_err(|e| Error(crate::error::NodeError::host("reading the trajectory", e).to_api()))?;
-    Ok(([(header::CONTENT_TYPE, warren_http::NDJSON)], log).into_response())
+    // Streamed, one entry at a time: a log can hold gigabytes.
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tokio::task::spawn_blocking(move || sb.stream_trajectory(tx));
+    let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (b, rx))
+    }));
+    Ok(([(header::CONTENT_TYPE, warren_http::NDJSON)], body).into_response())
 }
 
 async fn tasks(State(n): S) -> Json<TaskList> {

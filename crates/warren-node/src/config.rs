@@ -65,6 +65,9 @@ pub struct NodeConfig {
     pub disk_overcommit: f64,
     /// Refuse new sandboxes when the disk pool has less free space than this. Default 1Gi.
     pub min_free_disk: ByteSize,
+    /// The most a sandbox's trajectory log (with its blobs) may hold on the node's disk; past
+    /// it, operations are no longer recorded. Default 1Gi.
+    pub max_trajectory: ByteSize,
     /// Largest file upload, bytes. Default 1Gi.
     pub max_upload: ByteSize,
     /// Sandbox inits kept started, with their roots built, ahead of requests (see the `pool`
@@ -110,6 +113,7 @@ impl Default for NodeConfig {
             default_disk: ByteSize(10 << 30),
             disk_overcommit: 1024.0,
             min_free_disk: ByteSize(1 << 30),
+            max_trajectory: ByteSize(1 << 30),
             max_upload: ByteSize(1 << 30),
             warm_pool: 16,
             warm_image: "host".into(),

@@ -450,7 +450,15 @@ impl Node {
         let t_started = t0.elapsed();
         record.pid = started.pid;
         record.start_time = started.start_time;
-        let sb = Sandbox::new(record, dir, socket, cgroup, started.pidfd, Phase::Running);
+        let sb = Sandbox::new(
+            record,
+            dir,
+            socket,
+            cgroup,
+            started.pidfd,
+            Phase::Running,
+            self.cfg.max_trajectory.bytes(),
+        );
         let ready = async {
             state::save(&sb.dir, &sb.record)
                 .map_err(|e| NodeError::host("saving the sandbox's state", e))?;

@@ -239,7 +239,7 @@ impl Node {
         let key = id_of.key();
         let replay_ended = match recorded(&sb, &key) {
             Ok(result) => {
-                sb.record(key.entry(Some(&result)));
+                sb.record_exec(&key, &result);
                 return Ok(ExecResult {
                     replayed: true,
                     ..result
@@ -248,7 +248,7 @@ impl Node {
             Err(ended) => ended,
         };
         let mut r = self.exec_live(id, p).await?;
-        sb.record(key.entry(Some(&r)));
+        sb.record_exec(&key, &r);
         r.replay_ended = replay_ended;
         Ok(r)
     }
@@ -289,7 +289,7 @@ impl Node {
         let key = id_of.key();
         let replay_ended = match recorded(&sb, &key) {
             Ok(result) => {
-                sb.record(key.entry(Some(&result)));
+                sb.record_exec(&key, &result);
                 replay_events(&result, &tx).await;
                 return;
             }
@@ -314,7 +314,7 @@ impl Node {
         let keep = sb.record.trajectory;
         if let Some((status, out, err)) = forward(&sb, conn, tx, keep).await {
             self.note_truncation(&sb, &status);
-            sb.record(key.entry(Some(&result(status, out, err))));
+            sb.record_exec(&key, &result(status, out, err));
         }
     }
 

@@ -119,36 +119,66 @@ impl Node {
         if !sb.record.trajectory {
             return self.write_file_live(id, path, user, mode, body).await;
         }
-        // Recorded: the whole upload goes into the log (it is bounded by max_upload).
+        // Recorded: the upload is streamed into a blob file beside the log (never held in
+        // memory), hashed on the way, then written into the sandbox from that file.
         let limit = self.cfg.max_upload.bytes();
-        let mut data = Vec::new();
-        while let Some(chunk) = body.next().await {
-            let chunk =
-                chunk.map_err(|e| NodeError::Invalid(format!("reading the upload: {e}")))?;
-            if data.len() as u64 + chunk.len() as u64 > limit {
-                while let Some(Ok(_)) = body.next().await {}
-                return Err(too_large(limit));
+        let host = |e: std::io::Error| NodeError::host("keeping the upload for the trajectory", e);
+        let (blob, file) = sb.blob_file().map_err(host)?;
+        let mut file = tokio::fs::File::from_std(file);
+        let mut hash = <sha2::Sha256 as sha2::Digest>::new();
+        let mut size = 0u64;
+        let copied: Result<(), NodeError> = async {
+            use tokio::io::AsyncWriteExt;
+            while let Some(chunk) = body.next().await {
+                let chunk =
+                    chunk.map_err(|e| NodeError::Invalid(format!("reading the upload: {e}")))?;
+                size += chunk.len() as u64;
+                if size > limit {
+                    drain(&mut body, limit.saturating_mul(2).max(DRAIN_MIN)).await;
+                    return Err(too_large(limit));
+                }
+                sha2::Digest::update(&mut hash, &chunk);
+                file.write_all(&chunk).await.map_err(host)?;
             }
-            data.extend_from_slice(&chunk);
+            file.flush().await.map_err(host)
         }
+        .await;
+        drop(file);
+        if let Err(e) = copied {
+            let _ = std::fs::remove_file(&blob);
+            return Err(e);
+        }
+        let digest: String = sha2::Digest::finalize(hash)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         let user = user_or_default(user);
         let key = Key::WriteFile {
             path: &path,
             user: &user,
             mode,
-            content: &data,
+            sha256: &digest,
         };
         if let Some(Outcome::Hit(_)) = sb.replay_step(&key) {
             // Written already when the trajectory was re-applied.
-            sb.record(key.entry(None));
+            sb.record_write(&key, &blob, size);
             return self.stat(id, path.clone(), Some(user.clone())).await;
         }
-        let once = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from(data.clone()))]);
+        let from = tokio::fs::File::open(&blob).await.map_err(host)?;
+        let stream = tokio_util::io::ReaderStream::new(from);
         let entry = self
-            .write_file_live(id, path.clone(), Some(user.clone()), mode, once)
-            .await?;
-        sb.record(key.entry(None));
-        Ok(entry)
+            .write_file_live(id, path.clone(), Some(user.clone()), mode, stream)
+            .await;
+        match entry {
+            Ok(entry) => {
+                sb.record_write(&key, &blob, size);
+                Ok(entry)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&blob);
+                Err(e)
+            }
+        }
     }
 
     /// Writes a file from a stream, with no trajectory bookkeeping.

@@ -93,6 +93,9 @@ pub struct Sandbox {
     pub(crate) log: Mutex<()>,
     /// How far the node has read the guest's incident records.
     pub(crate) incident_seq: AtomicU64,
+    /// Bytes its trajectory log and blobs hold, and the most they may.
+    pub(crate) trajectory_bytes: AtomicU64,
+    pub(crate) trajectory_budget: u64,
     /// Kernel counters last seen (OOM kills, pids-limit hits), to turn increases into events.
     pub(crate) counters: Mutex<crate::limits::Counters>,
     /// Its writable layer's volume in the disk pool (looked up once).
@@ -135,8 +138,11 @@ impl Sandbox {
         cgroup: SandboxCgroup,
         pidfd: OwnedFd,
         phase: Phase,
+        trajectory_budget: u64,
     ) -> Arc<Sandbox> {
         Arc::new(Sandbox {
+            trajectory_bytes: AtomicU64::new(Sandbox::trajectory_size(&dir)),
+            trajectory_budget,
             deadline_ms: AtomicU64::new(record.expires_ms),
             activity: Mutex::new(Activity {
                 last_ms: state::now_ms(),
