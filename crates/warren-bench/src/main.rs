@@ -14,6 +14,7 @@
 mod host;
 mod peers;
 mod report;
+mod soak;
 mod stats;
 mod warren_lib;
 mod warren_rest;
@@ -95,6 +96,7 @@ pub fn cycle_result(r: &Result<CycleStats, String>) -> String {
 
 const USAGE: &str = "\
 usage: warren-bench [--quick]
+       warren-bench soak [--cycles N] [--every N] [--concurrency N]
 
 Benchmarks Warren (through `warren up`'s REST API, and its node library in-process) against
 bubblewrap and runc on this machine and prints Markdown tables. Run as root, after
@@ -102,11 +104,20 @@ bubblewrap and runc on this machine and prints Markdown tables. Run as root, aft
 sit beside its own executable.
 
   --quick   fewer iterations (a smoke run of every measurement)
+
+`soak` runs create -> exec -> destroy cycles (default 20000, 8 at a time) and prints, at the
+start, every --every cycles (default 5000) and at the end, what the host holds: mounts,
+cgroups (Warren's and the kernel's count, dead ones included), network namespaces,
+processes, the daemon's descriptors and RSS, SUnreclaim and MemAvailable.
 ";
 
 fn main() -> std::process::ExitCode {
     let mut quick = false;
-    for a in std::env::args().skip(1) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("soak") {
+        return soak_main(&args[1..]);
+    }
+    for a in args {
         match a.as_str() {
             "--quick" => quick = true,
             "-h" | "--help" => {
@@ -194,4 +205,46 @@ fn main() -> std::process::ExitCode {
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     print!("{}", report::render(&plan, &machine, &results));
     std::process::ExitCode::SUCCESS
+}
+
+/// `warren-bench soak ...`.
+fn soak_main(args: &[String]) -> std::process::ExitCode {
+    let (mut cycles, mut every, mut conc) = (20_000u64, 5_000u64, 8usize);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let v = it.next().and_then(|v| v.parse::<u64>().ok());
+        match (a.as_str(), v) {
+            ("--cycles", Some(v)) => cycles = v,
+            ("--every", Some(v)) => every = v.max(1),
+            ("--concurrency", Some(v)) => conc = v.max(1) as usize,
+            _ => {
+                eprint!("warren-bench: bad soak arguments {args:?}\n\n{USAGE}");
+                return std::process::ExitCode::from(2);
+            }
+        }
+    }
+    let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(PathBuf::from))
+    else {
+        eprintln!("warren-bench: cannot tell where its own executable is");
+        return std::process::ExitCode::FAILURE;
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("warren-bench: tokio runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(soak::run(&exe_dir, cycles, every, conc)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("warren-bench soak: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }
