@@ -11,6 +11,7 @@
 //! them. It reports; it never fails because a number is bad. Every sandbox, container,
 //! process, cgroup and temp dir it makes is removed before it exits.
 
+mod containment;
 mod host;
 mod peers;
 mod report;
@@ -97,6 +98,7 @@ pub fn cycle_result(r: &Result<CycleStats, String>) -> String {
 const USAGE: &str = "\
 usage: warren-bench [--quick]
        warren-bench soak [--cycles N] [--every N] [--concurrency N]
+       warren-bench containment [N]
 
 Benchmarks Warren (through `warren up`'s REST API, and its node library in-process) against
 bubblewrap and runc on this machine and prints Markdown tables. Run as root, after
@@ -109,6 +111,10 @@ sit beside its own executable.
 start, every --every cycles (default 5000) and at the end, what the host holds: mounts,
 cgroups (Warren's and the kernel's count, dead ones included), network namespaces,
 processes, the daemon's descriptors and RSS, SUnreclaim and MemAvailable.
+
+`containment` measures what the defences cost (N creates per variant, default 50): create and
+exec with and without the disk quota and the system-call filter, and the disk-quota
+mechanisms (btrfs subvolume and quota group; an ext4 file system per sandbox).
 ";
 
 fn main() -> std::process::ExitCode {
@@ -116,6 +122,10 @@ fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("soak") {
         return soak_main(&args[1..]);
+    }
+    if args.first().map(String::as_str) == Some("containment") {
+        let n = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(50);
+        return containment_main(n);
     }
     for a in args {
         match a.as_str() {
@@ -244,6 +254,34 @@ fn soak_main(args: &[String]) -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("warren-bench soak: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `warren-bench containment [N]`.
+fn containment_main(n: usize) -> std::process::ExitCode {
+    let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(PathBuf::from))
+    else {
+        eprintln!("warren-bench: cannot tell where its own executable is");
+        return std::process::ExitCode::FAILURE;
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("warren-bench: tokio runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(containment::run(&exe_dir, n.max(1))) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("warren-bench containment: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }

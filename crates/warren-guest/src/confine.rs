@@ -42,11 +42,20 @@ pub fn prepare(limits: GuestLimits) -> std::io::Result<(Arc<Confinement>, OwnedF
             ),
         ],
         landlock,
-        filters: vec![
-            Program::from_bytes(ENOSYS_BPF)?,
-            Program::enosys_above(LAST_REVIEWED),
-        ],
-        notify: Some((Program::from_bytes(AGENT_BPF)?, theirs)),
+        filters: Vec::new(),
+        notify: None,
+    };
+    let c = if limits.system_call_filter {
+        Confinement {
+            filters: vec![
+                Program::from_bytes(ENOSYS_BPF)?,
+                Program::enosys_above(LAST_REVIEWED),
+            ],
+            notify: Some((Program::from_bytes(AGENT_BPF)?, theirs)),
+            ..c
+        }
+    } else {
+        c
     };
     Ok((Arc::new(c), mine))
 }

@@ -19,6 +19,7 @@ mod incidents;
 mod procs;
 mod server;
 mod setup;
+mod spawner;
 mod tarball;
 mod users;
 mod wire;
@@ -68,9 +69,13 @@ fn init() -> Result<(), String> {
     limits.max_open_files = warren_sys::confine::raise_own_open_files(limits.max_open_files);
     let confinement =
         confine::prepare(limits).map_err(|e| format!("preparing the sandbox policy: {e}"))?;
-    // Before the capabilities go: the grader's thread keeps the few it needs.
+    // While the guest has one thread and its capabilities: the spawner (a process that starts
+    // every agent command, confined once), then the grader's thread (keeps the few it needs).
+    let spawner = spawner::Spawner::start(confinement.0.clone())
+        .map_err(|e| format!("starting the spawner: {e}"))?;
     let grader =
         grader::Grader::start(&cfg).map_err(|e| format!("starting the grader thread: {e}"))?;
+    users::reserve(&[cfg.grader.uid]);
     setup::lock_down().map_err(|e| format!("dropping privileges: {e}"))?;
     // Tell the node the root is built: from now on it may rename the init's directory. A node
     // starting a sandbox directly has sent the activation already and does not listen.
@@ -80,7 +85,14 @@ fn init() -> Result<(), String> {
     drop(reader);
     drop(channel);
     let listener = std::os::unix::net::UnixListener::from(listener);
-    run(listener, act.env, started, confinement, Some(grader))
+    run(
+        listener,
+        act.env,
+        started,
+        confinement,
+        Some(grader),
+        Some(spawner),
+    )
 }
 
 /// Reads one JSON line from the configuration pipe.
@@ -102,7 +114,14 @@ fn serve_path(path: &str) -> Result<(), String> {
         std::os::unix::net::UnixListener::bind(path).map_err(|e| format!("bind {path}: {e}"))?;
     let confinement = confine::prepare(Default::default())
         .map_err(|e| format!("preparing the sandbox policy: {e}"))?;
-    run(listener, Vec::new(), Instant::now(), confinement, None)
+    run(
+        listener,
+        Vec::new(),
+        Instant::now(),
+        confinement,
+        None,
+        None,
+    )
 }
 
 fn run(
@@ -111,6 +130,7 @@ fn run(
     started: Instant,
     (confinement, listeners): (Arc<warren_sys::confine::Confinement>, std::os::fd::OwnedFd),
     grader: Option<grader::Grader>,
+    spawner: Option<spawner::Spawner>,
 ) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -130,6 +150,7 @@ fn run(
             confinement,
             incidents: Arc::new(incidents::Incidents::default()),
             grader,
+            spawner,
         });
         tokio::spawn(confine::serve_listeners(listeners, guest.incidents.clone()));
         // Reap every child, ours or orphaned into us; report ours to the process table.
@@ -139,7 +160,18 @@ fn run(
         tokio::spawn(async move {
             loop {
                 while let Some((pid, how)) = warren_sys::process::reap_any() {
-                    reaper.table.on_exit(pid, how);
+                    match &reaper.spawner {
+                        Some(sp) if sp.pid() == pid => {
+                            sp.gone();
+                            reaper.incidents.record(
+                                "management",
+                                format!("the spawner exited ({how:?}); commands now start from the agent"),
+                                Some(pid),
+                                Some("warren-spawner".into()),
+                            );
+                        }
+                        _ => reaper.table.on_exit(pid, how),
+                    }
                 }
                 if sigchld.recv().await.is_none() {
                     break;

@@ -5,6 +5,7 @@
 //! it missed; the exit status is kept until someone collects it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::fd::AsFd;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
@@ -20,6 +21,7 @@ use warren_types::api::{ExitStatus, ProcessInfo};
 use warren_types::error::ErrorCode;
 use warren_types::guest::{ExecSpec, FrameKind, StdinMode};
 
+use crate::spawner::Spawner;
 use crate::users::User;
 use crate::wire::OpError;
 
@@ -271,6 +273,7 @@ impl Table {
         base_env: &[(String, String)],
         confinement: &Arc<warren_sys::confine::Confinement>,
         grader: Option<&crate::grader::Grader>,
+        spawner: Option<&Spawner>,
     ) -> Result<(Arc<Proc>, Option<pipe::Sender>), OpError> {
         let Some(program) = spec.argv.first() else {
             return Err(OpError::invalid(
@@ -298,62 +301,73 @@ impl Table {
             }
         }
 
-        let mut cmd = Command::new(program);
-        cmd.args(&spec.argv[1..])
-            .env_clear()
-            .env(
-                "PATH",
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            )
-            .env("HOME", &user.home)
-            .env("USER", &user.name)
-            .env("LOGNAME", &user.name)
-            .env("SHELL", &user.shell)
-            .env("LANG", "C.UTF-8");
+        // The environment: the defaults, the sandbox's, the command's (later wins).
+        let mut env: Vec<(String, String)> = vec![
+            (
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            ),
+            ("HOME".into(), user.home.clone()),
+            ("USER".into(), user.name.clone()),
+            ("LOGNAME".into(), user.name.clone()),
+            ("SHELL".into(), user.shell.clone()),
+            ("LANG".into(), "C.UTF-8".into()),
+        ];
         for (k, v) in base_env.iter().chain(spec.env.iter()) {
-            cmd.env(k, v);
+            match env.iter_mut().find(|(ek, _)| ek == k) {
+                Some(e) => e.1 = v.clone(),
+                None => env.push((k.clone(), v.clone())),
+            }
         }
-        if grader.is_none() {
-            cmd.current_dir(&cwd);
-        }
-        cmd.uid(user.uid)
-            .gid(user.gid)
-            .process_group(0)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(match spec.stdin {
-                StdinMode::Null => Stdio::null(),
-                StdinMode::Frames => Stdio::piped(),
-            });
-        confinement.apply_on_exec(&mut cmd);
-
+        let launch = match (grader, spawner) {
+            (Some(g), _) => Launch::Grader(g),
+            (None, Some(s)) if s.alive() => Launch::Spawner(s),
+            (None, _) => Launch::Direct,
+        };
         let mut inner = self.inner();
         inner.next_id += 1;
         let id = inner.next_id;
-        let spawned = match grader {
-            None => cmd.spawn(),
-            Some(g) => g.spawn(cmd, spec.cwd.as_ref().map(|_| cwd.clone())),
+        let started = match launch {
+            Launch::Spawner(sp) => match spawn_via(sp, spec, user, &env, &cwd) {
+                Ok(started) => started,
+                // The spawner is gone (an agent cannot kill it, but the kernel's OOM killer
+                // can): start it here, confined in the child, as before the spawner.
+                Err(e) => {
+                    eprintln!("warren-guest: the spawner failed ({e}); starting commands directly");
+                    command(spec, user, &env, Some(&cwd), confinement)
+                        .spawn()
+                        .map(Started::from)
+                        .map_err(Failed::from)
+                }
+            },
+            Launch::Grader(g) => {
+                let cmd = command(spec, user, &env, None, confinement);
+                let cwd = spec.cwd.as_ref().map(|_| cwd.clone());
+                g.spawn(cmd, cwd).map(Started::from).map_err(Failed::from)
+            }
+            Launch::Direct => command(spec, user, &env, Some(&cwd), confinement)
+                .spawn()
+                .map(Started::from)
+                .map_err(Failed::from),
         };
-        match spawned {
-            Ok(mut child) => {
-                let pid = child.id() as i32;
+        match started {
+            Ok(st) => {
+                let pid = st.pid;
                 let proc = Proc::new(id, pid, spec, user);
                 inner.procs.insert(id, proc.clone());
                 inner.by_pid.insert(pid, id);
                 Self::evict_finished(&mut inner);
                 drop(inner);
-                let stdin = child
+                let stdin = st
                     .stdin
-                    .take()
-                    .map(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)))
+                    .map(pipe::Sender::from_owned_fd)
                     .transpose()
                     .map_err(|e| OpError::io(&e, "stdin pipe of", program))?;
-                let out = child.stdout.take().map(OwnedFd::from);
-                let err = child.stderr.take().map(OwnedFd::from);
-                // The reaper collects the child; dropping the std handle neither waits nor kills.
-                drop(child);
                 let mut pumps = Vec::new();
-                for (fd, kind) in [(out, FrameKind::Stdout), (err, FrameKind::Stderr)] {
+                for (fd, kind) in [
+                    (st.stdout, FrameKind::Stdout),
+                    (st.stderr, FrameKind::Stderr),
+                ] {
                     match fd.map(pipe::Receiver::from_owned_fd) {
                         Some(Ok(rx)) => {
                             pumps.push(tokio::spawn(pump(proc.clone(), rx, kind)).abort_handle())
@@ -367,12 +381,7 @@ impl Table {
                 }
                 Ok((proc, stdin))
             }
-            Err(e) => {
-                let (code, why) = match e.kind() {
-                    std::io::ErrorKind::NotFound => (127, "command not found".to_string()),
-                    std::io::ErrorKind::PermissionDenied => (126, "permission denied".to_string()),
-                    _ => (126, e.to_string()),
-                };
+            Err(Failed { code, why }) => {
                 let proc = Proc::new(id, 0, spec, user);
                 inner.procs.insert(id, proc.clone());
                 Self::evict_finished(&mut inner);
@@ -388,6 +397,146 @@ impl Table {
             }
         }
     }
+}
+
+/// Who starts a command.
+enum Launch<'a> {
+    /// The spawner (agent commands): confined already, nothing to install.
+    Spawner(&'a Spawner),
+    /// The grader thread, in a fresh view, confined in the child.
+    Grader(&'a crate::grader::Grader),
+    /// This process, confined in the child (development `serve` mode).
+    Direct,
+}
+
+/// A started command's pid and our ends of its pipes.
+struct Started {
+    pid: i32,
+    stdin: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+}
+
+impl From<std::process::Child> for Started {
+    fn from(mut c: std::process::Child) -> Started {
+        let s = Started {
+            pid: c.id() as i32,
+            stdin: c.stdin.take().map(OwnedFd::from),
+            stdout: c.stdout.take().map(OwnedFd::from),
+            stderr: c.stderr.take().map(OwnedFd::from),
+        };
+        // The reaper collects the child; dropping the std handle neither waits nor kills.
+        drop(c);
+        s
+    }
+}
+
+/// Why a command did not start, as a shell reports it: 127 not found, 126 not runnable.
+struct Failed {
+    code: i32,
+    why: String,
+}
+
+impl From<std::io::Error> for Failed {
+    fn from(e: std::io::Error) -> Failed {
+        match e.kind() {
+            std::io::ErrorKind::NotFound => Failed {
+                code: 127,
+                why: "command not found".into(),
+            },
+            std::io::ErrorKind::PermissionDenied => Failed {
+                code: 126,
+                why: "permission denied".into(),
+            },
+            _ => Failed {
+                code: 126,
+                why: e.to_string(),
+            },
+        }
+    }
+}
+
+/// A `Command` for the grader thread or direct spawning, confined in its child.
+fn command(
+    spec: &ExecSpec,
+    user: &User,
+    env: &[(String, String)],
+    cwd: Option<&str>,
+    confinement: &Arc<warren_sys::confine::Confinement>,
+) -> Command {
+    let mut cmd = Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(env.iter().cloned());
+    if let Some(cwd) = cwd {
+        cmd.current_dir(cwd);
+    }
+    cmd.uid(user.uid)
+        .gid(user.gid)
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(match spec.stdin {
+            StdinMode::Null => Stdio::null(),
+            StdinMode::Frames => Stdio::piped(),
+        });
+    confinement.apply_on_exec(&mut cmd);
+    cmd
+}
+
+/// Starts an agent command through the spawner, with pipes made here. The outer error: the
+/// spawner (or a pipe) failed, not the command.
+fn spawn_via(
+    sp: &Spawner,
+    spec: &ExecSpec,
+    user: &User,
+    env: &[(String, String)],
+    cwd: &str,
+) -> std::io::Result<Result<Started, Failed>> {
+    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    let stdin = match spec.stdin {
+        StdinMode::Frames => Some(pipe()?),
+        StdinMode::Null => None,
+    };
+    let req = crate::spawner::Request {
+        argv: spec.argv.clone(),
+        env: env.to_vec(),
+        cwd: cwd.to_string(),
+        uid: user.uid,
+        gid: user.gid,
+        stdin: stdin.is_some(),
+    };
+    let answer = sp.spawn(
+        &req,
+        stdin.as_ref().map(|(r, _)| r.as_fd()),
+        out_w.as_fd(),
+        err_w.as_fd(),
+    )?;
+    Ok(match answer {
+        crate::spawner::Answer::Started { pid } => Ok(Started {
+            pid,
+            stdin: stdin.map(|(_, w)| w),
+            stdout: Some(out_r),
+            stderr: Some(err_r),
+        }),
+        crate::spawner::Answer::Failed {
+            exec,
+            errno,
+            message,
+        } => {
+            let e = std::io::Error::from_raw_os_error(errno);
+            if exec {
+                Err(Failed::from(e))
+            } else {
+                Err(Failed {
+                    code: 126,
+                    why: message,
+                })
+            }
+        }
+    })
 }
 
 async fn pump(proc: Arc<Proc>, mut rx: pipe::Receiver, kind: FrameKind) {

@@ -28,6 +28,8 @@ pub struct Guest {
     pub incidents: Arc<crate::incidents::Incidents>,
     /// The grader role (none in development `serve` mode).
     pub grader: Option<crate::grader::Grader>,
+    /// Starts agent commands (none in development `serve` mode).
+    pub spawner: Option<crate::spawner::Spawner>,
 }
 
 /// Accepts connections until the listener fails.
@@ -298,7 +300,14 @@ async fn start(
             (gr.user(), Some(gr))
         }
     };
-    let (proc, stdin) = g.table.start(spec, &user, &g.env, &g.confinement, grader)?;
+    let (proc, stdin) = g.table.start(
+        spec,
+        &user,
+        &g.env,
+        &g.confinement,
+        grader,
+        g.spawner.as_ref(),
+    )?;
     let started = Reply::Started {
         process: proc.id,
         pid: proc.pid,

@@ -1,5 +1,7 @@
 //! Who a command or file operation acts as, from the sandbox's own `/etc/passwd`.
 
+use std::sync::OnceLock;
+
 use warren_types::error::ErrorCode;
 
 use crate::wire::OpError;
@@ -19,14 +21,49 @@ const MAX_PASSWD: u64 = 4 << 20;
 
 /// Looks `who` (a name or a numeric uid) up in `/etc/passwd`. The sandbox owns that file: a
 /// FIFO or device planted there is refused without a read, and at most 4 MiB is read.
+/// Ids of the platform's own (the grader's, the spawner's): no agent command or file
+/// operation runs as one, whatever the sandbox's `/etc/passwd` says (the sandbox writes it).
+static RESERVED: OnceLock<Vec<u32>> = OnceLock::new();
+
+/// Sets the reserved ids beside the spawner's (once, at start).
+pub fn reserve(ids: &[u32]) {
+    let mut all = vec![crate::spawner::SPAWNER_UID];
+    all.extend_from_slice(ids);
+    let _ = RESERVED.set(all);
+}
+
+fn reserved(id: u32) -> bool {
+    id == crate::spawner::SPAWNER_UID || RESERVED.get().is_some_and(|r| r.contains(&id))
+}
+
+/// Looks `who` (a name or a numeric uid) up in `/etc/passwd`. The sandbox owns that file: a
+/// FIFO or device planted there is refused without a read, and at most 4 MiB is read.
 pub fn lookup(who: &str) -> Result<User, OpError> {
     let passwd = crate::files::read_small("/etc/passwd", MAX_PASSWD).unwrap_or_default();
-    find(&passwd, who).ok_or_else(|| {
+    let user = find(&passwd, who).ok_or_else(|| {
         OpError::new(
             ErrorCode::InvalidArgument,
             format!("user {who:?} does not exist in the sandbox's /etc/passwd; use \"user\" (uid 1000), \"root\", or a numeric uid"),
         )
-    })
+    })?;
+    check_not_reserved(&user)?;
+    Ok(user)
+}
+
+fn check_not_reserved(user: &User) -> Result<(), OpError> {
+    for (what, id) in [("uid", user.uid), ("gid", user.gid)] {
+        if reserved(id) {
+            return Err(OpError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "user {:?} has {what} {id}, which the platform reserves for its own processes \
+                     (the grader role and the command spawner); run as another user",
+                    user.name
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn find(passwd: &str, who: &str) -> Option<User> {
@@ -73,5 +110,17 @@ mod tests {
         assert_eq!(find(PASSWD, "1000").unwrap().home, "/home/user");
         assert_eq!(find(PASSWD, "4242").unwrap().gid, 4242);
         assert!(find(PASSWD, "nobody").is_none());
+    }
+
+    #[test]
+    fn platform_ids_are_refused_by_number_and_by_a_planted_name() {
+        reserve(&[61000]);
+        let planted = "evil:x:61000:100::/:/bin/sh\nsneaky:x:100:61001::/:/bin/sh\n";
+        for who in ["evil", "sneaky", "61000", "61001"] {
+            let u = find(planted, who).unwrap();
+            let e = check_not_reserved(&u).unwrap_err();
+            assert!(e.message.contains("reserves"), "{who}: {}", e.message);
+        }
+        assert!(check_not_reserved(&find(PASSWD, "user").unwrap()).is_ok());
     }
 }

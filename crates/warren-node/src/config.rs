@@ -39,6 +39,10 @@ pub struct NodeConfig {
     pub open_files: u64,
     /// The most a sandbox process may raise its open-file limit to (hard limit). Default 65536.
     pub max_open_files: u64,
+    /// Whether sandbox commands run under the system-call policy. Turn it off only to measure
+    /// what it costs (`warren-bench containment` does): without it, agents can make user
+    /// namespaces, mount, load BPF. Default true.
+    pub seccomp: bool,
     /// The grader role's uid (and gid), which no agent process has. Default 61000.
     pub grader_uid: u32,
     /// The agent's directories a grader command sees, where they exist. Default
@@ -103,6 +107,7 @@ impl Default for NodeConfig {
             max_pids: 32768,
             open_files: 4096,
             max_open_files: 65536,
+            seccomp: true,
             grader_uid: 61000,
             grader_paths: vec!["/home/user".into(), "/workspace".into()],
             grader_tmp: ByteSize(256 << 20),
@@ -139,6 +144,7 @@ impl NodeConfig {
         warren_types::guest::GuestLimits {
             open_files: self.open_files.min(self.max_open_files),
             max_open_files: self.max_open_files,
+            system_call_filter: self.seccomp,
         }
     }
 }

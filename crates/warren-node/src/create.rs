@@ -703,6 +703,7 @@ impl Node {
             join_cgroups: &procs,
             into_cgroup: dirfd,
             fds: &fds,
+            ..warren_sys::spawn::SpawnSpec::new(&program, &[], &[])
         })?;
         let start_time = warren_sys::process::start_time(spawned.pid).unwrap_or(0);
         let mut line = serde_json::to_vec(&config).map_err(std::io::Error::other)?;

@@ -67,6 +67,11 @@ impl Prepared {
     }
 }
 
+/// Largest command line (`cmd`, or `argv` with a NUL after each argument).
+pub const MAX_ARGV_BYTES: usize = 1 << 20;
+/// Most arguments.
+pub const MAX_ARGS: usize = 65536;
+
 /// Checks an exec request; `default_timeout` applies when it names none.
 pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepared, NodeError> {
     let bad = |m: &str| Err(NodeError::Invalid(m.to_string()));
@@ -89,6 +94,16 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
     };
     if argv.iter().any(|a| a.contains('\0')) {
         return bad("the command contains a NUL byte");
+    }
+    let argv_bytes: usize = argv.iter().map(|a| a.len() + 1).sum();
+    if argv_bytes > MAX_ARGV_BYTES || argv.len() > MAX_ARGS {
+        return Err(NodeError::Invalid(format!(
+            "the command is {} arguments, {argv_bytes} bytes; at most {MAX_ARGS} arguments and {} \
+             (execve itself allows about 2 MiB with the environment): pass large inputs as stdin \
+             or as a file",
+            argv.len(),
+            ByteSize(MAX_ARGV_BYTES as u64)
+        )));
     }
     check_env(&req.env)?;
     if let Some(cwd) = &req.cwd {

@@ -66,11 +66,24 @@ pub enum StartError {
         "guest agent binary {0} not found: build it (cargo build -p warren-guest) or set guest_binary"
     )]
     Guest(PathBuf),
+    /// A setting that cannot work.
+    #[error("configuration: {0}")]
+    Config(String),
 }
 
 impl Node {
     /// Prepares the host and re-adopts surviving sandboxes.
     pub async fn start(cfg: NodeConfig) -> Result<(Arc<Node>, AdoptReport), StartError> {
+        // The grader's uid must be no one else's: not root's, not the default user's, not the
+        // guest's spawner's.
+        if [0, 1000, warren_types::guest::SPAWNER_UID].contains(&cfg.grader_uid) {
+            return Err(StartError::Config(format!(
+                "grader_uid = {} is taken (0 is root, 1000 the default user, {} the guest's \
+                 spawner): pick another uid no agent uses, e.g. 61000",
+                cfg.grader_uid,
+                warren_types::guest::SPAWNER_UID
+            )));
+        }
         let root = cfg.state_dir.clone();
         let state_err = |path: PathBuf| move |source| StartError::State { path, source };
         let dirs = Dirs {
@@ -219,5 +232,28 @@ fn node_id(root: &std::path::Path) -> std::io::Result<NodeId> {
             Ok(id)
         }
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod start_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_taken_grader_uid_is_refused_before_anything_is_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        for uid in [0, 1000, warren_types::guest::SPAWNER_UID] {
+            let cfg = NodeConfig {
+                state_dir: dir.path().join("state"),
+                grader_uid: uid,
+                ..Default::default()
+            };
+            match Node::start(cfg).await {
+                Err(StartError::Config(m)) => assert!(m.contains("grader_uid"), "{m}"),
+                Err(e) => panic!("uid {uid}: {e}"),
+                Ok(_) => panic!("uid {uid} accepted"),
+            }
+            assert!(!dir.path().join("state").exists());
+        }
     }
 }

@@ -105,6 +105,54 @@ impl Confinement {
     }
 }
 
+impl Confinement {
+    /// Applies the confinement to the calling process itself, once (the guest's spawner: every
+    /// process it starts inherits it). The process must have one thread.
+    pub fn apply_to_self(&self) -> io::Result<()> {
+        for &(r, soft, hard) in &self.rlimits {
+            let lim = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: setrlimit reads the rlimit on this stack.
+            if unsafe { libc::setrlimit(r as _, &lim) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if let Some(fd) = &self.landlock {
+            // SAFETY: landlock_restrict_self takes a descriptor and flags.
+            if unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) } < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        for p in &self.filters {
+            let f = p.fprog();
+            if install(f.len, f.filter as usize, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if let Some((p, sock)) = &self.notify {
+            let f = p.fprog();
+            let listener = install(
+                f.len,
+                f.filter as usize,
+                libc::SECCOMP_FILTER_FLAG_NEW_LISTENER as libc::c_uint,
+            );
+            if listener < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: the kernel just returned this descriptor, which we now own.
+            let listener =
+                unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(listener as i32) };
+            if !send_fd(sock.as_raw_fd(), listener.as_raw_fd()) {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Installs the filter of `len` instructions at `addr` (for the child: a raw system call on a
 /// `sock_fprog` built on the stack).
 fn install(len: u16, addr: usize, flags: libc::c_uint) -> libc::c_long {

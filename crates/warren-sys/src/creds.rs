@@ -89,6 +89,29 @@ pub fn keep_only_grader_capabilities() -> io::Result<()> {
     Ok(())
 }
 
+/// Becomes `uid`/`gid` (no supplementary groups) while keeping `CAP_SETUID` and `CAP_SETGID`
+/// only, so that the caller can start processes as any user but no process of another uid can
+/// signal or trace it. For a single-threaded process (the guest's spawner).
+pub fn become_spawner(uid: u32, gid: u32) -> io::Result<()> {
+    use rustix::process::{Gid, Uid};
+    rustix::thread::set_keep_capabilities(true)?;
+    rustix::thread::set_thread_groups(&[])?;
+    let (g, u) = (Gid::from_raw(gid), Uid::from_raw(uid));
+    rustix::thread::set_thread_res_gid(g, g, g)?;
+    rustix::thread::set_thread_res_uid(u, u, u)?;
+    let keep = CapabilitySet::SETUID | CapabilitySet::SETGID;
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: keep,
+            permitted: keep,
+            inheritable: CapabilitySet::empty(),
+        },
+    )?;
+    rustix::thread::set_keep_capabilities(false)?;
+    Ok(())
+}
+
 /// Sets `no_new_privs`: nothing this process execs can gain privileges (set-user-id bits and
 /// file capabilities are ignored). Inherited by every child.
 pub fn set_no_new_privs() -> io::Result<()> {
@@ -100,6 +123,16 @@ pub fn set_no_new_privs() -> io::Result<()> {
 pub fn set_not_dumpable() -> io::Result<()> {
     Ok(rustix::process::set_dumpable_behavior(
         rustix::process::DumpableBehavior::NotDumpable,
+    )?)
+}
+
+/// Marks the process dumpable again after a change of uid made it not (the kernel does so on
+/// every credential change): its `/proc/<pid>/` entries then belong to its own uid rather
+/// than to root, so a root without capabilities (a sandbox's) cannot list its descriptors or
+/// raise its `oom_score_adj`; tracing it still needs its uid or `CAP_SYS_PTRACE`.
+pub fn set_dumpable() -> io::Result<()> {
+    Ok(rustix::process::set_dumpable_behavior(
+        rustix::process::DumpableBehavior::Dumpable,
     )?)
 }
 

@@ -13,6 +13,7 @@
 //! - [`creds`]: capabilities, securebits, no_new_privs, per-thread file system credentials.
 //! - [`net`]: bringing up loopback in a fresh network namespace.
 //! - [`seccomp`]: system-call filters and their notifications.
+//! - [`unix`]: messages with descriptors; a fork for single-threaded processes.
 //! - [`confine`]: what a sandbox command gets between fork and exec (limits, Landlock,
 //!   filters), and the sandbox's own session keyring.
 
@@ -25,5 +26,6 @@ pub mod net;
 pub mod process;
 pub mod seccomp;
 pub mod spawn;
+pub mod unix;
 
 pub use rustix::io::Errno;

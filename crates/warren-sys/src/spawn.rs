@@ -79,6 +79,34 @@ pub struct SpawnSpec<'a> {
     /// File descriptors for the child: `(fd in the parent, number in the child)`. Every other
     /// descriptor is closed on exec (the daemon opens everything close-on-exec).
     pub fds: &'a [(BorrowedFd<'a>, RawFd)],
+    /// Programs tried in turn after `program` when it is missing or not executable (a `PATH`
+    /// search prepared by the caller).
+    pub search: &'a [&'a Path],
+    /// Make the child a child of the caller's parent (`CLONE_PARENT`): it reaps it.
+    pub sibling: bool,
+    /// `(uid, gid)` to switch to (no supplementary groups) before the exec.
+    pub credentials: Option<(u32, u32)>,
+    /// Working directory to change to before the exec.
+    pub cwd: Option<&'a Path>,
+}
+
+impl<'a> SpawnSpec<'a> {
+    /// A spec with nothing but the program, its arguments and environment.
+    pub fn new(program: &'a Path, args: &'a [&'a str], env: &'a [(&'a str, &'a str)]) -> Self {
+        SpawnSpec {
+            program,
+            args,
+            env,
+            namespaces: Namespaces::default(),
+            join_cgroups: &[],
+            into_cgroup: None,
+            fds: &[],
+            search: &[],
+            sibling: false,
+            credentials: None,
+            cwd: None,
+        }
+    }
 }
 
 /// A started child.
@@ -98,14 +126,19 @@ const HIGH_FD: RawFd = 64;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// Stage codes the child reports on failure (first byte of the error message).
-const STAGE_NAMES: [&str; 6] = [
+const STAGE_NAMES: [&str; 8] = [
     "setsid",
     "join cgroup",
     "dup2",
     "sigprocmask",
     "execve",
+    "chdir",
+    "switching user",
     "unknown",
 ];
+
+/// The stage code of a failed exec (the program could not be run at all).
+pub const STAGE_EXEC: &str = "execve";
 
 fn cstring(s: &[u8], what: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| {
@@ -124,6 +157,16 @@ fn cstring(s: &[u8], what: &str) -> io::Result<CString> {
 pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
     // Everything the child touches is prepared here, before the clone.
     let program = cstring(spec.program.as_os_str().as_bytes(), "program path")?;
+    let alternatives: Vec<CString> = spec
+        .search
+        .iter()
+        .map(|p| cstring(p.as_os_str().as_bytes(), "program path"))
+        .collect::<io::Result<_>>()?;
+    let alternatives: Vec<&CStr> = alternatives.iter().map(CString::as_c_str).collect();
+    let cwd = spec
+        .cwd
+        .map(|c| cstring(c.as_os_str().as_bytes(), "working directory"))
+        .transpose()?;
     let args: Vec<CString> = spec
         .args
         .iter()
@@ -180,14 +223,27 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
         joins: &joins,
         moves: &moves,
         program: &program,
+        alternatives: &alternatives,
         argv: &argv,
         envp: &envp,
         err_fd: err_w_raw,
+        cwd: cwd.as_deref(),
+        credentials: spec.credentials,
+    };
+    let sibling = if spec.sibling {
+        libc::CLONE_PARENT as u64
+    } else {
+        0
     };
     let mut pidfd: libc::c_int = -1;
     let ret = match spec.into_cgroup {
-        None => clone_vfork(spec.namespaces.clone_flags(), &child, &mut pidfd),
-        Some(cg) => clone3_into_cgroup(spec.namespaces.clone_flags(), cg, &child, &mut pidfd),
+        None => clone_vfork(spec.namespaces.clone_flags() | sibling, &child, &mut pidfd),
+        Some(cg) => clone3_into_cgroup(
+            spec.namespaces.clone_flags() | sibling,
+            cg,
+            &child,
+            &mut pidfd,
+        ),
     };
     if ret < 0 {
         return Err(io::Error::last_os_error());
@@ -211,7 +267,11 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
         let os = io::Error::from_raw_os_error(errno);
         return Err(io::Error::new(
             os.kind(),
-            format!("starting {}: {stage} failed: {os}", spec.program.display()),
+            SpawnError {
+                stage,
+                errno,
+                message: format!("starting {}: {stage} failed: {os}", spec.program.display()),
+            },
         ));
     }
     Ok(Spawned { pid, pidfd })
@@ -233,6 +293,24 @@ fn close_ranges(keep: &[u32]) -> Vec<(u32, u32)> {
     out
 }
 
+/// Why a spawn failed: the child's stage and errno (inside the `io::Error`).
+#[derive(Debug)]
+pub struct SpawnError {
+    /// The stage that failed (`execve`: the program could not be run).
+    pub stage: &'static str,
+    /// Its errno.
+    pub errno: i32,
+    message: String,
+}
+
+impl std::fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for SpawnError {}
+
 /// What the child needs, all prepared before the clone.
 struct ChildArgs<'a> {
     /// Descriptor ranges to close at once.
@@ -240,9 +318,12 @@ struct ChildArgs<'a> {
     joins: &'a [RawFd],
     moves: &'a [(RawFd, RawFd)],
     program: &'a CStr,
+    alternatives: &'a [&'a CStr],
     argv: &'a [*const libc::c_char],
     envp: &'a [*const libc::c_char],
     err_fd: RawFd,
+    cwd: Option<&'a CStr>,
+    credentials: Option<(u32, u32)>,
 }
 
 /// Stack for the vfork-style child: it runs a few raw system calls and execs.
@@ -359,9 +440,12 @@ fn child_after_clone(a: &ChildArgs<'_>) -> ! {
         joins,
         moves,
         program,
+        alternatives,
         argv,
         envp,
         err_fd,
+        cwd,
+        credentials,
     } = *a;
     let fail = |stage: u8| -> ! {
         // SAFETY: errno location is thread-local and valid; write and exit_group are raw
@@ -395,6 +479,21 @@ fn child_after_clone(a: &ChildArgs<'_>) -> ! {
                 fail(2);
             }
         }
+        if let Some((uid, gid)) = credentials {
+            // Raw system calls: this thread's credentials only (the child has one thread).
+            if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) < 0
+                || libc::syscall(libc::SYS_setresgid, gid, gid, gid) < 0
+                || libc::syscall(libc::SYS_setresuid, uid, uid, uid) < 0
+            {
+                fail(6);
+            }
+        }
+        // After the switch: the directory must be the user's to enter.
+        if let Some(dir) = cwd
+            && libc::syscall(libc::SYS_chdir, dir.as_ptr()) < 0
+        {
+            fail(5);
+        }
         let empty: libc::sigset_t = std::mem::zeroed();
         if libc::syscall(
             libc::SYS_rt_sigprocmask,
@@ -412,6 +511,25 @@ fn child_after_clone(a: &ChildArgs<'_>) -> ! {
             argv.as_ptr(),
             envp.as_ptr(),
         );
+        // A PATH search: on to the next candidate while the error says "not this one"; a
+        // permission error is remembered (it wins over "not found", as in a shell).
+        let first = *libc::__errno_location();
+        if first != libc::EACCES && first != libc::ENOENT && first != libc::ENOTDIR {
+            fail(4);
+        }
+        let mut denied = first == libc::EACCES;
+        for alt in alternatives {
+            libc::syscall(libc::SYS_execve, alt.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            let e = *libc::__errno_location();
+            if e == libc::EACCES {
+                denied = true;
+            } else if e != libc::ENOENT && e != libc::ENOTDIR {
+                fail(4);
+            }
+        }
+        if denied {
+            *libc::__errno_location() = libc::EACCES;
+        }
     }
     fail(4)
 }
@@ -453,6 +571,10 @@ mod tests {
             join_cgroups: &[],
             into_cgroup: None,
             fds,
+            search: &[],
+            sibling: false,
+            credentials: None,
+            cwd: None,
         }
     }
 
@@ -532,6 +654,10 @@ mod v2_tests {
             join_cgroups: &[],
             into_cgroup: Some(cg.as_fd()),
             fds: &fds,
+            search: &[],
+            sibling: false,
+            credentials: None,
+            cwd: None,
         };
         let spawned = spawn(&spec);
         drop(w);

@@ -352,6 +352,10 @@ pub struct InitConfig {
     pub grader: GraderSpec,
 }
 
+/// The uid (and gid) of the guest's spawner, the process that starts every agent command: no
+/// agent process has it.
+pub const SPAWNER_UID: u32 = 61001;
+
 /// The grader role (node settings): its uid and the agent's directories it sees.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GraderSpec {
@@ -380,6 +384,13 @@ pub struct GuestLimits {
     pub open_files: u64,
     /// `RLIMIT_NOFILE` hard limit.
     pub max_open_files: u64,
+    /// Whether commands run under the system-call policy (off only to measure its cost).
+    #[serde(default = "yes")]
+    pub system_call_filter: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for GuestLimits {
@@ -387,6 +398,7 @@ impl Default for GuestLimits {
         GuestLimits {
             open_files: 4096,
             max_open_files: 65536,
+            system_call_filter: true,
         }
     }
 }

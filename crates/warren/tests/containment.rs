@@ -5,7 +5,7 @@
 mod common;
 
 use common::Platform;
-use warren_sdk::{CreateSandbox, ExecRequest, Sandbox, shell};
+use warren_sdk::{CreateSandbox, ExecRequest, Sandbox, argv, shell};
 
 async fn host_sandbox(p: &Platform) -> Sandbox {
     p.client()
@@ -268,6 +268,182 @@ async fn a_burst_is_one_event_and_attacks_on_the_agent_are_named() {
         .unwrap();
     assert!(after.len() >= 4, "{after:?}");
     p.assert_clean();
+}
+
+/// The spawner (the process that starts every agent command, confined once) is out of the
+/// agent's reach, root included: no signal, no trace, no limit, none of its /proc files; and
+/// if it goes anyway (killed from outside here, as the kernel's OOM killer could), commands
+/// still run, still confined, and its loss is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_spawner_is_out_of_reach_and_its_loss_is_survived() {
+    require_root!();
+    let p = Platform::start();
+    let sb = host_sandbox(&p).await;
+    let probe = r#"
+import ctypes, os, signal
+l = ctypes.CDLL(None, use_errno=True)
+pid = next(int(d) for d in os.listdir("/proc") if d.isdigit() and open(f"/proc/{d}/comm").read().strip() == "warren-spawner")
+out = []
+def errno_of(r):
+    return "ok" if r == 0 else os.strerror(ctypes.get_errno())
+for sig in (signal.SIGKILL, signal.SIGSTOP):
+    try:
+        os.kill(pid, sig); out.append("kill:ok")
+    except OSError as e:
+        out.append("kill:" + e.strerror)
+out.append("ptrace:" + errno_of(l.ptrace(16, pid, 0, 0)))
+out.append("prlimit:" + errno_of(l.syscall(302, pid, 7, 0, 0)))
+for f in ("environ", "mem", "fd", "oom_score_adj", "cgroup"):
+    path = f"/proc/{pid}/{f}"
+    try:
+        if f == "fd":
+            os.listdir(path)
+        elif f == "oom_score_adj":
+            open(path, "w").write("1000")
+        elif f == "cgroup":
+            open("/sys/fs/cgroup/cgroup.procs", "w").write(str(pid))
+        else:
+            open(path, "rb").read(1)
+        out.append(f + ":ok")
+    except OSError as e:
+        out.append(f + ":" + e.strerror)
+print(pid, " ".join(out))
+"#;
+    for root in [false, true] {
+        let (code, out, err) = run(&sb, &format!("python3 -c '{probe}'"), root).await;
+        assert_eq!(code, 0, "{err}");
+        let mut words = out.split_whitespace();
+        assert_eq!(words.next(), Some("2"), "the spawner is PID 2: {out}");
+        for w in words {
+            assert!(
+                !w.ends_with(":ok"),
+                "as root={root}, the agent reached the spawner: {out}"
+            );
+        }
+    }
+    // Nor may an agent command or file operation take its uid (or the grader's), by number or
+    // by a name the agent planted in /etc/passwd.
+    let (code, _, err) = run(
+        &sb,
+        "echo evil:x:61001:61001::/:/bin/sh >> /etc/passwd; echo grader2:x:61000:100::/:/bin/sh >> /etc/passwd",
+        true,
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    for who in ["61001", "61000", "evil", "grader2"] {
+        let r = sb
+            .exec(&ExecRequest {
+                user: Some(who.into()),
+                ..argv(["true"])
+            })
+            .await;
+        let e = r.expect_err(who);
+        assert!(e.to_string().contains("reserves"), "{who}: {e}");
+    }
+    // Its commands run as the user asked, with no capabilities, and cannot gain any.
+    let (_, out, _) = run(
+        &sb,
+        "id -u; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t' ' '",
+        true,
+    )
+    .await;
+    assert_eq!(
+        out,
+        "0\nCapEff: 0000000000000000\nCapBnd: 0000000000000000\nNoNewPrivs: 1\nSeccomp: 2\n"
+    );
+    // Killed from outside: found on the host as the guest's child named warren-spawner (the
+    // guest found as the parent of a command of this sandbox: commands are the guest's
+    // children).
+    let marker = "sleep 4242.4242";
+    sb.start_process(&argv(["sleep", "4242.4242"]))
+        .await
+        .unwrap();
+    let guest = host_processes()
+        .into_iter()
+        .find(|(_, _, cmdline, cg)| cmdline == marker && cg.contains(&p.cgroup_parent))
+        .map(|(_, ppid, _, _)| ppid)
+        .expect("the background command on the host");
+    let spawner = host_processes()
+        .into_iter()
+        .find(|(pid, ppid, _, _)| *ppid == guest && comm(*pid) == "warren-spawner")
+        .map(|(pid, ..)| pid)
+        .expect("the spawner on the host");
+    // It holds nothing of the guest's but its own channel, the listener channel, its Landlock
+    // ruleset and the standard descriptors.
+    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{spawner}/fd"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e.file_name().to_string_lossy(),
+                std::fs::read_link(e.path()).unwrap().display()
+            )
+        })
+        .collect();
+    let sockets = fds.iter().filter(|f| f.contains(" socket:")).count();
+    assert!(
+        sockets <= 2
+            && fds.len() <= 7
+            && fds.iter().all(|f| f.ends_with("/dev/null")
+                || f.ends_with("/guest.log")
+                || f.contains(" socket:")
+                || f.ends_with("anon_inode:[landlock-ruleset]")),
+        "the spawner holds more than it needs: {fds:?}"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(spawner).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let ev = events_until(
+        &p,
+        sb.id().as_str(),
+        warren_sdk::EventKind::Management,
+        |e| e.iter().any(|e| e.detail.starts_with("the spawner exited")),
+    )
+    .await;
+    assert!(!ev.is_empty());
+    for _ in 0..3 {
+        let (code, out, _) = run(&sb, "echo alive; grep Seccomp: /proc/self/status", false).await;
+        assert_eq!((code, out.as_str()), (0, "alive\nSeccomp:\t2\n"));
+    }
+    let (code, _, err) = run(&sb, "unshare -U true", false).await;
+    assert_ne!(code, 0, "still confined after the fallback: {err}");
+    sb.kill().await.unwrap();
+    p.assert_clean();
+}
+
+/// Every host process: (pid, parent pid, command line with spaces, cgroup file).
+fn host_processes() -> Vec<(i32, i32, String, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let Some(ppid) = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|v| v.trim().parse().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline)
+            .trim_end_matches('\0')
+            .replace('\0', " ");
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        out.push((pid, ppid, cmdline, cg));
+    }
+    out
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 /// Free bytes where the platform's data directory is.
@@ -560,12 +736,13 @@ async fn commit_holds_the_sandbox_frozen_and_follows_no_planted_link() {
     );
 
     // A layer big enough that the copy takes a while.
-    run(
+    let (code, _, err) = run(
         &sb,
-        "dd if=/dev/urandom of=/home/user/big bs=1M count=64 2>/dev/null",
-        false,
+        "dd if=/dev/urandom of=/home/user/big bs=1M count=8 2>&1 >/dev/null",
+        true,
     )
     .await;
+    assert_eq!(code, 0, "{err}");
     let committer = {
         let sb = sb.clone();
         tokio::spawn(async move {
@@ -590,9 +767,13 @@ async fn commit_holds_the_sandbox_frozen_and_follows_no_planted_link() {
     let (committed, commit_done) = committer.await.unwrap();
     committed.unwrap();
     assert_eq!(r.status.exit_code, 0);
+    // The node answers the commit just after it thaws the sandbox, so the exec (queued
+    // behind it) may be answered a moment sooner; had it run during the copy, it would have
+    // been answered seconds sooner.
     assert!(
-        exec_done >= commit_done,
-        "an exec ran (thawed the sandbox) while its layer was being copied"
+        exec_done + std::time::Duration::from_millis(250) >= commit_done,
+        "an exec ran (thawed the sandbox) while its layer was being copied ({:?} early)",
+        commit_done - exec_done
     );
     assert_eq!(
         list_xattrs(&upper.join("etc")),

@@ -67,6 +67,16 @@ async fn exec_semantics() {
         })
         .await;
     assert!(r.is_err(), "a missing cwd is an error");
+    // A long command line (800 KB, more than a socket carries by default) runs; one past the
+    // node's bound is a 400 that says so, and the sandbox goes on.
+    let mut long = vec!["sh".to_string(), "-c".into(), "echo $#".into(), "x".into()];
+    long.extend((0..8000).map(|i| format!("{i:0>100}")));
+    let r = sb.exec(&argv(long.clone())).await.unwrap();
+    assert_eq!(r.stdout, "8000\n", "{r:?}");
+    long.extend((0..3000).map(|i| format!("{i:0>100}")));
+    let e = sb.exec(&argv(long)).await.unwrap_err();
+    assert!(e.to_string().contains("at most"), "{e}");
+    assert_eq!(sb.exec(&argv(["true"])).await.unwrap().status.exit_code, 0);
     // Binary stdin and output round-trip.
     let mut req = argv(["cat"]);
     set_stdin(&mut req, vec![0, 255, 1, 254]);
@@ -83,7 +93,7 @@ async fn exec_semantics() {
         })
         .await
         .unwrap();
-    assert_eq!(r.stdout, "0\nCapEff:\t0000000000000000\n");
+    assert_eq!(r.stdout, "0\nCapEff:\t0000000000000000\n", "{r:?}");
     let r = sb
         .exec(&ExecRequest {
             user: Some("4242".into()),

@@ -1,0 +1,107 @@
+//! Messages with descriptors (`SCM_RIGHTS`) on unix sockets, and a fork for a process that is
+//! known to have one thread.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+/// Most descriptors one message carries.
+pub const MAX_FDS: usize = 4;
+
+/// Sends `data` with `fds` attached.
+pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::other("too many descriptors for one message"));
+    }
+    let n = rustix::net::sendmsg(
+        sock,
+        &[IoSlice::new(data)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    if n != data.len() {
+        return Err(io::Error::other("a message was cut short"));
+    }
+    Ok(())
+}
+
+/// Receives one message into `buf` with the descriptors it carries. `Ok((0, []))` when the
+/// peer is gone.
+pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let r = rustix::net::recvmsg(
+        sock,
+        &mut [IoSliceMut::new(buf)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = msg {
+            fds.extend(rights);
+        }
+    }
+    Ok((r.bytes, fds))
+}
+
+/// Forks. Only for a process that has one thread (checked: a fork of a multi-threaded process
+/// could inherit a lock another thread held); the child then runs ordinary Rust. Returns the
+/// child's pid in the parent and `None` in the child.
+pub fn fork_single_threaded() -> io::Result<Option<i32>> {
+    let threads = std::fs::read_to_string("/proc/self/status")?
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    if threads != 1 {
+        return Err(io::Error::other(format!(
+            "fork refused: the process has {threads} threads"
+        )));
+    }
+    // SAFETY: the process has exactly one thread (checked above), so the child is a
+    // consistent copy: no lock can be held by a thread that does not exist in it.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        p if p < 0 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        p => Ok(Some(p)),
+    }
+}
+
+/// Closes every descriptor of this process but `keep` (with `close_range(2)` over the gaps),
+/// for a process that must hold nothing it inherited but what it uses.
+pub fn close_all_except(keep: &[RawFd]) -> io::Result<()> {
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter(|&&f| f >= 0)
+        .map(|&f| f as u32)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut lo: u32 = 0;
+    for k in keep.into_iter().chain(std::iter::once(u32::MAX)) {
+        if k > lo {
+            let hi = k - 1;
+            // SAFETY: close_range only closes descriptors; no Rust object of this process
+            // refers to one outside `keep` (the caller's contract, and why it is called right
+            // after a fork, before anything else is opened).
+            let r = unsafe { libc::syscall(libc::SYS_close_range, lo, hi, 0u32) };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        if k == u32::MAX {
+            break;
+        }
+        lo = k + 1;
+    }
+    Ok(())
+}
