@@ -121,10 +121,12 @@ async fn answer(listener: OwnedFd, incidents: Arc<Incidents>) {
             }
             match seccomp::receive(fd.get_ref().as_fd()) {
                 Ok(n) => {
-                    // The answer first: the caller waits for it.
+                    // The caller's name before the answer: once answered it may exit before
+                    // its /proc entry is read (it waits meanwhile, so a read of ~10 µs).
+                    let comm = comm(n.pid);
                     let _ = seccomp::deny(fd.get_ref().as_fd(), n.id, libc_eperm());
                     let (kind, detail) = classify(&n);
-                    incidents.record(kind, detail, Some(n.pid as i32), comm(n.pid));
+                    incidents.record(kind, detail, Some(n.pid as i32), comm);
                 }
                 // The caller died meanwhile.
                 Err(e) if e.raw_os_error() == Some(2) => {}

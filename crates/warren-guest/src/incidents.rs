@@ -70,8 +70,11 @@ impl Incidents {
                     *s = seq;
                     r.count += 1;
                     r.last_ms = now;
-                    r.pid = pid;
-                    r.comm = comm;
+                    // The latest caller, unless it could not be named (it had exited).
+                    if comm.is_some() {
+                        r.pid = pid;
+                        r.comm = comm;
+                    }
                 }
                 id
             }
