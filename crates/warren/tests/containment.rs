@@ -969,3 +969,302 @@ async fn slow_header_and_idle_connections_are_closed() {
     };
     tokio::join!(slow, idle, others);
 }
+
+/// A sandbox with small limits, for the exhaustion attacks.
+async fn small_sandbox(p: &Platform, memory: u64, pids: u32) -> Sandbox {
+    p.client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            memory: Some(warren_sdk::ByteSize(memory)),
+            pids: Some(pids),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// The guest agent of `sb` on the host: the parent of a background command of the sandbox.
+async fn guest_pid(p: &Platform, sb: &Sandbox, marker: &str) -> i32 {
+    sb.start_process(&argv(["sleep", marker])).await.unwrap();
+    let want = format!("sleep {marker}");
+    for _ in 0..50 {
+        if let Some(ppid) = host_processes()
+            .into_iter()
+            .find(|(_, _, cmdline, cg)| *cmdline == want && cg.contains(&p.cgroup_parent))
+            .map(|(_, ppid, _, _)| ppid)
+        {
+            return ppid;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the background command {want} is not on the host");
+}
+
+/// Resident memory of a host process, KiB.
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Events of `kind`, waiting up to 15 s (the kernel counters are read every 2 s).
+async fn limit_events(
+    p: &Platform,
+    sb: &Sandbox,
+    kind: warren_sdk::EventKind,
+) -> Vec<warren_sdk::Event> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let ev = events_until(p, sb.id().as_str(), kind, |e| !e.is_empty()).await;
+        if !ev.is_empty() || std::time::Instant::now() > deadline {
+            return ev;
+        }
+    }
+}
+
+/// A fork bomb fills its own sandbox's process limit and nothing else: the host and a
+/// neighbour keep forking, the bomb dies with its command, the sandbox answers again, and the
+/// refused forks are an event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_bomb_stays_in_its_sandbox_and_is_recorded() {
+    require_root!();
+    let p = Platform::start();
+    let sb = small_sandbox(&p, 256 << 20, 64).await;
+    let neighbour = host_sandbox(&p).await;
+    let bomb = ExecRequest {
+        timeout: Some(4.0),
+        ..shell("b() { b | b & }; b; sleep 10")
+    };
+    let run_bomb = {
+        let sb = sb.clone();
+        tokio::spawn(async move { sb.exec(&bomb).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // Meanwhile: the neighbour and the host fork as usual.
+    let (code, out, _) = run(
+        &neighbour,
+        "for i in 1 2 3 4 5 6 7 8; do sh -c 'echo $$' & done | wc -l",
+        false,
+    )
+    .await;
+    assert_eq!((code, out.trim()), (0, "8"));
+    assert!(
+        std::process::Command::new("true")
+            .status()
+            .unwrap()
+            .success()
+    );
+    let r = run_bomb.await.unwrap();
+    // The command timed out (or failed to fork): either way it is over, and so is the bomb,
+    // which shares its process group.
+    if let Ok(r) = &r {
+        assert_ne!(r.status.exit_code, 0, "{r:?}");
+    }
+    let mut alive = String::new();
+    for _ in 0..40 {
+        if let Ok(r) = sb
+            .exec(&shell("echo alive; ls /proc | grep -c '^[0-9]'"))
+            .await
+        {
+            alive = r.stdout;
+            let n: u32 = alive.lines().nth(1).unwrap_or("99").parse().unwrap_or(99);
+            if r.status.exit_code == 0 && n <= 4 {
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert!(
+        alive.starts_with("alive\n"),
+        "the sandbox did not recover: {alive}"
+    );
+    let n: u32 = alive.lines().nth(1).unwrap().parse().unwrap();
+    assert!(
+        n <= 4,
+        "bomb processes outlived their command: {n} processes"
+    );
+    let ev = limit_events(&p, &sb, warren_sdk::EventKind::PidsLimit).await;
+    assert!(
+        ev.iter()
+            .any(|e| e.detail == "pids limit 64" && e.count >= 1),
+        "{ev:?}"
+    );
+    assert!(
+        limit_events_now(&p, &neighbour, warren_sdk::EventKind::PidsLimit)
+            .await
+            .is_empty(),
+        "the neighbour was charged"
+    );
+    sb.kill().await.unwrap();
+    neighbour.kill().await.unwrap();
+    p.assert_clean();
+}
+
+/// Events of `kind` as they are now.
+async fn limit_events_now(
+    p: &Platform,
+    sb: &Sandbox,
+    kind: warren_sdk::EventKind,
+) -> Vec<warren_sdk::Event> {
+    events_until(p, sb.id().as_str(), kind, |_| true).await
+}
+
+/// Allocating past the memory limit kills the allocating process, not the sandbox: the guest
+/// agent and the spawner survive, the sandbox answers, and the kill is an event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_exhaustion_kills_the_hog_not_the_sandbox() {
+    require_root!();
+    let p = Platform::start();
+    let sb = small_sandbox(&p, 96 << 20, 256).await;
+    let guest = guest_pid(&p, &sb, "4243.4243").await;
+    for root in [false, true] {
+        let (code, _, err) = run(
+            &sb,
+            "python3 -c 'b=[]\nwhile True: b.append(bytearray(8<<20))'",
+            root,
+        )
+        .await;
+        assert_eq!(
+            code, 137,
+            "root={root}: the hog was not killed by the kernel: {err}"
+        );
+    }
+    assert_eq!(comm(guest), "warren-guest", "the guest agent was killed");
+    let (code, out, _) = run(&sb, "echo alive; grep -c . /proc/2/comm", false).await;
+    assert_eq!((code, out.as_str()), (0, "alive\n1\n"));
+    let ev = limit_events(&p, &sb, warren_sdk::EventKind::OomKill).await;
+    assert!(
+        ev.iter()
+            .any(|e| e.detail.starts_with("memory limit") && e.count >= 1),
+        "{ev:?}"
+    );
+    // No management event: the spawner was not the one killed.
+    let m = limit_events_now(&p, &sb, warren_sdk::EventKind::Management).await;
+    assert!(
+        !m.iter().any(|e| e.detail.starts_with("the spawner exited")),
+        "{m:?}"
+    );
+    sb.kill().await.unwrap();
+    p.assert_clean();
+}
+
+/// A command that floods its output is cut at `max_output` with the rest drained, the guest
+/// agent's memory stays flat, and the cut is an event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_flood_is_cut_and_recorded_and_the_guest_stays_small() {
+    require_root!();
+    let p = Platform::start();
+    let sb = host_sandbox(&p).await;
+    let guest = guest_pid(&p, &sb, "4244.4244").await;
+    let before = rss_kib(guest);
+    let r = sb
+        .exec(&ExecRequest {
+            max_output: Some(warren_sdk::ByteSize(1 << 20)),
+            ..shell(
+                "head -c 300M /dev/zero | tr '\\0' y; head -c 300M /dev/zero >&2; echo done >&2",
+            )
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.status.exit_code, 0, "{}", r.stderr.len());
+    assert_eq!(r.stdout.len(), 1 << 20);
+    assert!(
+        r.status.stdout_truncated && r.status.stderr_truncated,
+        "{:?}",
+        r.status
+    );
+    let after = rss_kib(guest);
+    assert!(
+        after < before + 16 * 1024,
+        "the guest grew from {before} to {after} KiB on a 600 MB flood"
+    );
+    let ev = events_until(
+        &p,
+        sb.id().as_str(),
+        warren_sdk::EventKind::OutputTruncated,
+        |e| e.len() >= 2,
+    )
+    .await;
+    let details: Vec<&str> = ev.iter().map(|e| e.detail.as_str()).collect();
+    assert!(
+        details.contains(&"stdout cut at max_output")
+            && details.contains(&"stderr cut at max_output"),
+        "{details:?}"
+    );
+    sb.kill().await.unwrap();
+    p.assert_clean();
+}
+
+/// Device nodes, immutable files, terminal injection, the host's binaries and setuid copies:
+/// each refused to uid 1000 and to root in the sandbox alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn devices_immutable_files_terminal_injection_and_setuid_are_refused() {
+    require_root!();
+    let p = Platform::start();
+    let sb = host_sandbox(&p).await;
+    let bash_before = std::fs::read("/usr/bin/bash").unwrap();
+    for root in [false, true] {
+        let who = if root { "root" } else { "user" };
+        // A block device onto the host's disk, a character device onto its memory.
+        let (code, _, err) = run(&sb, "mknod $HOME/sda b 8 0", root).await;
+        assert_ne!(code, 0, "{who}: mknod worked");
+        // EPERM (no CAP_MKNOD) or EACCES (Landlock grants no device creation).
+        assert!(
+            err.contains("Operation not permitted") || err.contains("Permission denied"),
+            "{who}: {err}"
+        );
+        let (code, _, _) = run(&sb, "mknod $HOME/mem c 1 1", root).await;
+        assert_ne!(code, 0, "{who}: mknod worked");
+        // An immutable or append-only file a grader could then not replace.
+        let (code, _, err) = run(&sb, "touch $HOME/answer && chattr +i $HOME/answer", root).await;
+        assert_ne!(code, 0, "{who}: chattr +i worked");
+        assert!(
+            err.contains("Operation not permitted") || err.contains("Inappropriate ioctl"),
+            "{who}: {err}"
+        );
+        let (code, _, _) = run(&sb, "rm -f $HOME/answer", root).await;
+        assert_eq!(
+            code, 0,
+            "{who}: the file chattr was tried on stays removable"
+        );
+        // Typing into a terminal another process reads.
+        let (code, out, err) = run(
+            &sb,
+            "python3 -c 'import fcntl,os,pty,termios\nm,s=pty.openpty()\ntry:\n fcntl.ioctl(s, termios.TIOCSTI, b\"x\"); print(\"injected\")\nexcept OSError as e: print(e.errno)'",
+            root,
+        )
+        .await;
+        assert_eq!((code, out.as_str()), (0, "1\n"), "{who}: TIOCSTI: {err}");
+        // The host's own binaries are read-only, whoever asks.
+        let (code, _, _) = run(&sb, "echo pwned > /usr/bin/bash", root).await;
+        assert_ne!(code, 0, "{who}: /usr/bin/bash was written");
+        let (code, _, _) = run(&sb, "cp /bin/sh /usr/bin/planted", root).await;
+        assert_ne!(code, 0, "{who}: a file was planted in the host's /usr");
+    }
+    // chattr and TIOCSTI met the filter (the ioctl is refused by request number).
+    let ev = events_until(&p, sb.id().as_str(), warren_sdk::EventKind::Seccomp, |e| {
+        e.iter().any(|e| e.detail == "ioctl" && e.count >= 4)
+    })
+    .await;
+    assert!(
+        ev.iter().any(|e| e.detail == "ioctl" && e.count >= 4),
+        "{ev:?}"
+    );
+    assert_eq!(std::fs::read("/usr/bin/bash").unwrap(), bash_before);
+    assert!(!std::path::Path::new("/usr/bin/planted").exists());
+    // A setuid-root copy made by root in the sandbox gives uid 1000 nothing: no_new_privs.
+    let (code, _, err) = run(
+        &sb,
+        "cp /usr/bin/id /tmp/suid-id && chmod 4755 /tmp/suid-id && ls -ld /tmp",
+        true,
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = run(&sb, "/tmp/suid-id -u; /tmp/suid-id -ru", false).await;
+    assert_eq!((code, out.as_str()), (0, "1000\n1000\n"), "{err}");
+    sb.kill().await.unwrap();
+    p.assert_clean();
+}
