@@ -251,6 +251,17 @@ fn mask() -> io::Result<()> {
             mount::bind(Path::new("dev/null"), p, false, flags::RDONLY)?;
         }
     }
+    // The guest's own OOM score: its /proc files belong to uid 0 (it is not dumpable), and
+    // raising a score needs no capability, so root in the sandbox could otherwise make the
+    // OOM killer take the guest first. (This process is PID 1 of the sandbox's namespace.)
+    if std::process::id() == 1 {
+        for f in ["proc/1/oom_score_adj", "proc/1/oom_adj"] {
+            let p = Path::new(f);
+            if p.exists() {
+                mount::bind(Path::new("dev/null"), p, false, flags::RDONLY)?;
+            }
+        }
+    }
     // One empty read-only tmpfs, bound over every masked directory.
     let mut empty: Option<&Path> = None;
     for d in MASKED_DIRS {

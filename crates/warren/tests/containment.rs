@@ -1133,6 +1133,11 @@ async fn memory_exhaustion_kills_the_hog_not_the_sandbox() {
         );
     }
     assert_eq!(comm(guest), "warren-guest", "the guest agent was killed");
+    // Nor can root in the sandbox make the guest the OOM killer's first choice.
+    // (The files are /dev/null in the sandbox: the writes go nowhere.)
+    run(&sb, "echo 1000 > /proc/1/oom_score_adj; echo 15 > /proc/1/oom_adj", true).await;
+    let score = std::fs::read_to_string(format!("/proc/{guest}/oom_score_adj")).unwrap();
+    assert_eq!(score.trim(), "0");
     let (code, out, _) = run(&sb, "echo alive; grep -c . /proc/2/comm", false).await;
     assert_eq!((code, out.as_str()), (0, "alive\n1\n"));
     let ev = limit_events(&p, &sb, warren_sdk::EventKind::OomKill).await;
@@ -1268,3 +1273,4 @@ async fn devices_immutable_files_terminal_injection_and_setuid_are_refused() {
     sb.kill().await.unwrap();
     p.assert_clean();
 }
+
