@@ -330,15 +330,30 @@ impl Table {
         let started = match launch {
             Launch::Spawner(sp) => match spawn_via(sp, spec, user, &env, &cwd) {
                 Ok(started) => started,
-                // The spawner is gone (an agent cannot kill it, but the kernel's OOM killer
-                // can): start it here, confined in the child, as before the spawner.
-                Err(e) => {
-                    eprintln!("warren-guest: the spawner failed ({e}); starting commands directly");
+                // The spawner never had it (it is gone: an agent cannot kill it, but the
+                // kernel's OOM killer can): start it here, confined in the child.
+                Err(SpawnVia::Lost(crate::spawner::Lost::NotSent(e))) => {
+                    eprintln!(
+                        "warren-guest: the spawner is gone ({e}); starting commands directly"
+                    );
                     command(spec, user, &env, Some(&cwd), confinement)
                         .spawn()
                         .map(Started::from)
                         .map_err(Failed::from)
                 }
+                // It had it and did not answer: the command may be running, so it is not
+                // started a second time; later ones start here.
+                Err(SpawnVia::Lost(e @ crate::spawner::Lost::NoAnswer(_))) => {
+                    eprintln!("warren-guest: the spawner failed ({e}); starting commands directly");
+                    Err(Failed {
+                        code: 126,
+                        why: format!("the spawner failed ({e}); run the command again"),
+                    })
+                }
+                Err(SpawnVia::Pipes(e)) => Err(Failed {
+                    code: 126,
+                    why: format!("making its pipes: {e}"),
+                }),
             },
             Launch::Grader(g) => {
                 let cmd = command(spec, user, &env, None, confinement);
@@ -388,7 +403,7 @@ impl Table {
                 drop(inner);
                 proc.append(
                     FrameKind::Stderr,
-                    format!("warren: {program}: {why}\n").as_bytes(),
+                    format!("warren: {}: {why}\n", shortened(program)).as_bytes(),
                 );
                 proc.stream_ended(FrameKind::Stdout);
                 proc.stream_ended(FrameKind::Stderr);
@@ -397,6 +412,19 @@ impl Table {
             }
         }
     }
+}
+
+/// `name`, cut to 256 bytes for a message (a program name may be 128 KiB long).
+fn shortened(name: &str) -> std::borrow::Cow<'_, str> {
+    const MAX: usize = 256;
+    if name.len() <= MAX {
+        return name.into();
+    }
+    let mut cut = MAX;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &name[..cut]).into()
 }
 
 /// Who starts a command.
@@ -486,18 +514,25 @@ fn command(
 
 /// Starts an agent command through the spawner, with pipes made here. The outer error: the
 /// spawner (or a pipe) failed, not the command.
+/// Why [`spawn_via`] has no answer from the spawner.
+enum SpawnVia {
+    /// The pipes could not be made (the spawner was not asked).
+    Pipes(std::io::Error),
+    Lost(crate::spawner::Lost),
+}
+
 fn spawn_via(
     sp: &Spawner,
     spec: &ExecSpec,
     user: &User,
     env: &[(String, String)],
     cwd: &str,
-) -> std::io::Result<Result<Started, Failed>> {
+) -> Result<Result<Started, Failed>, SpawnVia> {
     let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
+    let (out_r, out_w) = pipe().map_err(|e| SpawnVia::Pipes(e.into()))?;
+    let (err_r, err_w) = pipe().map_err(|e| SpawnVia::Pipes(e.into()))?;
     let stdin = match spec.stdin {
-        StdinMode::Frames => Some(pipe()?),
+        StdinMode::Frames => Some(pipe().map_err(|e| SpawnVia::Pipes(e.into()))?),
         StdinMode::Null => None,
     };
     let req = crate::spawner::Request {
@@ -508,12 +543,14 @@ fn spawn_via(
         gid: user.gid,
         stdin: stdin.is_some(),
     };
-    let answer = sp.spawn(
-        &req,
-        stdin.as_ref().map(|(r, _)| r.as_fd()),
-        out_w.as_fd(),
-        err_w.as_fd(),
-    )?;
+    let answer = sp
+        .spawn(
+            &req,
+            stdin.as_ref().map(|(r, _)| r.as_fd()),
+            out_w.as_fd(),
+            err_w.as_fd(),
+        )
+        .map_err(SpawnVia::Lost)?;
     Ok(match answer {
         crate::spawner::Answer::Started { pid } => Ok(Started {
             pid,

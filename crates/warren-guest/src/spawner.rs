@@ -10,15 +10,25 @@
 //! uid). Each command is started with `CLONE_PARENT`: its parent is the guest, which
 //! reaps it and collects its status as for any child.
 //!
-//! Protocol (one `SOCK_SEQPACKET` message each way): the guest sends a JSON [`Request`] with
-//! the command's stdin (or none: /dev/null), stdout and stderr as descriptors; the spawner
-//! answers with a JSON [`Answer`].
+//! The child is cloned fork-style (its own copy of the spawner's small address space) and the
+//! spawner waits at most [`EXEC_WAIT`] for its exec: once the child has switched to the
+//! agent's uid, the agent may `SIGSTOP` it, and neither the spawner nor the guest waiting on
+//! the spawner may then be held up (nor may the child's change of uid touch the spawner's own
+//! memory and `/proc` entries).
+//!
+//! Protocol (one `SOCK_SEQPACKET` message each way): the guest sends a one-byte message
+//! carrying a memfd with the JSON [`Request`] (a command line may be megabytes; a datagram
+//! that large needs a contiguous kernel allocation that can fail), then the command's stdin
+//! (or none: /dev/null), stdout and stderr; the spawner answers with a JSON [`Answer`] of at
+//! most a few KiB. The guest waits at most [`ANSWER_WAIT`]; a spawner that does not answer
+//! in time, or answers something else, is killed and commands start from the guest.
 
-use std::io;
+use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use warren_sys::confine::Confinement;
@@ -29,6 +39,19 @@ pub use warren_types::guest::SPAWNER_UID;
 /// Largest request: the node bounds the command line to 1 MiB and the environment to 64 KiB,
 /// and JSON may escape a byte in six; a larger one is answered as `execve` would (E2BIG).
 const MAX_REQUEST: usize = 8 << 20;
+
+/// How long the spawner waits for a child's exec before it answers `Started` anyway.
+pub const EXEC_WAIT: Duration = Duration::from_secs(1);
+
+/// How long the guest waits for an answer (the spawner's own work is a fork: anything near
+/// this is a spawner that stopped answering).
+pub const ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// Longest error message in an answer.
+const MAX_MESSAGE: usize = 1024;
+
+/// Largest answer the guest reads.
+const MAX_ANSWER: usize = 16 << 10;
 
 /// A command to start.
 #[derive(Debug, Serialize, Deserialize)]
@@ -55,6 +78,25 @@ pub enum Answer {
     },
 }
 
+/// Why a command could not be given to the spawner or its answer was lost. Either way the
+/// spawner is killed (and commands start from the guest from then on).
+#[derive(Debug)]
+pub enum Lost {
+    /// The request never reached it: the command did not start, and may be started otherwise.
+    NotSent(io::Error),
+    /// It had the request but gave no answer: the command may have started.
+    NoAnswer(io::Error),
+}
+
+impl std::fmt::Display for Lost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lost::NotSent(e) => write!(f, "the request could not be sent: {e}"),
+            Lost::NoAnswer(e) => write!(f, "no answer: {e}"),
+        }
+    }
+}
+
 /// The guest's handle on its spawner.
 pub struct Spawner {
     sock: Mutex<OwnedFd>,
@@ -72,10 +114,16 @@ impl Spawner {
             rustix::net::SocketFlags::CLOEXEC,
             None,
         )?;
-        // Room for the largest request in one message (forced past `wmem_max`: the guest is
-        // still privileged here).
-        rustix::net::sockopt::set_socket_send_buffer_size_force(&mine, 2 * MAX_REQUEST)?;
-        rustix::net::sockopt::set_socket_recv_buffer_size_force(&theirs, 2 * MAX_REQUEST)?;
+        rustix::net::sockopt::set_socket_timeout(
+            &mine,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(ANSWER_WAIT),
+        )?;
+        rustix::net::sockopt::set_socket_timeout(
+            &mine,
+            rustix::net::sockopt::Timeout::Send,
+            Some(ANSWER_WAIT),
+        )?;
         match warren_sys::unix::fork_single_threaded()? {
             None => {
                 drop(mine);
@@ -114,16 +162,25 @@ impl Spawner {
         self.alive.store(false, Ordering::Relaxed);
     }
 
-    /// Starts a command; returns its pid (a child of the guest). An error means the spawner is
-    /// gone (it is then marked so).
+    /// Starts a command; returns its pid (a child of the guest). Blocks for the spawner's
+    /// answer, at most [`ANSWER_WAIT`]. On [`Lost`] the spawner has been killed (its exit is
+    /// reaped, and recorded, as any) and marked gone.
     pub fn spawn(
         &self,
         req: &Request,
         stdin: Option<BorrowedFd<'_>>,
         stdout: BorrowedFd<'_>,
         stderr: BorrowedFd<'_>,
-    ) -> io::Result<Answer> {
-        let body = serde_json::to_vec(req).map_err(io::Error::other)?;
+    ) -> Result<Answer, Lost> {
+        let failed = |e: io::Error, what: &str| Answer::Failed {
+            exec: false,
+            errno: e.raw_os_error().unwrap_or(5),
+            message: format!("{what}: {e}"),
+        };
+        let body = match serde_json::to_vec(req) {
+            Ok(b) => b,
+            Err(e) => return Ok(failed(io::Error::other(e), "encoding the command")),
+        };
         if body.len() > MAX_REQUEST {
             return Ok(Answer::Failed {
                 exec: true,
@@ -131,27 +188,66 @@ impl Spawner {
                 message: "the command and its environment are too large".into(),
             });
         }
-        let mut fds: Vec<BorrowedFd<'_>> = Vec::with_capacity(3);
+        let memfd = match request_file(&body) {
+            Ok(f) => f,
+            Err(e) => return Ok(failed(e, "preparing the command")),
+        };
+        let mut fds: Vec<BorrowedFd<'_>> = Vec::with_capacity(4);
+        fds.push(memfd.as_fd());
         fds.extend(stdin);
         fds.push(stdout);
         fds.push(stderr);
         let sock = self.sock.lock().unwrap_or_else(|p| p.into_inner());
-        let answer = (|| {
-            warren_sys::unix::send_with_fds(sock.as_fd(), &body, &fds)?;
-            let mut buf = vec![0u8; 64 << 10];
-            let (n, _) = warren_sys::unix::recv_with_fds(sock.as_fd(), &mut buf)?;
-            if n == 0 {
-                return Err(io::Error::other("the spawner is gone"));
+        // A signal to the guest (SIGCHLD above all) interrupts a socket call with a timeout
+        // (such calls are never restarted): again, until the deadline.
+        let deadline = std::time::Instant::now() + ANSWER_WAIT;
+        let again = |e: &io::Error| {
+            e.kind() == io::ErrorKind::Interrupted && std::time::Instant::now() < deadline
+        };
+        let sent = loop {
+            match warren_sys::unix::send_with_fds(sock.as_fd(), b"r", &fds) {
+                Err(e) if again(&e) => continue,
+                r => break r,
             }
-            serde_json::from_slice(&buf[..n]).map_err(io::Error::other)
-        })();
-        // Gone, not merely refusing one request: no other error is expected of a socket pair
-        // whose buffers fit every request.
+        };
+        let answer = match sent {
+            Err(e) => Err(Lost::NotSent(e)),
+            Ok(()) => {
+                let mut buf = vec![0u8; MAX_ANSWER];
+                let received = loop {
+                    match warren_sys::unix::recv_with_fds(sock.as_fd(), &mut buf) {
+                        Err(e) if again(&e) => continue,
+                        r => break r,
+                    }
+                };
+                match received {
+                    Ok((0, _)) => Err(Lost::NoAnswer(io::Error::other("the spawner is gone"))),
+                    Ok((n, _)) => serde_json::from_slice(&buf[..n])
+                        .map_err(|e| Lost::NoAnswer(io::Error::other(e))),
+                    // EAGAIN: ANSWER_WAIT passed.
+                    Err(e) => Err(Lost::NoAnswer(e)),
+                }
+            }
+        };
+        drop(sock);
         if answer.is_err() {
+            // Whatever holds it up or garbles its answers, it is not to be trusted with the
+            // next command: killed (the guest holds CAP_KILL), reaped and recorded by the
+            // reaper, and commands start from the guest.
+            let _ = warren_sys::process::kill(self.pid, 9);
             self.gone();
         }
         answer
     }
+}
+
+/// A memfd holding `body`, read from its start.
+fn request_file(body: &[u8]) -> io::Result<OwnedFd> {
+    let fd = rustix::fs::memfd_create(c"warren-spawn", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut f = std::fs::File::from(fd);
+    f.write_all(body)?;
+    f.rewind()?;
+    Ok(f.into())
 }
 
 /// The spawner's life: lock itself down, confine itself, then start commands until the guest
@@ -175,21 +271,21 @@ fn serve(sock: OwnedFd, c: &Confinement) -> io::Result<()> {
     warren_sys::creds::set_dumpable()?;
     warren_sys::creds::set_no_new_privs()?;
     c.apply_to_self()?;
+    // Confined: the ruleset and the listener channel have done their work. (Closed behind the
+    // `Confinement`'s back: this process never drops it, it leaves by `exit`.)
+    {
+        use std::os::fd::AsRawFd;
+        warren_sys::unix::close_all_except(&[0, 1, 2, sock.as_raw_fd()])?;
+    }
     let null: OwnedFd = std::fs::File::open("/dev/null")?.into();
-    let mut buf = vec![0u8; MAX_REQUEST];
+    let mut buf = [0u8; 16];
     loop {
-        let (n, fds) = warren_sys::unix::recv_with_fds(sock.as_fd(), &mut buf)?;
+        let (n, mut fds) = warren_sys::unix::recv_with_fds(sock.as_fd(), &mut buf)?;
         if n == 0 {
             return Ok(());
         }
-        let answer = match serde_json::from_slice::<Request>(&buf[..n]) {
-            Ok(req) => {
-                let a = start(&req, &fds, null.as_fd());
-                // The child shared this address space until its exec, and its change of uid
-                // made the shared mm not dumpable: dumpable again (see above).
-                warren_sys::creds::set_dumpable()?;
-                a
-            }
+        let answer = match read_request(&mut fds) {
+            Ok(req) => start(&req, &fds, null.as_fd()),
             Err(e) => Answer::Failed {
                 exec: false,
                 errno: 22,
@@ -200,6 +296,22 @@ fn serve(sock: OwnedFd, c: &Confinement) -> io::Result<()> {
         let body = serde_json::to_vec(&answer).map_err(io::Error::other)?;
         warren_sys::unix::send_with_fds(sock.as_fd(), &body, &[])?;
     }
+}
+
+/// The request in the first descriptor (removed from `fds`), at most [`MAX_REQUEST`] bytes.
+fn read_request(fds: &mut Vec<OwnedFd>) -> io::Result<Request> {
+    if fds.is_empty() {
+        return Err(io::Error::other("no request file"));
+    }
+    let mut f = std::fs::File::from(fds.remove(0));
+    let mut body = Vec::new();
+    (&mut f)
+        .take(MAX_REQUEST as u64 + 1)
+        .read_to_end(&mut body)?;
+    if body.len() > MAX_REQUEST {
+        return Err(io::Error::other("the request is too large"));
+    }
+    serde_json::from_slice(&body).map_err(io::Error::other)
 }
 
 /// The programs `argv[0]` may name: itself when it has a slash, else each `PATH` entry.
@@ -229,6 +341,14 @@ fn start(req: &Request, fds: &[OwnedFd], null: BorrowedFd<'_>) -> Answer {
     if fds.len() != want || req.argv.is_empty() {
         return fail(false, 22, "a request needs argv and its descriptors".into());
     }
+    // The guest refuses these ids before asking; refused here too, in case it did not.
+    if req.uid == SPAWNER_UID || req.gid == SPAWNER_UID {
+        return fail(
+            false,
+            1,
+            "the spawner's own uid and gid are reserved".into(),
+        );
+    }
     let (stdin, out, err) = if req.stdin {
         (fds[0].as_fd(), fds[1].as_fd(), fds[2].as_fd())
     } else {
@@ -249,6 +369,7 @@ fn start(req: &Request, fds: &[OwnedFd], null: BorrowedFd<'_>) -> Answer {
         sibling: true,
         credentials: Some((req.uid, req.gid)),
         cwd: Some(Path::new(&req.cwd)),
+        fork_exec_wait: Some(EXEC_WAIT),
         ..warren_sys::spawn::SpawnSpec::new(&progs[0], &args, &env)
     };
     match warren_sys::spawn::spawn(&spec) {
@@ -261,7 +382,16 @@ fn start(req: &Request, fds: &[OwnedFd], null: BorrowedFd<'_>) -> Answer {
             let (exec, errno) = detail.map_or((false, e.raw_os_error().unwrap_or(5)), |d| {
                 (d.stage == warren_sys::spawn::STAGE_EXEC, d.errno)
             });
-            fail(exec, errno, e.to_string())
+            let mut message = e.to_string();
+            if message.len() > MAX_MESSAGE {
+                let mut cut = MAX_MESSAGE;
+                while !message.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                message.truncate(cut);
+                message.push_str("...");
+            }
+            fail(exec, errno, message)
         }
     }
 }

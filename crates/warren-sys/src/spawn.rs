@@ -88,6 +88,14 @@ pub struct SpawnSpec<'a> {
     pub credentials: Option<(u32, u32)>,
     /// Working directory to change to before the exec.
     pub cwd: Option<&'a Path>,
+    /// Clone fork-style (the child gets a copy of this address space instead of borrowing it)
+    /// and wait at most this long for its exec; past that the child counts as started, and an
+    /// exec that fails later only exits 127. For a single-threaded caller whose child others
+    /// may stop before its exec: once the child has switched to `credentials`, that user's
+    /// processes may `SIGSTOP` it, and a caller waiting on a borrowed address space (or without
+    /// a bound) would wait for as long as they like. `None`: vfork-style, waiting for the exec.
+    /// (The page tables are copied: meant for a small caller such as the guest's spawner.)
+    pub fork_exec_wait: Option<std::time::Duration>,
 }
 
 impl<'a> SpawnSpec<'a> {
@@ -105,6 +113,7 @@ impl<'a> SpawnSpec<'a> {
             sibling: false,
             credentials: None,
             cwd: None,
+            fork_exec_wait: None,
         }
     }
 }
@@ -236,9 +245,10 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
         0
     };
     let mut pidfd: libc::c_int = -1;
-    let ret = match spec.into_cgroup {
-        None => clone_vfork(spec.namespaces.clone_flags() | sibling, &child, &mut pidfd),
-        Some(cg) => clone3_into_cgroup(
+    let ret = match (spec.into_cgroup, spec.fork_exec_wait) {
+        (None, None) => clone_vfork(spec.namespaces.clone_flags() | sibling, &child, &mut pidfd),
+        (None, Some(_)) => clone_fork(spec.namespaces.clone_flags() | sibling, &child, &mut pidfd),
+        (Some(cg), _) => clone3_into_cgroup(
             spec.namespaces.clone_flags() | sibling,
             cg,
             &child,
@@ -254,6 +264,24 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
     drop(err_w);
     drop(high);
 
+    if let Some(wait) = spec.fork_exec_wait {
+        // Readable once the child has exec'd (EOF) or failed (its report); a child stopped
+        // before either is left to run when it is continued.
+        let mut pfd = [rustix::event::PollFd::new(
+            &err_r,
+            rustix::event::PollFlags::IN,
+        )];
+        let timeout = rustix::event::Timespec::try_from(wait).map_err(io::Error::other)?;
+        let ready = loop {
+            match rustix::event::poll(&mut pfd, Some(&timeout)) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => break r?,
+            }
+        };
+        if ready == 0 {
+            return Ok(Spawned { pid, pidfd });
+        }
+    }
     let mut report = Vec::new();
     std::fs::File::from(err_r).read_to_end(&mut report)?;
     if report.len() >= 5 {
@@ -383,6 +411,60 @@ extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
     let a = unsafe { &*(arg as *const ChildArgs<'_>) };
     // Our copy of the signal table still names the parent's handlers; reset them so that
     // unblocking signals before exec cannot run parent code in this shared address space.
+    reset_signal_handlers();
+    child_after_clone(a)
+}
+
+/// `clone` fork-style (no `CLONE_VM`, no new stack): the child runs on a copy of this
+/// address space, so nothing it or anyone else does to it before its exec touches the
+/// caller's memory or holds the caller up. The child runs raw system calls only (as after
+/// any clone here), but the page tables are copied: meant for a small caller. The legacy
+/// `clone` call, not `clone3`: confined callers see `clone3` answer ENOSYS. Returns the
+/// child's pid, or -1 with errno set; in the child it never returns.
+fn clone_fork(ns_flags: u64, child: &ChildArgs<'_>, pidfd: &mut libc::c_int) -> i64 {
+    let flags = ns_flags | libc::CLONE_PIDFD as u64 | libc::SIGCHLD as u64;
+    // No handler of ours may run in the child before it has reset them: block every signal
+    // across the clone (the child clears its mask just before its exec).
+    // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask only write into it.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to the two sets above.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    // SAFETY: clone without CLONE_VM and with a null stack behaves like fork. x86-64 and
+    // aarch64 argument order: flags, stack, parent_tid (where CLONE_PIDFD stores the pidfd),
+    // child_tid, tls. The child runs only `reset_signal_handlers` and `child_after_clone`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            0usize,
+            pidfd as *mut libc::c_int,
+            0usize,
+            0usize,
+        )
+    };
+    if ret == 0 {
+        reset_signal_handlers();
+        child_after_clone(child);
+    }
+    let err = io::Error::last_os_error();
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    if ret < 0 {
+        // SAFETY: errno is this thread's; restore the clone's error for the caller.
+        unsafe { *libc::__errno_location() = err.raw_os_error().unwrap_or(libc::EINVAL) };
+        return -1;
+    }
+    ret
+}
+
+/// In a child before its exec: every handler back to its default, so that unblocking
+/// signals cannot run the parent's code (and the program starts with default dispositions).
+fn reset_signal_handlers() {
     for sig in 1..=64 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;
@@ -399,7 +481,6 @@ extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
             );
         }
     }
-    child_after_clone(a)
 }
 
 /// clone3 with `CLONE_INTO_CGROUP` (cgroup v2): the child starts in its cgroup, with no
@@ -452,6 +533,19 @@ fn child_after_clone(a: &ChildArgs<'_>) -> ! {
         // system calls on a buffer on this stack.
         unsafe {
             let e = *libc::__errno_location();
+            // A parent that stopped waiting has closed its end: no SIGPIPE for the report,
+            // the exit status says enough.
+            let ign = libc::sigaction {
+                sa_sigaction: libc::SIG_IGN,
+                ..std::mem::zeroed()
+            };
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                libc::SIGPIPE,
+                &ign as *const libc::sigaction,
+                std::ptr::null_mut::<libc::sigaction>(),
+                8usize,
+            );
             let b = e.to_ne_bytes();
             let msg = [stage, b[0], b[1], b[2], b[3]];
             libc::write(err_fd, msg.as_ptr().cast(), msg.len());
@@ -575,6 +669,7 @@ mod tests {
             sibling: false,
             credentials: None,
             cwd: None,
+            fork_exec_wait: None,
         }
     }
 
@@ -604,6 +699,66 @@ mod tests {
         let err = spawn(&plain(Path::new("/nonexistent/prog"), &["prog"], &[])).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
         assert!(err.to_string().contains("execve failed"), "{err}");
+    }
+
+    #[test]
+    fn fork_style_execs_reports_failures_and_waits_only_so_long() {
+        let wait = Some(std::time::Duration::from_millis(300));
+        let (mut r, w) = std::io::pipe().unwrap();
+        let fds = [(w.as_fd(), 3)];
+        let spec = SpawnSpec {
+            fork_exec_wait: wait,
+            ..plain(Path::new("/bin/sh"), &["sh", "-c", "echo hi >&3"], &fds)
+        };
+        let s = spawn(&spec).unwrap();
+        drop(w);
+        let mut out = String::new();
+        r.read_to_string(&mut out).unwrap();
+        assert_eq!(out, "hi\n");
+        assert!(crate::process::pidfd_wait(
+            &s.pidfd,
+            std::time::Duration::from_secs(5)
+        ));
+        assert!(crate::process::pidfd_reap(&s.pidfd));
+        let spec = SpawnSpec {
+            fork_exec_wait: wait,
+            ..plain(Path::new("/nonexistent/prog"), &["prog"], &[])
+        };
+        let err = spawn(&spec).unwrap_err();
+        assert!(err.to_string().contains("execve failed"), "{err}");
+        // A child held up before its exec (here: writing into a full pipe, as a "cgroup" to
+        // join) does not hold the caller up past the wait; it execs once let go.
+        let (mut held_r, held_w) = std::io::pipe().unwrap();
+        rustix::io::ioctl_fionbio(&held_w, true).unwrap();
+        while rustix::io::write(&held_w, &[0u8; 4096]).is_ok() {}
+        rustix::io::ioctl_fionbio(&held_w, false).unwrap();
+        let (mut r, w) = std::io::pipe().unwrap();
+        let fds = [(w.as_fd(), 3)];
+        let joins = [held_w.as_fd()];
+        let spec = SpawnSpec {
+            fork_exec_wait: wait,
+            join_cgroups: &joins,
+            ..plain(Path::new("/bin/sh"), &["sh", "-c", "echo late >&3"], &fds)
+        };
+        let t = std::time::Instant::now();
+        let s = spawn(&spec).unwrap();
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(3),
+            "held up for {:?}",
+            t.elapsed()
+        );
+        drop(w);
+        drop(held_w);
+        let mut sink = vec![0u8; 1 << 20];
+        while held_r.read(&mut sink).unwrap() == sink.len() {}
+        let mut out = String::new();
+        r.read_to_string(&mut out).unwrap();
+        assert_eq!(out, "late\n");
+        assert!(crate::process::pidfd_wait(
+            &s.pidfd,
+            std::time::Duration::from_secs(5)
+        ));
+        assert!(crate::process::pidfd_reap(&s.pidfd));
     }
 }
 
@@ -658,6 +813,7 @@ mod v2_tests {
             sibling: false,
             credentials: None,
             cwd: None,
+            fork_exec_wait: None,
         };
         let spawned = spawn(&spec);
         drop(w);

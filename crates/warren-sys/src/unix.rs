@@ -17,7 +17,9 @@ pub const MAX_FDS: usize = 4;
 pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
-    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+    if fds.len() > MAX_FDS
+        || (!fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)))
+    {
         return Err(io::Error::other("too many descriptors for one message"));
     }
     let n = rustix::net::sendmsg(
@@ -33,7 +35,8 @@ pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) 
 }
 
 /// Receives one message into `buf` with the descriptors it carries. `Ok((0, []))` when the
-/// peer is gone.
+/// peer is gone. A message longer than `buf`, or with more descriptors than [`MAX_FDS`], is
+/// an error (what was cut is lost; the descriptors that did arrive are closed).
 pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -48,6 +51,17 @@ pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize,
         if let RecvAncillaryMessage::ScmRights(rights) = msg {
             fds.extend(rights);
         }
+    }
+    if r.flags.contains(rustix::net::ReturnFlags::TRUNC) {
+        return Err(io::Error::other(format!(
+            "a message longer than {} bytes was cut",
+            buf.len()
+        )));
+    }
+    if r.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+        return Err(io::Error::other(format!(
+            "a message with more than {MAX_FDS} descriptors was cut"
+        )));
     }
     Ok((r.bytes, fds))
 }
@@ -104,4 +118,41 @@ pub fn close_all_except(keep: &[RawFd]) -> io::Result<()> {
         lo = k + 1;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    fn pair() -> (OwnedFd, OwnedFd) {
+        rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn messages_carry_descriptors_and_cut_ones_are_errors() {
+        let (a, b) = pair();
+        let (r, _w) = std::io::pipe().unwrap();
+        send_with_fds(a.as_fd(), b"hello", &[r.as_fd()]).unwrap();
+        let mut buf = [0u8; 16];
+        let (n, fds) = recv_with_fds(b.as_fd(), &mut buf).unwrap();
+        assert_eq!((&buf[..n], fds.len()), (&b"hello"[..], 1));
+        // Longer than the buffer: an error, not a short message taken for whole.
+        send_with_fds(a.as_fd(), &[7u8; 100], &[]).unwrap();
+        let err = recv_with_fds(b.as_fd(), &mut buf).unwrap_err();
+        assert!(err.to_string().contains("cut"), "{err}");
+        // More descriptors than a message may carry: refused on the way out...
+        let many = [r.as_fd(), r.as_fd(), r.as_fd(), r.as_fd(), r.as_fd()];
+        assert!(send_with_fds(a.as_fd(), b"x", &many).is_err());
+        // ...and the peer is gone: end of stream.
+        drop(a);
+        assert_eq!(recv_with_fds(b.as_fd(), &mut buf).unwrap().0, 0);
+    }
 }

@@ -25,8 +25,13 @@ use crate::error::ErrorCode;
 /// The protocol version this build speaks. Bumped on any incompatible change.
 pub const PROTOCOL_VERSION: u32 = 1;
 
-/// Largest frame payload either side sends or accepts.
+/// Largest data frame payload (output, stdin, file content) either side sends or accepts;
+/// longer data goes in several frames.
 pub const MAX_FRAME: usize = 1 << 20;
+
+/// Largest message frame payload (one JSON request or reply): an exec's command line is up to
+/// 1 MiB and its environment 64 KiB, and JSON may write a byte in six.
+pub const MAX_MESSAGE: usize = 16 << 20;
 
 /// Size of a frame header.
 pub const HEADER_LEN: usize = 5;
@@ -73,13 +78,17 @@ pub fn decode_header(h: [u8; HEADER_LEN]) -> Result<(FrameKind, usize), String> 
     if len == 0 {
         return Err("frame length 0".into());
     }
-    if len - 1 > MAX_FRAME {
+    let kind = FrameKind::from_u8(h[4]).ok_or_else(|| format!("unknown frame kind {}", h[4]))?;
+    let max = match kind {
+        FrameKind::Message => MAX_MESSAGE,
+        _ => MAX_FRAME,
+    };
+    if len - 1 > max {
         return Err(format!(
-            "frame of {} bytes exceeds the {MAX_FRAME}-byte limit",
+            "frame of {} bytes exceeds the {max}-byte limit",
             len - 1
         ));
     }
-    let kind = FrameKind::from_u8(h[4]).ok_or_else(|| format!("unknown frame kind {}", h[4]))?;
     Ok((kind, len - 1))
 }
 
@@ -477,6 +486,12 @@ mod tests {
         assert!(decode_header([0, 0, 0, 0, 1]).is_err());
         assert!(decode_header([0, 0, 0, 2, 99]).is_err());
         assert!(decode_header([0xff, 0, 0, 0, 1]).is_err());
+        // Data frames are at most 1 MiB; a message (an exec's escaped command line) up to 16.
+        let two_mib = encode_header(FrameKind::Stdout, 2 << 20);
+        assert!(decode_header(two_mib).is_err());
+        let two_mib = encode_header(FrameKind::Message, 2 << 20);
+        assert_eq!(decode_header(two_mib), Ok((FrameKind::Message, 2 << 20)));
+        assert!(decode_header(encode_header(FrameKind::Message, (16 << 20) + 1)).is_err());
     }
 
     #[test]
