@@ -4,8 +4,13 @@
 //! the connection's data frames reach it through a bounded channel, so a large tree streams
 //! without being held in memory.
 
+use std::ffi::{OsStr, OsString};
 use std::io::{self, Read, Write};
-use std::path::Path;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use rustix::fs::{FileType, Mode, OFlags};
 
 use tokio::sync::mpsc;
 
@@ -123,17 +128,181 @@ pub fn unpack(input: impl Read, dir: &str) -> Result<(), OpError> {
     Ok(())
 }
 
-/// Packs the contents of `dir` into `out`.
+/// `PROC_SUPER_MAGIC`.
+const PROCFS: i64 = 0x9fa0;
+
+/// One directory being packed: its descriptor, its name in the archive, the names still to do.
+struct Level {
+    fd: OwnedFd,
+    name: PathBuf,
+    pending: Vec<OsString>,
+}
+
+/// Packs the contents of `dir` into `out`, by descriptor: each entry is looked at and opened
+/// relative to its directory without following a link, and a file is read only if it is, at
+/// open, the regular file that was looked at. An agent swapping entries for links to the
+/// guest's own `/proc` files (which the guest's identity could read) gets its links packed
+/// as links; a FIFO packs as a FIFO, never read.
 pub fn pack(dir: &str, out: impl Write) -> Result<(), OpError> {
-    if !Path::new(dir).is_dir() {
-        return Err(OpError::invalid(format!("{dir} is not a directory")));
+    let top = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| {
+        if e == rustix::io::Errno::NOTDIR || e == rustix::io::Errno::LOOP {
+            OpError::invalid(format!("{dir} is not a directory"))
+        } else {
+            OpError::io(&e.into(), "opening", dir)
+        }
+    })?;
+    let fs = rustix::fs::fstatfs(&top).map_err(|e| OpError::io(&e.into(), "statfs", dir))?;
+    if fs.f_type as i64 == PROCFS {
+        return Err(OpError::invalid(format!(
+            "{dir} is in /proc, which the files API does not read (read it with a command)"
+        )));
     }
+    let io_err = |e: io::Error| OpError::io(&e, "packing", dir);
     let mut b = tar::Builder::new(out);
-    b.follow_symlinks(false);
-    b.append_dir_all(".", dir)
-        .map_err(|e| OpError::io(&e, "packing", dir))?;
-    let mut out = b
-        .into_inner()
-        .map_err(|e| OpError::io(&e, "packing", dir))?;
+    let st = rustix::fs::fstat(&top).map_err(|e| io_err(e.into()))?;
+    let mut h = header(&st, tar::EntryType::Directory, 0);
+    b.append_data(&mut h, "./", io::empty()).map_err(io_err)?;
+    let mut stack = vec![Level {
+        pending: names(top.as_fd()).map_err(io_err)?,
+        fd: top,
+        name: PathBuf::from("."),
+    }];
+    while let Some(level) = stack.last_mut() {
+        let Some(name) = level.pending.pop() else {
+            stack.pop();
+            continue;
+        };
+        let d = level.fd.as_fd();
+        let path = level.name.join(&name);
+        // Gone meanwhile: skipped, as a walk of a changing tree would.
+        let Ok(entry) = warren_fs::meta::open_entry(d, &name) else {
+            continue;
+        };
+        let st = rustix::fs::fstat(&entry).map_err(|e| io_err(e.into()))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => {
+                let Ok(fd) = rustix::fs::openat(
+                    d,
+                    &name,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                ) else {
+                    continue;
+                };
+                let mut h = header(&st, tar::EntryType::Directory, 0);
+                b.append_data(&mut h, &path, io::empty()).map_err(io_err)?;
+                let pending = names(fd.as_fd()).map_err(io_err)?;
+                stack.push(Level {
+                    fd,
+                    name: path,
+                    pending,
+                });
+            }
+            FileType::RegularFile => {
+                let Ok(fd) = rustix::fs::openat(
+                    d,
+                    &name,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                    Mode::empty(),
+                ) else {
+                    continue;
+                };
+                let now = rustix::fs::fstat(&fd).map_err(|e| io_err(e.into()))?;
+                if FileType::from_raw_mode(now.st_mode) != FileType::RegularFile
+                    || (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino)
+                {
+                    continue; // swapped between the look and the open
+                }
+                let size = now.st_size as u64;
+                let mut h = header(&now, tar::EntryType::Regular, size);
+                let data = Exactly {
+                    inner: std::fs::File::from(fd).take(size),
+                    left: size,
+                };
+                b.append_data(&mut h, &path, data).map_err(io_err)?;
+            }
+            FileType::Symlink => {
+                let Ok(target) = rustix::fs::readlinkat(d, &name, Vec::new()) else {
+                    continue;
+                };
+                let mut h = header(&st, tar::EntryType::Symlink, 0);
+                let target = OsStr::from_bytes(target.as_bytes());
+                b.append_link(&mut h, &path, target).map_err(io_err)?;
+            }
+            kind @ (FileType::Fifo | FileType::CharacterDevice | FileType::BlockDevice) => {
+                let t = match kind {
+                    FileType::Fifo => tar::EntryType::Fifo,
+                    FileType::CharacterDevice => tar::EntryType::Char,
+                    _ => tar::EntryType::Block,
+                };
+                let mut h = header(&st, t, 0);
+                let dev = st.st_rdev;
+                h.set_device_major(rustix::fs::major(dev))
+                    .and_then(|()| h.set_device_minor(rustix::fs::minor(dev)))
+                    .map_err(io_err)?;
+                b.append_data(&mut h, &path, io::empty()).map_err(io_err)?;
+            }
+            // Sockets mean nothing outside the sandbox.
+            _ => {}
+        }
+    }
+    let mut out = b.into_inner().map_err(io_err)?;
     out.flush().map_err(|e| OpError::io(&e, "sending", dir))
+}
+
+/// A tar header for an entry of `kind` with `st`'s owner, mode and time.
+fn header(st: &rustix::fs::Stat, kind: tar::EntryType, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_size(size);
+    h.set_mode(st.st_mode & 0o7777);
+    h.set_uid(u64::from(st.st_uid));
+    h.set_gid(u64::from(st.st_gid));
+    h.set_mtime(st.st_mtime.max(0) as u64);
+    h
+}
+
+/// The names in a directory (not `.` and `..`), in reverse, for popping.
+fn names(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
+    let mut out = Vec::new();
+    for e in rustix::fs::Dir::read_from(dir)? {
+        let e = e?;
+        let n = OsStr::from_bytes(e.file_name().to_bytes());
+        if n != "." && n != ".." {
+            out.push(n.to_os_string());
+        }
+    }
+    out.sort();
+    out.reverse();
+    Ok(out)
+}
+
+/// Exactly `left` bytes: a file that shrank while it was read is padded with zeros (the
+/// header already promised its size), one that grew is cut at it.
+struct Exactly<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Exactly<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf.len().min(self.left as usize);
+        let n = match self.inner.read(&mut buf[..want])? {
+            0 => {
+                buf[..want].fill(0);
+                want
+            }
+            n => n,
+        };
+        self.left -= n as u64;
+        Ok(n)
+    }
 }

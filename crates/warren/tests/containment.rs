@@ -1383,3 +1383,89 @@ print(hits)
     sb.kill().await.unwrap();
     p.assert_clean();
 }
+
+/// A directory download as root (the guest reads with its own identity, which could read the
+/// guest's `/proc` files) packs what the agent planted as what it is: links as links, FIFOs as
+/// FIFOs, and a file swapped for a link to `/proc/1/environ` between the look and the read is
+/// never read through the link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_download_reads_no_planted_link_or_fifo() {
+    require_root!();
+    let p = Platform::start();
+    let sb = host_sandbox(&p).await;
+    let (code, _, err) = run(
+        &sb,
+        "mkdir -p /tmp/out && cd /tmp/out && mkfifo fifo && ln -s /proc/1/environ env && \
+         for i in $(seq 1 200); do echo x > f$i; done && chmod -R a+rwX /tmp/out",
+        true,
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    // Each file swapped, over and over, for a link to the guest's environment and back.
+    let swapper = r#"
+import os, time
+os.chdir("/tmp/out")
+end = time.time() + 30
+while time.time() < end and not os.path.exists("/tmp/enough"):
+    for i in range(1, 201):
+        try:
+            os.symlink("/proc/1/environ", f"l{i}")
+            os.rename(f"l{i}", f"f{i}")
+            with open(f"n{i}", "w") as f:
+                f.write("x\n")
+            os.rename(f"n{i}", f"f{i}")
+        except OSError:
+            pass
+"#;
+    let bg = sb
+        .start_process(&argv(["python3", "-c", swapper]))
+        .await
+        .unwrap();
+    let url = format!(
+        "{}/v1/sandboxes/{}/files/tar?path=/tmp/out&user=root",
+        p.url,
+        sb.id()
+    );
+    let mut links = 0;
+    for _ in 0..20 {
+        let resp = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            p.http().get(&url).bearer_auth(&p.key).send(),
+        )
+        .await
+        .expect("the download hung")
+        .unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        let bytes = tokio::time::timeout(std::time::Duration::from_secs(30), resp.bytes())
+            .await
+            .expect("the download hung")
+            .unwrap();
+        let mut archive = tar::Archive::new(&bytes[..]);
+        for e in archive.entries().unwrap() {
+            let mut e = e.unwrap();
+            let name = e.path().unwrap().display().to_string();
+            let kind = e.header().entry_type();
+            if name.ends_with("fifo") {
+                assert_eq!(kind, tar::EntryType::Fifo, "{name}");
+            }
+            if kind == tar::EntryType::Symlink {
+                links += 1;
+                continue;
+            }
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            assert!(
+                data.is_empty() || data == b"x\n",
+                "{name} ({kind:?}) was read through a planted link: {:?}",
+                String::from_utf8_lossy(&data[..data.len().min(200)])
+            );
+        }
+    }
+    assert!(links >= 20, "the planted link was not packed as a link");
+    sb.write_file("/tmp/enough", "").await.unwrap();
+    let _ = sb
+        .wait_process(bg.process_id, Some(std::time::Duration::from_secs(30)))
+        .await;
+    sb.kill().await.unwrap();
+    p.assert_clean();
+}
