@@ -4,14 +4,15 @@
 //! Runs before the guest serves anything, in the new mount, pid, uts, ipc and network
 //! namespaces the node cloned it into.
 
+use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, symlink};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, symlink};
 use std::path::Path;
 
 use warren_sys::mount::{self, flags};
 use warren_types::guest::InitConfig;
 
-/// Files hidden behind /dev/null: kernel internals a sandbox has no business reading
+/// Files hidden behind an empty file of mode 0 (see [`mask`]): kernel internals a sandbox has no business reading
 /// (the list the usual OCI runtimes mask). Every other file at the top of /proc and of
 /// /sys/kernel that only root may read is masked too ([`root_only_files`]): uid 0 in a
 /// sandbox has no capabilities, but it owns those files, so their mode bits alone would let
@@ -246,22 +247,42 @@ fn mask() -> io::Result<()> {
     }
     files.sort();
     files.dedup();
-    for p in &files {
-        if p.exists() {
-            mount::bind(Path::new("dev/null"), p, false, flags::RDONLY)?;
-        }
-    }
     // The guest's own OOM score: its /proc files belong to uid 0 (it is not dumpable), and
     // raising a score needs no capability, so root in the sandbox could otherwise make the
     // OOM killer take the guest first. (This process is PID 1 of the sandbox's namespace.)
     if std::process::id() == 1 {
-        for f in ["proc/1/oom_score_adj", "proc/1/oom_adj"] {
-            let p = Path::new(f);
-            if p.exists() {
-                mount::bind(Path::new("dev/null"), p, false, flags::RDONLY)?;
-            }
+        files.extend(["proc/1/oom_score_adj", "proc/1/oom_adj"].map(std::path::PathBuf::from));
+    }
+    // Each masked file becomes one empty file of mode 0 on a read-only bind: opening it fails
+    // with "Permission denied" for root in the sandbox too (uid 0 without capabilities is held
+    // to the mode bits), and nobody can chmod it (the only paths to it are read-only; the
+    // tmpfs it was made on is detached).
+    let staging = Path::new("dev/.mask");
+    fs::create_dir(staging)?;
+    mount::mount_fs(
+        "tmpfs",
+        staging,
+        flags::NOSUID | flags::NODEV | flags::NOEXEC,
+        Some("size=4k,mode=0700"),
+    )?;
+    let masked = staging.join("masked");
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0)
+        .open(&masked)?;
+    for p in &files {
+        if p.exists() {
+            mount::bind(
+                &masked,
+                p,
+                false,
+                flags::RDONLY | flags::NOSUID | flags::NODEV | flags::NOEXEC,
+            )?;
         }
     }
+    mount::unmount_detach(staging)?;
+    fs::remove_dir(staging)?;
     // One empty read-only tmpfs, bound over every masked directory.
     let mut empty: Option<&Path> = None;
     for d in MASKED_DIRS {

@@ -48,6 +48,10 @@ async fn root_only_host_information_is_hidden() {
         for line in out.lines() {
             assert!(line.ends_with(" 0"), "readable (root={root}): {line}");
         }
+        // Not even an empty read: opening a masked file fails.
+        let (code, _, err) = run(&sb, "head -c 8 /proc/kpageflags", root).await;
+        assert_ne!(code, 0, "root={root}: /proc/kpageflags opens");
+        assert!(err.contains("Permission denied"), "root={root}: {err}");
         // Whatever this kernel has: no file at the top of /proc or in /sys that only root
         // may read gives root in the sandbox a byte.
         let (_, out, _) = run(
