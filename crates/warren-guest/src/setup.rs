@@ -269,7 +269,7 @@ fn mask() -> io::Result<()> {
     fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0)
+        .mode(0o000)
         .open(&masked)?;
     for p in &files {
         if p.exists() {
