@@ -512,8 +512,6 @@ fn command(
     cmd
 }
 
-/// Starts an agent command through the spawner, with pipes made here. The outer error: the
-/// spawner (or a pipe) failed, not the command.
 /// Why [`spawn_via`] has no answer from the spawner.
 enum SpawnVia {
     /// The pipes could not be made (the spawner was not asked).
@@ -521,6 +519,8 @@ enum SpawnVia {
     Lost(crate::spawner::Lost),
 }
 
+/// Starts an agent command through the spawner, with pipes made here. The outer error: the
+/// spawner (or a pipe) failed, not the command.
 fn spawn_via(
     sp: &Spawner,
     spec: &ExecSpec,
