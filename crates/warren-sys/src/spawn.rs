@@ -90,8 +90,8 @@ pub struct SpawnSpec<'a> {
     pub cwd: Option<&'a Path>,
     /// Clone fork-style (the child gets a copy of this address space instead of borrowing it)
     /// and wait at most this long for its exec; past that the child counts as started, and an
-    /// exec that fails later only exits 127. For a single-threaded caller whose child others
-    /// may stop before its exec: once the child has switched to `credentials`, that user's
+    /// exec that fails later only exits 127. For a caller whose child others may stop before
+    /// its exec: once the child has switched to `credentials`, that user's
     /// processes may `SIGSTOP` it, and a caller waiting on a borrowed address space (or without
     /// a bound) would wait for as long as they like. `None`: vfork-style, waiting for the exec.
     /// (The page tables are copied: meant for a small caller such as the guest's spawner.)
