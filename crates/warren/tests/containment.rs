@@ -1259,6 +1259,30 @@ async fn devices_immutable_files_terminal_injection_and_setuid_are_refused() {
         )
         .await;
         assert_eq!((code, out.as_str()), (0, "1\n"), "{who}: TIOCSTI: {err}");
+        // Swapping extents with another file, and immutable flags through the xattr interface.
+        let (code, out, err) = run(
+            &sb,
+            "python3 -c 'import fcntl\nf=open(\"/tmp/swap-\" + str(__import__(\"os\").getuid()), \"w\")\nfor req in (0xC0B0586D, 0x401C5820):\n try:\n  fcntl.ioctl(f, req, bytearray(256)); print(\"done\")\n except OSError as e: print(e.errno)'",
+            root,
+        )
+        .await;
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "1\n1\n"),
+            "{who}: SWAPEXT/FSSETXATTR: {err}"
+        );
+        // Sockets onto the kernel's crypto API and onto the host over vsock.
+        let (code, out, err) = run(
+            &sb,
+            "python3 -c 'import socket\nfor fam in (38, 40):\n try:\n  socket.socket(fam, socket.SOCK_SEQPACKET if fam == 38 else socket.SOCK_STREAM); print(\"opened\")\n except OSError as e: print(e.errno)'",
+            root,
+        )
+        .await;
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "1\n1\n"),
+            "{who}: AF_ALG/AF_VSOCK: {err}"
+        );
         // The host's own binaries are read-only, whoever asks.
         let (code, _, _) = run(&sb, "echo pwned > /usr/bin/bash", root).await;
         assert_ne!(code, 0, "{who}: /usr/bin/bash was written");
@@ -1267,11 +1291,11 @@ async fn devices_immutable_files_terminal_injection_and_setuid_are_refused() {
     }
     // chattr and TIOCSTI met the filter (the ioctl is refused by request number).
     let ev = events_until(&p, sb.id().as_str(), warren_sdk::EventKind::Seccomp, |e| {
-        e.iter().any(|e| e.detail == "ioctl" && e.count >= 4)
+        e.iter().any(|e| e.detail == "ioctl" && e.count >= 8)
     })
     .await;
     assert!(
-        ev.iter().any(|e| e.detail == "ioctl" && e.count >= 4),
+        ev.iter().any(|e| e.detail == "ioctl" && e.count >= 8),
         "{ev:?}"
     );
     assert_eq!(std::fs::read("/usr/bin/bash").unwrap(), bash_before);
