@@ -10,15 +10,11 @@
 //! uid). Each command is started with `CLONE_PARENT`: its parent is the guest, which
 //! reaps it and collects its status as for any child.
 //!
-//! Each command starts in a *launcher*: a process the spawner forked ahead of time (a sibling,
-//! `CLONE_PARENT`, so the guest is its parent), still uid 61001, waiting on a socket for its
-//! one command. Given it, the launcher switches to the user and execs; the spawner waits at
-//! most [`EXEC_WAIT`] for the exec (the launcher's socket closes on it), answers, and forks
-//! the next launcher. A fork of its own, not a vfork-style child borrowing the spawner's
-//! memory: once the child has switched to the agent's uid the agent may `SIGSTOP` it, and
-//! neither the spawner nor the guest may then be held up, nor may the child's change of uid
-//! touch the spawner's memory or `/proc` entries. Forked ahead, so the fork (~0.13 ms here)
-//! is not on the command's path.
+//! The child is cloned fork-style (its own copy of the spawner's small address space) and the
+//! spawner waits at most [`EXEC_WAIT`] for its exec: once the child has switched to the
+//! agent's uid, the agent may `SIGSTOP` it, and neither the spawner nor the guest waiting on
+//! the spawner may then be held up (nor may the child's change of uid touch the spawner's own
+//! memory and `/proc` entries).
 //!
 //! Protocol (one `SOCK_SEQPACKET` message each way): the guest sends a one-byte message
 //! carrying a memfd with the JSON [`Request`] (a command line may be megabytes; a datagram
@@ -44,12 +40,15 @@ pub use warren_types::guest::SPAWNER_UID;
 /// and JSON may escape a byte in six; a larger one is answered as `execve` would (E2BIG).
 const MAX_REQUEST: usize = 8 << 20;
 
-/// How long the spawner waits for a launcher's exec before it answers `Started` anyway.
+/// How long the spawner waits for a child's exec before it answers `Started` anyway.
 pub const EXEC_WAIT: Duration = Duration::from_secs(1);
 
 /// How long the guest waits for an answer (the spawner's own work is a fork: anything near
 /// this is a spawner that stopped answering).
 pub const ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// Longest error message in an answer.
+const MAX_MESSAGE: usize = 1024;
 
 /// Largest answer the guest reads.
 const MAX_ANSWER: usize = 16 << 10;
@@ -278,184 +277,25 @@ fn serve(sock: OwnedFd, c: &Confinement) -> io::Result<()> {
         use std::os::fd::AsRawFd;
         warren_sys::unix::close_all_except(&[0, 1, 2, sock.as_raw_fd()])?;
     }
+    let null: OwnedFd = std::fs::File::open("/dev/null")?.into();
     let mut buf = [0u8; 16];
-    let mut launcher = Launcher::fork().ok();
     loop {
-        let (n, fds) = warren_sys::unix::recv_with_fds(sock.as_fd(), &mut buf)?;
+        let (n, mut fds) = warren_sys::unix::recv_with_fds(sock.as_fd(), &mut buf)?;
         if n == 0 {
             return Ok(());
         }
-        let answer = start(&mut launcher, &fds);
+        let answer = match read_request(&mut fds) {
+            Ok(req) => start(&req, &fds, null.as_fd()),
+            Err(e) => Answer::Failed {
+                exec: false,
+                errno: 22,
+                message: format!("bad request: {e}"),
+            },
+        };
         drop(fds);
         let body = serde_json::to_vec(&answer).map_err(io::Error::other)?;
         warren_sys::unix::send_with_fds(sock.as_fd(), &body, &[])?;
-        // The next one, while the guest reads the answer.
-        if launcher.is_none() {
-            launcher = Launcher::fork().ok();
-        }
     }
-}
-
-/// A process forked ahead of time to become the next command.
-struct Launcher {
-    pid: i32,
-    /// Its request and report channel; its end is close-on-exec, so the exec closes it.
-    sock: OwnedFd,
-}
-
-impl Launcher {
-    fn fork() -> io::Result<Launcher> {
-        let (mine, theirs) = rustix::net::socketpair(
-            rustix::net::AddressFamily::UNIX,
-            rustix::net::SocketType::SEQPACKET,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )?;
-        match warren_sys::unix::fork_sibling_single_threaded()? {
-            None => {
-                drop(mine);
-                launch(theirs)
-            }
-            Some(pid) => Ok(Launcher { pid, sock: mine }),
-        }
-    }
-}
-
-/// Gives the command in `fds` (the request file, then its descriptors) to the launcher and
-/// waits for its exec. A launcher that is gone (the OOM killer, or it failed to fork) is
-/// replaced once.
-fn start(launcher: &mut Option<Launcher>, fds: &[OwnedFd]) -> Answer {
-    let fail = |errno: i32, message: String| Answer::Failed {
-        exec: false,
-        errno,
-        message,
-    };
-    let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-    let mut tries = 0;
-    let l = loop {
-        tries += 1;
-        let l = match launcher.take() {
-            Some(l) => l,
-            None => match Launcher::fork() {
-                Ok(l) => l,
-                Err(e) => {
-                    let errno = e.raw_os_error().unwrap_or(11);
-                    return fail(errno, format!("fork: {e}"));
-                }
-            },
-        };
-        match warren_sys::unix::send_with_fds(l.sock.as_fd(), b"r", &borrowed) {
-            Ok(()) => break l,
-            Err(_) if tries < 2 => continue,
-            Err(e) => {
-                return fail(
-                    e.raw_os_error().unwrap_or(5),
-                    format!("handing the command over: {e}"),
-                );
-            }
-        }
-    };
-    // Readable once it has exec'd (end of file) or failed (its report). A launcher held up
-    // before either (stopped by the agent, as its uid now allows) runs when it is continued.
-    let mut pfd = [rustix::event::PollFd::new(
-        &l.sock,
-        rustix::event::PollFlags::IN,
-    )];
-    let timeout = rustix::event::Timespec::try_from(EXEC_WAIT).unwrap_or(rustix::event::Timespec {
-        tv_sec: 1,
-        tv_nsec: 0,
-    });
-    let ready = loop {
-        match rustix::event::poll(&mut pfd, Some(&timeout)) {
-            Err(rustix::io::Errno::INTR) => continue,
-            r => break r.unwrap_or(0),
-        }
-    };
-    if ready == 0 {
-        return Answer::Started { pid: l.pid };
-    }
-    let mut report = [0u8; 16];
-    let n = match warren_sys::unix::recv_with_fds(l.sock.as_fd(), &mut report) {
-        Ok((n, _)) => n,
-        Err(_) => 0,
-    };
-    match warren_sys::spawn::report_error(&report[..n], Path::new("the command")) {
-        None => Answer::Started { pid: l.pid },
-        Some(e) => {
-            let detail = e
-                .get_ref()
-                .and_then(|i| i.downcast_ref::<warren_sys::spawn::SpawnError>());
-            let (exec, errno) = detail.map_or((false, e.raw_os_error().unwrap_or(5)), |d| {
-                (d.stage == warren_sys::spawn::STAGE_EXEC, d.errno)
-            });
-            Answer::Failed {
-                exec,
-                errno,
-                message: e.to_string(),
-            }
-        }
-    }
-}
-
-/// The launcher's life: hold nothing but its channel, wait for its command, become it.
-fn launch(sock: OwnedFd) -> ! {
-    {
-        use std::os::fd::AsRawFd;
-        if warren_sys::unix::close_all_except(&[0, 1, 2, sock.as_raw_fd()]).is_err() {
-            std::process::exit(1);
-        }
-    }
-    let _ = rustix::thread::set_name(c"warren-launch");
-    let mut buf = [0u8; 16];
-    let mut fds = match warren_sys::unix::recv_with_fds(sock.as_fd(), &mut buf) {
-        Ok((n, fds)) if n > 0 => fds,
-        // The spawner is gone.
-        _ => std::process::exit(0),
-    };
-    let refuse = |errno: i32| -> ! {
-        let b = errno.to_ne_bytes();
-        // Stage 7: "unknown" (a request the guest should never have sent).
-        let _ = rustix::io::write(&sock, &[7, b[0], b[1], b[2], b[3]]);
-        std::process::exit(127)
-    };
-    let req = match read_request(&mut fds) {
-        Ok(r) => r,
-        Err(_) => refuse(22),
-    };
-    let want = if req.stdin { 3 } else { 2 };
-    if fds.len() != want || req.argv.is_empty() {
-        refuse(22);
-    }
-    // The guest refuses these ids before asking; refused here too, in case it did not.
-    if req.uid == SPAWNER_UID || req.gid == SPAWNER_UID {
-        refuse(1);
-    }
-    let null: OwnedFd = match std::fs::File::open("/dev/null") {
-        Ok(f) => f.into(),
-        Err(e) => refuse(e.raw_os_error().unwrap_or(5)),
-    };
-    let (stdin, out, err) = if req.stdin {
-        (fds[0].as_fd(), fds[1].as_fd(), fds[2].as_fd())
-    } else {
-        (null.as_fd(), fds[0].as_fd(), fds[1].as_fd())
-    };
-    let progs = candidates(&req.argv[0], &req.env);
-    let args: Vec<&str> = req.argv.iter().map(String::as_str).collect();
-    let env: Vec<(&str, &str)> = req
-        .env
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let search: Vec<&Path> = progs[1..].iter().map(PathBuf::as_path).collect();
-    let moves = [(stdin, 0), (out, 1), (err, 2)];
-    let spec = warren_sys::spawn::SpawnSpec {
-        fds: &moves,
-        search: &search,
-        credentials: Some((req.uid, req.gid)),
-        cwd: Some(Path::new(&req.cwd)),
-        ..warren_sys::spawn::SpawnSpec::new(&progs[0], &args, &env)
-    };
-    warren_sys::spawn::exec_here(&spec, sock.as_fd())
 }
 
 /// The request in the first descriptor (removed from `fds`), at most [`MAX_REQUEST`] bytes.
@@ -489,4 +329,69 @@ fn candidates(program: &str, env: &[(String, String)]) -> Vec<PathBuf> {
         .map(|d| if d.is_empty() { "." } else { d })
         .map(|d| Path::new(d).join(program))
         .collect()
+}
+
+fn start(req: &Request, fds: &[OwnedFd], null: BorrowedFd<'_>) -> Answer {
+    let fail = |exec: bool, errno: i32, message: String| Answer::Failed {
+        exec,
+        errno,
+        message,
+    };
+    let want = if req.stdin { 3 } else { 2 };
+    if fds.len() != want || req.argv.is_empty() {
+        return fail(false, 22, "a request needs argv and its descriptors".into());
+    }
+    // The guest refuses these ids before asking; refused here too, in case it did not.
+    if req.uid == SPAWNER_UID || req.gid == SPAWNER_UID {
+        return fail(
+            false,
+            1,
+            "the spawner's own uid and gid are reserved".into(),
+        );
+    }
+    let (stdin, out, err) = if req.stdin {
+        (fds[0].as_fd(), fds[1].as_fd(), fds[2].as_fd())
+    } else {
+        (null, fds[0].as_fd(), fds[1].as_fd())
+    };
+    let progs = candidates(&req.argv[0], &req.env);
+    let args: Vec<&str> = req.argv.iter().map(String::as_str).collect();
+    let env: Vec<(&str, &str)> = req
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let search: Vec<&Path> = progs[1..].iter().map(PathBuf::as_path).collect();
+    let moves = [(stdin, 0), (out, 1), (err, 2)];
+    let spec = warren_sys::spawn::SpawnSpec {
+        fds: &moves,
+        search: &search,
+        sibling: true,
+        credentials: Some((req.uid, req.gid)),
+        cwd: Some(Path::new(&req.cwd)),
+        fork_exec_wait: Some(EXEC_WAIT),
+        ..warren_sys::spawn::SpawnSpec::new(&progs[0], &args, &env)
+    };
+    match warren_sys::spawn::spawn(&spec) {
+        // The child is the guest's: this pidfd only closes.
+        Ok(s) => Answer::Started { pid: s.pid },
+        Err(e) => {
+            let detail = e
+                .get_ref()
+                .and_then(|i| i.downcast_ref::<warren_sys::spawn::SpawnError>());
+            let (exec, errno) = detail.map_or((false, e.raw_os_error().unwrap_or(5)), |d| {
+                (d.stage == warren_sys::spawn::STAGE_EXEC, d.errno)
+            });
+            let mut message = e.to_string();
+            if message.len() > MAX_MESSAGE {
+                let mut cut = MAX_MESSAGE;
+                while !message.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                message.truncate(cut);
+                message.push_str("...");
+            }
+            fail(exec, errno, message)
+        }
+    }
 }

@@ -88,6 +88,14 @@ pub struct SpawnSpec<'a> {
     pub credentials: Option<(u32, u32)>,
     /// Working directory to change to before the exec.
     pub cwd: Option<&'a Path>,
+    /// Clone fork-style (the child gets a copy of this address space instead of borrowing it)
+    /// and wait at most this long for its exec; past that the child counts as started, and an
+    /// exec that fails later only exits 127. For a caller whose child others may stop before
+    /// its exec: once the child has switched to `credentials`, that user's
+    /// processes may `SIGSTOP` it, and a caller waiting on a borrowed address space (or without
+    /// a bound) would wait for as long as they like. `None`: vfork-style, waiting for the exec.
+    /// (The page tables are copied: meant for a small caller such as the guest's spawner.)
+    pub fork_exec_wait: Option<std::time::Duration>,
 }
 
 impl<'a> SpawnSpec<'a> {
@@ -105,6 +113,7 @@ impl<'a> SpawnSpec<'a> {
             sibling: false,
             credentials: None,
             cwd: None,
+            fork_exec_wait: None,
         }
     }
 }
@@ -156,20 +165,90 @@ fn cstring(s: &[u8], what: &str) -> io::Result<CString> {
 /// in any of those steps comes back as this function's error, with the step named.
 pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
     // Everything the child touches is prepared here, before the clone.
-    let prepared = Prepared::new(spec)?;
+    let program = cstring(spec.program.as_os_str().as_bytes(), "program path")?;
+    let alternatives: Vec<CString> = spec
+        .search
+        .iter()
+        .map(|p| cstring(p.as_os_str().as_bytes(), "program path"))
+        .collect::<io::Result<_>>()?;
+    let alternatives: Vec<&CStr> = alternatives.iter().map(CString::as_c_str).collect();
+    let cwd = spec
+        .cwd
+        .map(|c| cstring(c.as_os_str().as_bytes(), "working directory"))
+        .transpose()?;
+    let args: Vec<CString> = spec
+        .args
+        .iter()
+        .map(|a| cstring(a.as_bytes(), "argument"))
+        .collect::<io::Result<_>>()?;
+    let env: Vec<CString> = spec
+        .env
+        .iter()
+        .map(|(k, v)| cstring(format!("{k}={v}").as_bytes(), "environment"))
+        .collect::<io::Result<_>>()?;
+    let argv: Vec<*const libc::c_char> = args
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp: Vec<*const libc::c_char> = env
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+
+    // Move sources above every target number so dup2 in the child never clobbers a source.
+    let mut high: Vec<OwnedFd> = Vec::with_capacity(spec.fds.len());
+    for (fd, _) in spec.fds {
+        high.push(rustix::io::fcntl_dupfd_cloexec(fd, HIGH_FD)?);
+    }
+    let moves: Vec<(RawFd, RawFd)> = high
+        .iter()
+        .zip(spec.fds)
+        .map(|(h, (_, target))| (h.as_raw_fd(), *target))
+        .collect();
+    let joins: Vec<RawFd> = spec.join_cgroups.iter().map(|f| f.as_raw_fd()).collect();
+
     // Error pipe: close-on-exec, so a successful exec closes it and the parent reads EOF.
     let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-    let close = prepared.close_ranges(err_w.as_raw_fd());
-    let child = prepared.child(&close, err_w.as_raw_fd(), spec.credentials);
+    let err_w_raw = err_w.as_raw_fd();
+
+    // Everything else the daemon has open (its listening socket, connections, other sandboxes'
+    // descriptors) is closed first thing in the child: close-on-exec alone would leave them
+    // open until the exec, and on cgroup v1 the join before it can wait ~10 ms for an RCU
+    // grace period — long enough for a restarted daemon to find its port still taken.
+    let mut keep: Vec<u32> = joins
+        .iter()
+        .chain(moves.iter().map(|(from, _)| from))
+        .chain(std::iter::once(&err_w_raw))
+        .map(|&fd| fd as u32)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let close = close_ranges(&keep);
+
+    let child = ChildArgs {
+        close: &close,
+        joins: &joins,
+        moves: &moves,
+        program: &program,
+        alternatives: &alternatives,
+        argv: &argv,
+        envp: &envp,
+        err_fd: err_w_raw,
+        cwd: cwd.as_deref(),
+        credentials: spec.credentials,
+    };
     let sibling = if spec.sibling {
         libc::CLONE_PARENT as u64
     } else {
         0
     };
     let mut pidfd: libc::c_int = -1;
-    let ret = match spec.into_cgroup {
-        None => clone_vfork(spec.namespaces.clone_flags() | sibling, &child, &mut pidfd),
-        Some(cg) => clone3_into_cgroup(
+    let ret = match (spec.into_cgroup, spec.fork_exec_wait) {
+        (None, None) => clone_vfork(spec.namespaces.clone_flags() | sibling, &child, &mut pidfd),
+        (None, Some(_)) => clone_fork(spec.namespaces.clone_flags() | sibling, &child, &mut pidfd),
+        (Some(cg), _) => clone3_into_cgroup(
             spec.namespaces.clone_flags() | sibling,
             cg,
             &child,
@@ -183,174 +262,47 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
     // SAFETY: CLONE_PIDFD made the kernel store a fresh descriptor that we now own.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     drop(err_w);
-    drop(prepared);
+    drop(high);
 
+    if let Some(wait) = spec.fork_exec_wait {
+        // Readable once the child has exec'd (EOF) or failed (its report); a child stopped
+        // before either is left to run when it is continued.
+        let mut pfd = [rustix::event::PollFd::new(
+            &err_r,
+            rustix::event::PollFlags::IN,
+        )];
+        let timeout = rustix::event::Timespec::try_from(wait).map_err(io::Error::other)?;
+        let ready = loop {
+            match rustix::event::poll(&mut pfd, Some(&timeout)) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => break r?,
+            }
+        };
+        if ready == 0 {
+            return Ok(Spawned { pid, pidfd });
+        }
+    }
     let mut report = Vec::new();
     std::fs::File::from(err_r).read_to_end(&mut report)?;
-    if let Some(e) = report_error(&report, spec.program) {
+    if report.len() >= 5 {
+        let stage = STAGE_NAMES[(report[0] as usize).min(STAGE_NAMES.len() - 1)];
+        let errno = i32::from_ne_bytes([report[1], report[2], report[3], report[4]]);
         // The child has exited; reap it so it does not linger as a zombie.
         let _ = rustix::process::waitid(
             rustix::process::WaitId::PidFd(rustix::fd::AsFd::as_fd(&pidfd)),
             rustix::process::WaitIdOptions::EXITED,
         );
-        return Err(e);
+        let os = io::Error::from_raw_os_error(errno);
+        return Err(io::Error::new(
+            os.kind(),
+            SpawnError {
+                stage,
+                errno,
+                message: format!("starting {}: {stage} failed: {os}", spec.program.display()),
+            },
+        ));
     }
     Ok(Spawned { pid, pidfd })
-}
-
-/// The error a child's report (stage code, then errno) names; `None` for an empty report (the
-/// exec happened: the close-on-exec channel closed with nothing written).
-pub fn report_error(report: &[u8], program: &Path) -> Option<io::Error> {
-    if report.len() < 5 {
-        return None;
-    }
-    let stage = STAGE_NAMES[(report[0] as usize).min(STAGE_NAMES.len() - 1)];
-    let errno = i32::from_ne_bytes([report[1], report[2], report[3], report[4]]);
-    let os = io::Error::from_raw_os_error(errno);
-    Some(io::Error::new(
-        os.kind(),
-        SpawnError {
-            stage,
-            errno,
-            message: format!("starting {}: {stage} failed: {os}", program.display()),
-        },
-    ))
-}
-
-/// Becomes `spec.program` in this process, taking the steps a spawned child takes (own
-/// session, descriptors moved into place, `credentials`, working directory, default signal
-/// handlers and an empty mask, exec with the search); every other descriptor but `report` is
-/// closed first. For a process forked ahead of time to wait for its command (the guest's
-/// spawner keeps one). On failure the stage and errno are written to `report` (close-on-exec:
-/// a successful exec closes it with nothing written; see [`report_error`]) and the process
-/// exits 127. `namespaces`, `join_cgroups`, `into_cgroup` and `sibling` do not apply here.
-pub fn exec_here(spec: &SpawnSpec<'_>, report: BorrowedFd<'_>) -> ! {
-    let prepared = match Prepared::new(spec) {
-        Ok(p) => p,
-        Err(e) => {
-            let b = e.raw_os_error().unwrap_or(libc::EINVAL).to_ne_bytes();
-            let _ = rustix::io::write(report, &[7, b[0], b[1], b[2], b[3]]);
-            std::process::exit(127);
-        }
-    };
-    let close = prepared.close_ranges(report.as_raw_fd());
-    let child = prepared.child(&close, report.as_raw_fd(), spec.credentials);
-    reset_signal_handlers();
-    child_after_clone(&child)
-}
-
-/// Everything a child touches between its clone and its exec, made beforehand: C strings,
-/// pointer arrays, descriptors moved out of the way.
-struct Prepared {
-    program: CString,
-    alternatives: Vec<CString>,
-    cwd: Option<CString>,
-    // Owns the strings `argv` and `envp` point into.
-    _strings: Vec<CString>,
-    argv: Vec<*const libc::c_char>,
-    envp: Vec<*const libc::c_char>,
-    /// Copies of the descriptors to move, above every target number (so a `dup2` in the
-    /// child never clobbers a source), closed when this is dropped.
-    _high: Vec<OwnedFd>,
-    moves: Vec<(RawFd, RawFd)>,
-    joins: Vec<RawFd>,
-}
-
-impl Prepared {
-    fn new(spec: &SpawnSpec<'_>) -> io::Result<Prepared> {
-        let program = cstring(spec.program.as_os_str().as_bytes(), "program path")?;
-        let alternatives: Vec<CString> = spec
-            .search
-            .iter()
-            .map(|p| cstring(p.as_os_str().as_bytes(), "program path"))
-            .collect::<io::Result<_>>()?;
-        let cwd = spec
-            .cwd
-            .map(|c| cstring(c.as_os_str().as_bytes(), "working directory"))
-            .transpose()?;
-        let args: Vec<CString> = spec
-            .args
-            .iter()
-            .map(|a| cstring(a.as_bytes(), "argument"))
-            .collect::<io::Result<_>>()?;
-        let env: Vec<CString> = spec
-            .env
-            .iter()
-            .map(|(k, v)| cstring(format!("{k}={v}").as_bytes(), "environment"))
-            .collect::<io::Result<_>>()?;
-        let argv: Vec<*const libc::c_char> = args
-            .iter()
-            .map(|a| a.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect();
-        let envp: Vec<*const libc::c_char> = env
-            .iter()
-            .map(|a| a.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect();
-        let mut high: Vec<OwnedFd> = Vec::with_capacity(spec.fds.len());
-        for (fd, _) in spec.fds {
-            high.push(rustix::io::fcntl_dupfd_cloexec(fd, HIGH_FD)?);
-        }
-        let moves: Vec<(RawFd, RawFd)> = high
-            .iter()
-            .zip(spec.fds)
-            .map(|(h, (_, target))| (h.as_raw_fd(), *target))
-            .collect();
-        let joins: Vec<RawFd> = spec.join_cgroups.iter().map(|f| f.as_raw_fd()).collect();
-        let mut strings = args;
-        strings.extend(env);
-        Ok(Prepared {
-            program,
-            alternatives,
-            cwd,
-            _strings: strings,
-            argv,
-            envp,
-            _high: high,
-            moves,
-            joins,
-        })
-    }
-
-    /// The descriptor ranges the child closes first thing: everything but the cgroup files,
-    /// the descriptors to move, and `err_fd`. (Everything else a daemon has open, its
-    /// listening socket, connections, other sandboxes' descriptors, is closed at once:
-    /// close-on-exec alone would leave them open until the exec, and on cgroup v1 the join
-    /// before it can wait ~10 ms for an RCU grace period, long enough for a restarted daemon
-    /// to find its port still taken.)
-    fn close_ranges(&self, err_fd: RawFd) -> Vec<(u32, u32)> {
-        let mut keep: Vec<u32> = self
-            .joins
-            .iter()
-            .chain(self.moves.iter().map(|(from, _)| from))
-            .chain(std::iter::once(&err_fd))
-            .map(|&fd| fd as u32)
-            .collect();
-        keep.sort_unstable();
-        keep.dedup();
-        close_ranges(&keep)
-    }
-
-    fn child<'a>(
-        &'a self,
-        close: &'a [(u32, u32)],
-        err_fd: RawFd,
-        credentials: Option<(u32, u32)>,
-    ) -> ChildArgs<'a> {
-        ChildArgs {
-            close,
-            joins: &self.joins,
-            moves: &self.moves,
-            program: &self.program,
-            alternatives: &self.alternatives,
-            argv: &self.argv,
-            envp: &self.envp,
-            err_fd,
-            cwd: self.cwd.as_deref(),
-            credentials,
-        }
-    }
 }
 
 /// The ranges of descriptor numbers not in `keep` (sorted, no duplicates), for `close_range`.
@@ -394,7 +346,7 @@ struct ChildArgs<'a> {
     joins: &'a [RawFd],
     moves: &'a [(RawFd, RawFd)],
     program: &'a CStr,
-    alternatives: &'a [CString],
+    alternatives: &'a [&'a CStr],
     argv: &'a [*const libc::c_char],
     envp: &'a [*const libc::c_char],
     err_fd: RawFd,
@@ -461,6 +413,53 @@ extern "C" fn vfork_child(arg: *mut libc::c_void) -> libc::c_int {
     // unblocking signals before exec cannot run parent code in this shared address space.
     reset_signal_handlers();
     child_after_clone(a)
+}
+
+/// `clone` fork-style (no `CLONE_VM`, no new stack): the child runs on a copy of this
+/// address space, so nothing it or anyone else does to it before its exec touches the
+/// caller's memory or holds the caller up. The child runs raw system calls only (as after
+/// any clone here), but the page tables are copied: meant for a small caller. The legacy
+/// `clone` call, not `clone3`: confined callers see `clone3` answer ENOSYS. Returns the
+/// child's pid, or -1 with errno set; in the child it never returns.
+fn clone_fork(ns_flags: u64, child: &ChildArgs<'_>, pidfd: &mut libc::c_int) -> i64 {
+    let flags = ns_flags | libc::CLONE_PIDFD as u64 | libc::SIGCHLD as u64;
+    // No handler of ours may run in the child before it has reset them: block every signal
+    // across the clone (the child clears its mask just before its exec).
+    // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask only write into it.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to the two sets above.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
+    // SAFETY: clone without CLONE_VM and with a null stack behaves like fork. x86-64 and
+    // aarch64 argument order: flags, stack, parent_tid (where CLONE_PIDFD stores the pidfd),
+    // child_tid, tls. The child runs only `reset_signal_handlers` and `child_after_clone`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            flags,
+            0usize,
+            pidfd as *mut libc::c_int,
+            0usize,
+            0usize,
+        )
+    };
+    if ret == 0 {
+        reset_signal_handlers();
+        child_after_clone(child);
+    }
+    let err = io::Error::last_os_error();
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    if ret < 0 {
+        // SAFETY: errno is this thread's; restore the clone's error for the caller.
+        unsafe { *libc::__errno_location() = err.raw_os_error().unwrap_or(libc::EINVAL) };
+        return -1;
+    }
+    ret
 }
 
 /// In a child before its exec: every handler back to its default, so that unblocking
@@ -670,6 +669,7 @@ mod tests {
             sibling: false,
             credentials: None,
             cwd: None,
+            fork_exec_wait: None,
         }
     }
 
@@ -699,6 +699,66 @@ mod tests {
         let err = spawn(&plain(Path::new("/nonexistent/prog"), &["prog"], &[])).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound);
         assert!(err.to_string().contains("execve failed"), "{err}");
+    }
+
+    #[test]
+    fn fork_style_execs_reports_failures_and_waits_only_so_long() {
+        let wait = Some(std::time::Duration::from_millis(300));
+        let (mut r, w) = std::io::pipe().unwrap();
+        let fds = [(w.as_fd(), 3)];
+        let spec = SpawnSpec {
+            fork_exec_wait: wait,
+            ..plain(Path::new("/bin/sh"), &["sh", "-c", "echo hi >&3"], &fds)
+        };
+        let s = spawn(&spec).unwrap();
+        drop(w);
+        let mut out = String::new();
+        r.read_to_string(&mut out).unwrap();
+        assert_eq!(out, "hi\n");
+        assert!(crate::process::pidfd_wait(
+            &s.pidfd,
+            std::time::Duration::from_secs(5)
+        ));
+        assert!(crate::process::pidfd_reap(&s.pidfd));
+        let spec = SpawnSpec {
+            fork_exec_wait: wait,
+            ..plain(Path::new("/nonexistent/prog"), &["prog"], &[])
+        };
+        let err = spawn(&spec).unwrap_err();
+        assert!(err.to_string().contains("execve failed"), "{err}");
+        // A child held up before its exec (here: writing into a full pipe, as a "cgroup" to
+        // join) does not hold the caller up past the wait; it execs once let go.
+        let (mut held_r, held_w) = std::io::pipe().unwrap();
+        rustix::io::ioctl_fionbio(&held_w, true).unwrap();
+        while rustix::io::write(&held_w, &[0u8; 4096]).is_ok() {}
+        rustix::io::ioctl_fionbio(&held_w, false).unwrap();
+        let (mut r, w) = std::io::pipe().unwrap();
+        let fds = [(w.as_fd(), 3)];
+        let joins = [held_w.as_fd()];
+        let spec = SpawnSpec {
+            fork_exec_wait: wait,
+            join_cgroups: &joins,
+            ..plain(Path::new("/bin/sh"), &["sh", "-c", "echo late >&3"], &fds)
+        };
+        let t = std::time::Instant::now();
+        let s = spawn(&spec).unwrap();
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(3),
+            "held up for {:?}",
+            t.elapsed()
+        );
+        drop(w);
+        drop(held_w);
+        let mut sink = vec![0u8; 1 << 20];
+        while held_r.read(&mut sink).unwrap() == sink.len() {}
+        let mut out = String::new();
+        r.read_to_string(&mut out).unwrap();
+        assert_eq!(out, "late\n");
+        assert!(crate::process::pidfd_wait(
+            &s.pidfd,
+            std::time::Duration::from_secs(5)
+        ));
+        assert!(crate::process::pidfd_reap(&s.pidfd));
     }
 }
 
@@ -753,6 +813,7 @@ mod v2_tests {
             sibling: false,
             credentials: None,
             cwd: None,
+            fork_exec_wait: None,
         };
         let spawned = spawn(&spec);
         drop(w);

@@ -70,44 +70,6 @@ pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize,
 /// could inherit a lock another thread held); the child then runs ordinary Rust. Returns the
 /// child's pid in the parent and `None` in the child.
 pub fn fork_single_threaded() -> io::Result<Option<i32>> {
-    single_threaded()?;
-    // SAFETY: the process has exactly one thread (checked above), so the child is a
-    // consistent copy: no lock can be held by a thread that does not exist in it.
-    let pid = unsafe { libc::fork() };
-    match pid {
-        p if p < 0 => Err(io::Error::last_os_error()),
-        0 => Ok(None),
-        p => Ok(Some(p)),
-    }
-}
-
-/// Forks a child of this process's parent (`CLONE_PARENT`: the parent reaps it and gets its
-/// exit status), under the same rule as [`fork_single_threaded`]: one thread, checked.
-/// Returns the child's pid in the caller and `None` in the child.
-pub fn fork_sibling_single_threaded() -> io::Result<Option<i32>> {
-    single_threaded()?;
-    // SAFETY: as in `fork_single_threaded`; a raw clone without CLONE_VM and with no new
-    // stack is a fork (glibc's atfork handlers do not run: with one thread there is no lock
-    // they would need to reset). Arguments: flags, stack, parent_tid, child_tid, tls.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
-    };
-    match pid {
-        p if p < 0 => Err(io::Error::last_os_error()),
-        0 => Ok(None),
-        p => Ok(Some(p as i32)),
-    }
-}
-
-/// Checks that this process has one thread.
-fn single_threaded() -> io::Result<()> {
     let threads = std::fs::read_to_string("/proc/self/status")?
         .lines()
         .find_map(|l| l.strip_prefix("Threads:"))
@@ -118,7 +80,14 @@ fn single_threaded() -> io::Result<()> {
             "fork refused: the process has {threads} threads"
         )));
     }
-    Ok(())
+    // SAFETY: the process has exactly one thread (checked above), so the child is a
+    // consistent copy: no lock can be held by a thread that does not exist in it.
+    let pid = unsafe { libc::fork() };
+    match pid {
+        p if p < 0 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        p => Ok(Some(p)),
+    }
 }
 
 /// Closes every descriptor of this process but `keep` (with `close_range(2)` over the gaps),

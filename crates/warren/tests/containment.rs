@@ -282,9 +282,8 @@ async fn a_burst_is_one_event_and_attacks_on_the_agent_are_named() {
     p.assert_clean();
 }
 
-/// The spawner (the process that starts every agent command, confined once) and the launcher
-/// it keeps forked for the next command are out of the agent's reach, root included: no
-/// signal, no trace, no limit, none of their /proc files; and
+/// The spawner (the process that starts every agent command, confined once) is out of the
+/// agent's reach, root included: no signal, no trace, no limit, none of its /proc files; and
 /// if it goes anyway (killed from outside here, as the kernel's OOM killer could), commands
 /// still run, still confined, and its loss is recorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,19 +294,18 @@ async fn the_spawner_is_out_of_reach_and_its_loss_is_survived() {
     let probe = r#"
 import ctypes, os, signal
 l = ctypes.CDLL(None, use_errno=True)
+pid = next(int(d) for d in os.listdir("/proc") if d.isdigit() and open(f"/proc/{d}/comm").read().strip() == "warren-spawner")
+out = []
 def errno_of(r):
     return "ok" if r == 0 else os.strerror(ctypes.get_errno())
-def probe(name):
-  pid = next(int(d) for d in os.listdir("/proc") if d.isdigit() and open(f"/proc/{d}/comm").read().strip() == name)
-  out = []
-  for sig in (signal.SIGKILL, signal.SIGSTOP):
+for sig in (signal.SIGKILL, signal.SIGSTOP):
     try:
         os.kill(pid, sig); out.append("kill:ok")
     except OSError as e:
         out.append("kill:" + e.strerror)
-  out.append("ptrace:" + errno_of(l.ptrace(16, pid, 0, 0)))
-  out.append("prlimit:" + errno_of(l.syscall(302, pid, 7, 0, 0)))
-  for f in ("environ", "mem", "fd", "oom_score_adj", "cgroup"):
+out.append("ptrace:" + errno_of(l.ptrace(16, pid, 0, 0)))
+out.append("prlimit:" + errno_of(l.syscall(302, pid, 7, 0, 0)))
+for f in ("environ", "mem", "fd", "oom_score_adj", "cgroup"):
     path = f"/proc/{pid}/{f}"
     try:
         if f == "fd":
@@ -321,10 +319,7 @@ def probe(name):
         out.append(f + ":ok")
     except OSError as e:
         out.append(f + ":" + e.strerror)
-  return pid, out
-pid, out = probe("warren-spawner")
-_, more = probe("warren-launch")
-print(pid, " ".join(out + more))
+print(pid, " ".join(out))
 "#;
     for root in [false, true] {
         let (code, out, err) = run(&sb, &format!("python3 -c '{probe}'"), root).await;
@@ -385,9 +380,8 @@ print(pid, " ".join(out + more))
         .find(|(pid, ppid, _, _)| *ppid == guest && comm(*pid) == "warren-spawner")
         .map(|(pid, ..)| pid)
         .expect("the spawner on the host");
-    // It holds nothing of the guest's but its own channel, its waiting launcher's and the
-    // standard descriptors (the listener channel and the Landlock ruleset are closed once it
-    // is confined).
+    // It holds nothing of the guest's but its own channel and the standard descriptors (the
+    // listener channel and the Landlock ruleset are closed once it is confined).
     let fds: Vec<String> = std::fs::read_dir(format!("/proc/{spawner}/fd"))
         .unwrap()
         .flatten()
@@ -401,7 +395,7 @@ print(pid, " ".join(out + more))
         .collect();
     let sockets = fds.iter().filter(|f| f.contains(" socket:")).count();
     assert!(
-        sockets <= 2
+        sockets == 1
             && fds.len() <= 5
             && fds.iter().all(|f| f.ends_with("/dev/null")
                 || f.ends_with("/guest.log")
