@@ -12,8 +12,8 @@ use std::path::Path;
 use warren_sys::mount::{self, flags};
 use warren_types::guest::InitConfig;
 
-/// Files hidden behind an empty file of mode 0 (see [`mask`]): kernel internals a sandbox has no business reading
-/// (the list the usual OCI runtimes mask). Every other file at the top of /proc and of
+/// Files hidden behind an empty file of mode 0 (see [`mask`]): kernel internals a sandbox has
+/// no business reading (the list the usual OCI runtimes mask). Every other file at the top of /proc and of
 /// /sys/kernel that only root may read is masked too ([`root_only_files`]): uid 0 in a
 /// sandbox has no capabilities, but it owns those files, so their mode bits alone would let
 /// it read /proc/kpageflags, /proc/kpagecgroup (the paper's side channel), /proc/slabinfo.

@@ -163,8 +163,9 @@ impl Spawner {
     }
 
     /// Starts a command; returns its pid (a child of the guest). Blocks for the spawner's
-    /// answer, at most [`ANSWER_WAIT`]. On [`Lost`] the spawner has been killed (its exit is
-    /// reaped, and recorded, as any) and marked gone.
+    /// answer: a receive waits at most [`ANSWER_WAIT`], and one a signal interrupts is tried
+    /// again only within that time (so at most twice it in all). On [`Lost`] the spawner has
+    /// been killed (its exit is reaped, and recorded, as any) and marked gone.
     pub fn spawn(
         &self,
         req: &Request,
