@@ -97,33 +97,228 @@ pub fn download_channel() -> (ChunkWriter, mpsc::Receiver<Vec<u8>>) {
     )
 }
 
-/// Unpacks `input` into `dir` (made if missing). An entry that would land outside `dir` (a
-/// `..` path, or a path through a symlink unpacked earlier) is refused; symlinks themselves may
-/// point anywhere, as any the user makes with `ln -s` can. It all happens as the user, so
-/// nothing is written that they could not write.
+/// Unpacks `input` into `dir` (made if missing), by descriptor: each entry is made relative
+/// to its directory, opened from `dir` one component at a time, so an entry that climbs out
+/// (`..`, an absolute name) or goes through a symbolic link (one the archive made a moment
+/// before, or one the agent swaps in meanwhile) is refused with a 400. Symbolic links
+/// themselves may point anywhere, as any the user makes with `ln -s` can; hard links must
+/// name an entry inside `dir`; device nodes are refused. Files replace what was there
+/// (removed first, never written through). An upload that fails removes the entries it had
+/// made (what it replaced stays replaced; parent directories it made for them stay).
+/// Directories get their modes once everything is in (a read-only one would refuse its own
+/// entries), through descriptors opened the same way. It all happens as the user, so nothing is written that
+/// they could not write.
 pub fn unpack(input: impl Read, dir: &str) -> Result<(), OpError> {
     std::fs::create_dir_all(dir).map_err(|e| OpError::io(&e, "creating", dir))?;
+    let mut root = warren_fs::Beneath::open(std::path::Path::new(dir))
+        .map_err(|e| OpError::io(&e, "opening", dir))?;
+    let fs = rustix::fs::fstatfs(root.root()).map_err(|e| OpError::io(&e.into(), "statfs", dir))?;
+    if fs.f_type as i64 == PROCFS {
+        return Err(OpError::invalid(format!(
+            "{dir} is in /proc, which the files API does not write"
+        )));
+    }
+    let mut made: Vec<PathBuf> = Vec::new();
+    let result = unpack_entries(input, dir, &mut root, &mut made);
+    if result.is_err() {
+        for rel in made.iter().rev() {
+            if let Ok((parent, name)) = root.parent(rel, None) {
+                let _ = rustix::fs::unlinkat(parent, name, rustix::fs::AtFlags::empty()).or_else(
+                    |_| rustix::fs::unlinkat(parent, name, rustix::fs::AtFlags::REMOVEDIR),
+                );
+            }
+            root.forget();
+        }
+    }
+    result
+}
+
+fn unpack_entries(
+    input: impl Read,
+    dir: &str,
+    root: &mut warren_fs::Beneath,
+    made: &mut Vec<PathBuf>,
+) -> Result<(), OpError> {
     let mut archive = tar::Archive::new(input);
-    archive.set_preserve_permissions(true);
-    archive.set_preserve_mtime(true);
-    archive.set_overwrite(true);
     let entries = archive
         .entries()
         .map_err(|e| OpError::invalid(format!("not a tar stream: {e}")))?;
+    let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
     for entry in entries {
         let mut entry = entry.map_err(|e| OpError::invalid(format!("corrupt tar stream: {e}")))?;
-        let name = entry
+        let raw = entry
             .path()
-            .map(|p| p.display().to_string())
-            .unwrap_or_default();
-        let unpacked = entry
-            .unpack_in(dir)
-            .map_err(|e| OpError::io(&e, &format!("unpacking {name} into"), dir))?;
-        if !unpacked {
-            return Err(OpError::invalid(format!(
+            .map_err(|e| OpError::invalid(format!("a tar entry has a bad name: {e}")))?
+            .into_owned();
+        let name = raw.display().to_string();
+        let outside = || {
+            OpError::invalid(format!(
                 "tar entry {name} would land outside {dir}: refused"
-            )));
+            ))
+        };
+        let rel = warren_fs::check_relative(&raw).map_err(|_| outside())?;
+        if rel.as_os_str().is_empty() {
+            continue; // "./": the directory itself
         }
+        let header = entry.header();
+        let kind = header.entry_type();
+        let mode = header.mode().unwrap_or(0o644) & 0o7777;
+        let mtime = header.mtime().ok();
+        let link = match kind {
+            tar::EntryType::Symlink | tar::EntryType::Link => Some(
+                entry
+                    .link_name()
+                    .ok()
+                    .flatten()
+                    .map(|l| l.into_owned())
+                    .ok_or_else(|| OpError::invalid(format!("tar link {name} names no target")))?,
+            ),
+            _ => None,
+        };
+        // A hard link's target: an entry already inside, reached without links.
+        let link_dir = match (kind, &link) {
+            (tar::EntryType::Link, Some(target)) => {
+                let t = warren_fs::check_relative(target).map_err(|_| {
+                    OpError::invalid(format!(
+                        "tar hard link {name} points outside {dir}: refused"
+                    ))
+                })?;
+                let parent = t.parent().unwrap_or(std::path::Path::new(""));
+                let fd = warren_fs::open_dir_beneath(root.root(), parent).map_err(|e| {
+                    OpError::invalid(format!("tar hard link {name}: {}: {e}", t.display()))
+                })?;
+                let file = t.file_name().map(|n| n.to_os_string()).ok_or_else(|| {
+                    OpError::invalid(format!("tar hard link {name} names no file"))
+                })?;
+                Some((fd, file))
+            }
+            _ => None,
+        };
+        let content_err = |e: io::Error| {
+            if e.kind() == io::ErrorKind::InvalidInput {
+                OpError::invalid(format!("tar entry {name}: {e}"))
+            } else {
+                OpError::io(&e, &format!("unpacking {name} into"), dir)
+            }
+        };
+        let (parent, file) = root.parent(&rel, Some(0o755)).map_err(content_err)?;
+        let existing = rustix::fs::statat(parent, file, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|st| FileType::from_raw_mode(st.st_mode));
+        let errno = |e: rustix::io::Errno| content_err(e.into());
+        if kind == tar::EntryType::Directory {
+            match existing {
+                Some(FileType::Directory) => {}
+                Some(_) => {
+                    return Err(OpError::invalid(format!(
+                        "tar entry {name} is a directory where {dir} has something else"
+                    )));
+                }
+                None => {
+                    rustix::fs::mkdirat(parent, file, Mode::from_raw_mode(0o700)).map_err(errno)?;
+                    made.push(rel.clone());
+                    dir_modes.push((rel, mode));
+                }
+            }
+            continue;
+        }
+        // Anything else replaces what is there (never written through), but not a directory.
+        match existing {
+            Some(FileType::Directory) => {
+                return Err(OpError::invalid(format!(
+                    "tar entry {name} would replace a directory of {dir}: refused"
+                )));
+            }
+            Some(_) => {
+                rustix::fs::unlinkat(parent, file, rustix::fs::AtFlags::empty()).map_err(errno)?
+            }
+            None => {}
+        }
+        let times = |when: Option<u64>| {
+            when.map(|t| {
+                let ts = rustix::fs::Timespec {
+                    tv_sec: t as i64,
+                    tv_nsec: 0,
+                };
+                rustix::fs::Timestamps {
+                    last_access: ts,
+                    last_modification: ts,
+                }
+            })
+        };
+        match kind {
+            tar::EntryType::Regular | tar::EntryType::Continuous | tar::EntryType::GNUSparse => {
+                let fd = rustix::fs::openat(
+                    parent,
+                    file,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )
+                .map_err(errno)?;
+                made.push(rel.clone());
+                let mut f = std::fs::File::from(fd);
+                io::copy(&mut entry, &mut f).map_err(content_err)?;
+                rustix::fs::fchmod(&f, Mode::from_raw_mode(mode)).map_err(errno)?;
+                if let Some(ts) = times(mtime) {
+                    rustix::fs::futimens(&f, &ts).map_err(errno)?;
+                }
+            }
+            tar::EntryType::Symlink => {
+                let target = link.unwrap_or_default();
+                rustix::fs::symlinkat(target.as_os_str(), parent, file).map_err(errno)?;
+                made.push(rel.clone());
+                if let Some(ts) = times(mtime) {
+                    let _ = rustix::fs::utimensat(
+                        parent,
+                        file,
+                        &ts,
+                        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                    );
+                }
+            }
+            tar::EntryType::Link => {
+                let Some((from_dir, from)) = link_dir else {
+                    return Err(OpError::invalid(format!(
+                        "tar hard link {name} names no target"
+                    )));
+                };
+                rustix::fs::linkat(&from_dir, &from, parent, file, rustix::fs::AtFlags::empty())
+                    .map_err(|e| {
+                        OpError::invalid(format!(
+                            "tar hard link {name}: {}: {}",
+                            from.to_string_lossy(),
+                            io::Error::from(e)
+                        ))
+                    })?;
+                made.push(rel.clone());
+            }
+            tar::EntryType::Fifo => {
+                rustix::fs::mknodat(parent, file, FileType::Fifo, Mode::from_raw_mode(mode), 0)
+                    .map_err(errno)?;
+                made.push(rel.clone());
+            }
+            tar::EntryType::Char | tar::EntryType::Block => {
+                return Err(OpError::invalid(format!(
+                    "tar entry {name} is a device node, which uploads do not make"
+                )));
+            }
+            // Headers tar reads itself (long names, pax records) and kinds with no file.
+            _ => {}
+        }
+    }
+    // Deepest first, so that a read-only parent is the last to close.
+    for (rel, mode) in dir_modes.iter().rev() {
+        root.forget();
+        let fd = root
+            .dir(rel, None)
+            .map_err(|e| OpError::invalid(format!("tar directory {}: {e}", rel.display())))?;
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(*mode)).map_err(|e| {
+            OpError::io(&e.into(), "setting the mode of", &rel.display().to_string())
+        })?;
     }
     Ok(())
 }

@@ -1497,3 +1497,156 @@ while time.time() < end and not os.path.exists("/tmp/enough"):
     sb.kill().await.unwrap();
     p.assert_clean();
 }
+
+/// Tar uploads whose entries climb out through a link the archive made a moment before, hard
+/// links out of the target, or device nodes: each a 400 that names the entry, nothing written
+/// outside, and nothing of the failed upload left behind. Uploaded as root too (the guest
+/// writes with its own identity then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tar_uploads_go_through_no_link_and_leave_nothing_when_refused() {
+    require_root!();
+    let p = Platform::start();
+    let sb = host_sandbox(&p).await;
+    let (code, _, err) = run(
+        &sb,
+        "mkdir -p /tmp/victim && echo safe > /tmp/victim/f",
+        true,
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let file = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    let link = |b: &mut tar::Builder<Vec<u8>>, kind: tar::EntryType, name: &str, to: &str| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_size(0);
+        b.append_link(&mut h, name, to).unwrap();
+    };
+    type Build = Box<dyn Fn(&mut tar::Builder<Vec<u8>>)>;
+    let cases: Vec<(&str, Build)> = vec![
+        (
+            "through a link it made",
+            Box::new(move |b| {
+                file(b, "ok.txt", b"fine\n");
+                link(b, tar::EntryType::Symlink, "out", "/tmp/victim");
+                file(b, "out/f", b"pwned\n");
+            }),
+        ),
+        (
+            "a hard link out",
+            Box::new(move |b| {
+                file(b, "ok.txt", b"fine\n");
+                link(b, tar::EntryType::Link, "hl", "../../../tmp/victim/f");
+            }),
+        ),
+        (
+            "an absolute hard link",
+            Box::new(move |b| {
+                file(b, "ok.txt", b"fine\n");
+                link(b, tar::EntryType::Link, "hl", "/tmp/victim/f");
+            }),
+        ),
+        (
+            "a device node",
+            Box::new(move |b| {
+                file(b, "ok.txt", b"fine\n");
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(tar::EntryType::Block);
+                h.set_device_major(8).unwrap();
+                h.set_device_minor(0).unwrap();
+                h.set_size(0);
+                h.set_mode(0o666);
+                h.set_cksum();
+                b.append_data(&mut h, "sda", &[][..]).unwrap();
+            }),
+        ),
+    ];
+    for user in ["user", "root"] {
+        for (what, build) in &cases {
+            let mut b = tar::Builder::new(Vec::new());
+            build(&mut b);
+            let archive = b.into_inner().unwrap();
+            let url = format!(
+                "{}/v1/sandboxes/{}/files/tar?path=/tmp/up-{user}&user={user}",
+                p.url,
+                sb.id()
+            );
+            let resp = p
+                .http()
+                .put(&url)
+                .bearer_auth(&p.key)
+                .body(archive)
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap();
+            assert_eq!(status, 400, "{what} as {user}: {text}");
+            let (_, out, _) = run(
+                &sb,
+                &format!("cat /tmp/victim/f; ls -A /tmp/up-{user}"),
+                true,
+            )
+            .await;
+            assert_eq!(
+                out, "safe\n",
+                "{what} as {user}: left behind or written outside"
+            );
+        }
+    }
+    // What is allowed still works: a read-only directory with entries, links that point
+    // anywhere, hard links inside, FIFOs.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Directory);
+    h.set_mode(0o555);
+    h.set_size(0);
+    h.set_cksum();
+    b.append_data(&mut h, "ro/", &[][..]).unwrap();
+    file(&mut b, "ro/f", b"inside\n");
+    link(&mut b, tar::EntryType::Symlink, "anywhere", "/etc/hostname");
+    link(&mut b, tar::EntryType::Link, "again", "ro/f");
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Fifo);
+    h.set_mode(0o644);
+    h.set_size(0);
+    h.set_cksum();
+    b.append_data(&mut h, "pipe", &[][..]).unwrap();
+    let url = format!(
+        "{}/v1/sandboxes/{}/files/tar?path=/tmp/good",
+        p.url,
+        sb.id()
+    );
+    let resp = p
+        .http()
+        .put(&url)
+        .bearer_auth(&p.key)
+        .body(b.into_inner().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.status().as_u16(),
+        200,
+        "{}",
+        resp.text().await.unwrap()
+    );
+    let (_, out, err) = run(
+        &sb,
+        "cd /tmp/good && stat -c '%n %a %U %F' ro ro/f pipe && cat again && readlink anywhere",
+        false,
+    )
+    .await;
+    assert_eq!(
+        out,
+        "ro 555 user directory\nro/f 644 user regular file\npipe 644 user fifo\ninside\n/etc/hostname\n",
+        "{err}"
+    );
+    sb.kill().await.unwrap();
+    p.assert_clean();
+}
