@@ -191,7 +191,8 @@ print("beyond", libc.syscall(470, 0, 0), ctypes.get_errno())
     }
     // Still works.
     assert_eq!(run(&sb, "echo alive", false).await.1, "alive\n");
-    // (Records stream to the node as they change: wait for the second run's count too.)
+    // (Records stream to the node as they change: wait for the second run's count and the
+    // `unshare` commands' records too.)
     let mounts = |e: &[warren_sdk::Event]| {
         e.iter()
             .filter(|e| e.detail == "mount")
@@ -199,7 +200,9 @@ print("beyond", libc.syscall(470, 0, 0), ctypes.get_errno())
             .sum::<u64>()
     };
     let ev = events_until(&p, sb.id().as_str(), warren_sdk::EventKind::Seccomp, |e| {
-        mounts(e) >= 2 && e.iter().any(|e| e.detail == "bpf")
+        mounts(e) >= 2
+            && e.iter().any(|e| e.detail == "bpf")
+            && e.iter().any(|e| e.detail == "unshare")
     })
     .await;
     let mount = ev
