@@ -37,7 +37,8 @@ struct Level {
     pending: Vec<OsString>,
 }
 
-fn names(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
+/// The names in directory `dir` (not `.` and `..`), in reverse directory order, for popping.
+pub fn names(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
     let mut out = Vec::new();
     for e in rustix::fs::Dir::read_from(dir).map_err(|e| crate::ctx(e, "reading", "dir"))? {
         let e = e.map_err(|e| crate::ctx(e, "reading", "dir"))?;

@@ -17,7 +17,7 @@ pub mod meta;
 mod remove;
 mod walk;
 
-pub use copy::{CopyStats, copy_tree};
+pub use copy::{CopyStats, copy_tree, names};
 pub use remove::{remove_path, remove_tree};
 pub use walk::{Beneath, Links, check_relative, open_dir_beneath, open_file};
 

@@ -462,18 +462,10 @@ fn header(st: &rustix::fs::Stat, kind: tar::EntryType, size: u64) -> tar::Header
     h
 }
 
-/// The names in a directory (not `.` and `..`), in reverse, for popping.
+/// The names in a directory, sorted, in reverse for popping.
 fn names(dir: BorrowedFd<'_>) -> io::Result<Vec<OsString>> {
-    let mut out = Vec::new();
-    for e in rustix::fs::Dir::read_from(dir)? {
-        let e = e?;
-        let n = OsStr::from_bytes(e.file_name().to_bytes());
-        if n != "." && n != ".." {
-            out.push(n.to_os_string());
-        }
-    }
-    out.sort();
-    out.reverse();
+    let mut out = warren_fs::names(dir)?;
+    out.sort_unstable_by(|a, b| b.cmp(a));
     Ok(out)
 }
 

@@ -372,15 +372,7 @@ fn clone_vfork(ns_flags: u64, child: &ChildArgs<'_>, pidfd: &mut libc::c_int) ->
         | libc::SIGCHLD;
     // Block every signal while the child shares our memory; it restores default handlers
     // before it unblocks them, so no handler of ours ever runs in it.
-    // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask only write into it.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to the two sets above.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
+    let old = block_all_signals();
     // SAFETY: `top` is the top of `stack`, which outlives the child's use of it: with
     // CLONE_VFORK this call returns only once the child has exec'd or exited. The child runs
     // `vfork_child` on that stack, touching only `child` (read-only, prepared above) and
@@ -395,8 +387,7 @@ fn clone_vfork(ns_flags: u64, child: &ChildArgs<'_>, pidfd: &mut libc::c_int) ->
         )
     };
     let err = io::Error::last_os_error();
-    // SAFETY: restores the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    restore_signals(&old);
     drop(stack);
     if ret < 0 {
         // SAFETY: errno is this thread's; restore the clone's error for the caller.
@@ -425,15 +416,7 @@ fn clone_fork(ns_flags: u64, child: &ChildArgs<'_>, pidfd: &mut libc::c_int) -> 
     let flags = ns_flags | libc::CLONE_PIDFD as u64 | libc::SIGCHLD as u64;
     // No handler of ours may run in the child before it has reset them: block every signal
     // across the clone (the child clears its mask just before its exec).
-    // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask only write into it.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to the two sets above.
-    unsafe {
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-    }
+    let old = block_all_signals();
     // SAFETY: clone without CLONE_VM and with a null stack behaves like fork. x86-64 and
     // aarch64 argument order: flags, stack, parent_tid (where CLONE_PIDFD stores the pidfd),
     // child_tid, tls. The child runs only `reset_signal_handlers` and `child_after_clone`.
@@ -452,14 +435,33 @@ fn clone_fork(ns_flags: u64, child: &ChildArgs<'_>, pidfd: &mut libc::c_int) -> 
         child_after_clone(child);
     }
     let err = io::Error::last_os_error();
-    // SAFETY: restores the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    restore_signals(&old);
     if ret < 0 {
         // SAFETY: errno is this thread's; restore the clone's error for the caller.
         unsafe { *libc::__errno_location() = err.raw_os_error().unwrap_or(libc::EINVAL) };
         return -1;
     }
     ret
+}
+
+/// Blocks every signal on this thread; returns the mask it had.
+fn block_all_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigfillset and pthread_sigmask only write into the two
+    // sets, which are valid for the call.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        old
+    }
+}
+
+/// Puts back a mask [`block_all_signals`] returned. Leaves errno as it was (callers read
+/// the clone's error after it).
+fn restore_signals(old: &libc::sigset_t) {
+    // SAFETY: `old` is a valid set; pthread_sigmask reports errors by return value, not errno.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
 }
 
 /// In a child before its exec: every handler back to its default, so that unblocking
