@@ -320,6 +320,7 @@ impl Node {
             idle_timeout: req.idle_timeout,
             on_idle: req.on_idle.unwrap_or_default(),
             trajectory: req.trajectory || req.replay.is_some(),
+            backend: req.backend.unwrap_or_default(),
             layers: image.layers,
             default_user: image.user,
             default_cwd: image.workdir,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::task::AbortHandle;
 use warren_types::ByteSize;
-use warren_types::api::{NodeInfo, Sandbox as SandboxView, SandboxState};
+use warren_types::api::{BackendKind, NodeInfo, Sandbox as SandboxView, SandboxState};
 use warren_types::id::{NodeId, SandboxId};
 
 use crate::admission::{Admission, HostLoad};
@@ -186,7 +186,7 @@ impl Sandbox {
         SandboxView {
             id: r.id.clone(),
             node: node.clone(),
-            backend: "container".into(),
+            backend: r.backend,
             image: r.image.clone(),
             layers: r.layers.clone(),
             task: r.task.clone(),
@@ -409,6 +409,7 @@ impl Node {
             max_upload: self.cfg.max_upload,
             disk_pool: self.dirs.disk.as_ref().map(|p| ByteSize(p.capacity)),
             disk_reserved: ByteSize(usage.disk),
+            backends: vec![BackendKind::Container],
         }
     }
 }

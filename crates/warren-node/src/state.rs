@@ -21,7 +21,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use warren_types::api::{IdleAction, Resources};
+use warren_types::api::{BackendKind, IdleAction, Resources};
 use warren_types::id::SandboxId;
 
 /// Current record format.
@@ -63,6 +63,9 @@ pub struct Record {
     /// Whether its operations are recorded (`trajectory.jsonl`).
     #[serde(default)]
     pub trajectory: bool,
+    /// The backend that runs it (records from before backends were recorded are containers).
+    #[serde(default)]
+    pub backend: BackendKind,
     /// Its image's layer digests, bottom first (empty for `host`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<String>,
@@ -124,6 +127,7 @@ mod tests {
             idle_timeout: Some(60),
             on_idle: IdleAction::Stop,
             trajectory: true,
+            backend: BackendKind::Container,
             layers: vec![format!("sha256:{}", "a".repeat(64))],
             default_user: Some("root".into()),
             default_cwd: None,

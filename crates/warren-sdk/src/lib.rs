@@ -47,9 +47,10 @@ pub use sandbox::Sandbox;
 /// [`Sandbox`] handle.
 pub use warren_types::api::Sandbox as SandboxInfo;
 pub use warren_types::api::{
-    CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, FileEntry, FileKind,
-    Health, IdleAction, Image, ImageDetail, ImageStats, Layer, NodeInfo, ProcessInfo, PullRequest,
-    Resources, Role, SandboxState, TaskAction, TaskInfo, TaskResult, TrajectoryEntry,
+    BackendKind, CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus,
+    FileEntry, FileKind, Health, IdleAction, Image, ImageDetail, ImageStats, Layer, NodeInfo,
+    ProcessInfo, PullRequest, Resources, Role, SandboxState, TaskAction, TaskInfo, TaskResult,
+    TrajectoryEntry,
 };
 pub use warren_types::events::{Event, EventKind};
 pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};

@@ -12,7 +12,33 @@ use serde::{Deserialize, Serialize};
 use crate::id::{NodeId, SandboxId};
 use crate::size::ByteSize;
 
-/// `POST /v1/sandboxes`: create a container sandbox.
+/// The kind of isolation a sandbox runs in. Each node reports the backends it has; placement
+/// sends a create only to nodes that have the one asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// Linux namespaces, cgroups and seccomp around a guest agent (Warren's own runtime).
+    #[default]
+    Container,
+}
+
+impl BackendKind {
+    /// The backend's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Container => "container",
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `POST /v1/sandboxes`: create a sandbox.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -23,6 +49,9 @@ pub struct CreateSandbox {
     /// Upper layers win where they hold the same path.
     #[serde(deserialize_with = "image_list")]
     pub image: String,
+    /// The backend to run it in; default `container`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendKind>,
     /// The training task this sandbox belongs to; task-level operations act on all of a task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<String>,
@@ -144,8 +173,8 @@ pub struct Sandbox {
     pub id: SandboxId,
     /// The node that runs it.
     pub node: NodeId,
-    /// Its backend; `container` for now.
-    pub backend: String,
+    /// The backend it runs in.
+    pub backend: BackendKind,
     /// The image it was created from (names, bottom first, comma-separated).
     pub image: String,
     /// The digests of its read-only layers, bottom first; empty for the built-in `host` image.
@@ -623,6 +652,9 @@ pub struct NodeInfo {
     /// Sum of the disk quotas of its sandboxes.
     #[serde(default)]
     pub disk_reserved: ByteSize,
+    /// The backends it can run sandboxes in.
+    #[serde(default)]
+    pub backends: Vec<BackendKind>,
 }
 
 /// `GET /v1/nodes`.

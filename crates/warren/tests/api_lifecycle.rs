@@ -56,6 +56,9 @@ async fn create_list_pause_resume_kill() {
     assert_eq!(info.resources.memory, ByteSize(256 << 20));
     assert_eq!(info.resources.pids, 128);
     assert_eq!(info.state, SandboxState::Running);
+    assert_eq!(info.backend, warren_sdk::BackendKind::Container);
+    let nodes = c.nodes().await.unwrap();
+    assert_eq!(nodes[0].backends, vec![warren_sdk::BackendKind::Container]);
 
     // The limits are real cgroup limits.
     let mem = std::fs::read_to_string(format!(
@@ -225,6 +228,15 @@ async fn bad_input_gets_clear_4xx_errors_and_harms_nothing() {
             401,
             "unauthenticated",
             "not valid",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            k,
+            Some(json!({"image": "host", "backend": "teleporter"}).to_string()),
+            400,
+            "invalid_argument",
+            "backend",
         ),
         (
             "POST",

@@ -6,7 +6,7 @@ use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 use warren_http::{Error, Json, Query};
 use warren_types::api::{
-    CreateSandbox, Sandbox, SandboxList, SandboxState, SetTimeout, TrajectoryEntry,
+    BackendKind, CreateSandbox, Sandbox, SandboxList, SandboxState, SetTimeout, TrajectoryEntry,
 };
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
@@ -54,6 +54,21 @@ pub async fn create(
             ErrorCode::Unavailable,
             "no nodes are registered: start a node daemon",
         )));
+    }
+    // Only nodes that have the backend asked for (a node from before backends were reported
+    // runs containers).
+    let backend = req.backend.unwrap_or_default();
+    let nodes: Vec<_> = nodes
+        .into_iter()
+        .filter(|n| {
+            let b = n.info().backends;
+            b.contains(&backend) || (b.is_empty() && backend == BackendKind::Container)
+        })
+        .collect();
+    if nodes.is_empty() {
+        return Err(Error(ApiError::invalid(format!(
+            "no node of this cluster has the {backend} backend: leave backend out for containers"
+        ))));
     }
     let order = scheduler::candidates(&nodes, c.cfg.schedule_k, memory, key);
     if order.is_empty() {

@@ -66,6 +66,9 @@ pub struct CreateArgs {
     /// Image to run, e.g. `host` (the built-in image made from the host's /usr).
     #[arg(long, value_name = "NAME")]
     image: String,
+    /// Backend to run it in [default: container].
+    #[arg(long, value_name = "BACKEND", value_parser = ["container"])]
+    backend: Option<String>,
     /// Training task the sandbox belongs to (task-wide operations act on all of it).
     #[arg(long, value_name = "TASK")]
     task: Option<String>,
@@ -108,6 +111,7 @@ impl CreateArgs {
     fn request(self) -> CreateSandbox {
         CreateSandbox {
             image: self.image,
+            backend: self.backend.map(|_| warren_sdk::BackendKind::Container),
             task: self.task,
             cpu: self.cpu,
             memory: self.memory,
@@ -299,7 +303,7 @@ fn show(json: bool, sb: &SandboxInfo) -> anyhow::Result<()> {
         ("image", sb.image.clone()),
         ("task", output::or_dash(sb.task.as_deref())),
         ("node", sb.node.to_string()),
-        ("backend", sb.backend.clone()),
+        ("backend", sb.backend.to_string()),
         ("cpu", output::cpu(sb.resources.cpu)),
         ("memory", sb.resources.memory.to_string()),
         ("pids", sb.resources.pids.to_string()),

@@ -91,7 +91,7 @@ def create(
     """``POST /v1/sandboxes``, always with an ``Idempotency-Key`` (one per create, kept across
     its retries) so a retried create never makes two sandboxes."""
     assert backend == "container", backend
-    body: Dict[str, Any] = {"image": _image(image)}
+    body: Dict[str, Any] = {"image": _image(image), "backend": backend}
     if task is not None:
         body["task"] = v.string(task, "task")
     for name, val, minimum in (
