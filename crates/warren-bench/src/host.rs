@@ -119,13 +119,13 @@ impl Machine {
                     .map(|v| v.trim_matches('"').to_string())
             })
             .unwrap_or_else(|| "unknown".into());
-        let cgroups = match warren_node::cgroups::Layout::detect() {
+        let cgroups = match warren_node::container::cgroups::Layout::detect() {
             Ok(l) => {
                 let detail = match &l {
-                    warren_node::cgroups::Layout::V2 { root } => {
+                    warren_node::container::cgroups::Layout::V2 { root } => {
                         format!("cgroup2 at {}", root.display())
                     }
-                    warren_node::cgroups::Layout::V1 { hybrid, .. } => format!(
+                    warren_node::container::cgroups::Layout::V1 { hybrid, .. } => format!(
                         "v1 cpu/memory/pids/freezer{}",
                         if *hybrid { " + a cgroup2 mount" } else { "" }
                     ),
@@ -182,11 +182,11 @@ pub fn cgroup_mounts() -> Vec<PathBuf> {
 /// (directory holding the sandboxes' memory cgroups, its usage file name, directory holding
 /// their process lists).
 pub fn sandbox_cgroup_dirs(parent: &str) -> Option<(PathBuf, &'static str, PathBuf)> {
-    match warren_node::cgroups::Layout::detect().ok()? {
-        warren_node::cgroups::Layout::V2 { root } => {
+    match warren_node::container::cgroups::Layout::detect().ok()? {
+        warren_node::container::cgroups::Layout::V2 { root } => {
             Some((root.join(parent), "memory.current", root.join(parent)))
         }
-        warren_node::cgroups::Layout::V1 { memory, pids, .. } => Some((
+        warren_node::container::cgroups::Layout::V1 { memory, pids, .. } => Some((
             memory.join(parent),
             "memory.usage_in_bytes",
             pids.join(parent),

@@ -433,7 +433,10 @@ pub fn render(plan: &Plan, m: &Machine, r: &Results) -> String {
         diff(cyc(&lib_ex), cyc(&plain_ex)),
     );
 
-    // 4. Idle memory.
+    // 4. A layered image's creates beside `host`'s.
+    render_layered(&mut o, r);
+
+    // 5. Idle memory.
     render_idle(&mut o, plan, r);
 
     // Targets.
@@ -591,6 +594,44 @@ fn diff(a: Option<Duration>, b: Option<Duration>) -> String {
             )
         }
         _ => "n/a".into(),
+    }
+}
+
+fn render_layered(o: &mut String, r: &Results) {
+    let _ = writeln!(
+        o,
+        "\n### Creates of a layered image beside `host` (REST, alternating, create only)\n"
+    );
+    match r.rest.as_ref().map(|x| x.layered.as_ref()) {
+        Ok(Ok(l)) => {
+            let (h, y) = (l.host.pct(50.0), l.layered.pct(50.0));
+            table(
+                o,
+                &["image", "create p50 / p99", "vs host (p50)", "target"],
+                &[
+                    vec![
+                        "host".into(),
+                        l.host.p50_p99(),
+                        "1.00×".into(),
+                        String::new(),
+                    ],
+                    vec![
+                        "layered (busybox, one layer)".into(),
+                        l.layered.p50_p99(),
+                        ratio(y, h),
+                        format!(
+                            "≤ 1.5× {}",
+                            verdict(
+                                matches!((y, h), (Some(y), Some(h)) if y.as_secs_f64() <= 1.5 * h.as_secs_f64())
+                            )
+                        ),
+                    ],
+                ],
+            );
+        }
+        Ok(Err(e)) | Err(e) => {
+            let _ = writeln!(o, "not measured: {e}");
+        }
     }
 }
 

@@ -21,10 +21,18 @@ pub struct RestResults {
     pub cn: Result<CycleStats, String>,
     pub exec: Result<CycleStats, String>,
     pub idle: Result<IdleMemory, String>,
+    /// Creates of the built-in `host` image and of a small layered image, alternating.
+    pub layered: Result<LayeredCreates, String>,
     /// Warm-pool inits `warren up` held once it had settled after its start.
     pub warm_pool: usize,
     /// Problems cleaning up, and the tail of `warren up`'s log when something failed.
     pub notes: Vec<String>,
+}
+
+/// Create latency of a layered image beside the built-in one, measured alternately.
+pub struct LayeredCreates {
+    pub host: crate::stats::Samples,
+    pub layered: crate::stats::Samples,
 }
 
 /// Idle sandboxes: how much memory each costs, and how fast they come and go in bulk.
@@ -205,7 +213,7 @@ pub async fn run(plan: &Plan, exe_dir: &Path) -> Result<RestResults, String> {
     let (mut up, url, data) =
         WarrenUp::start(exe_dir, work.path()).map_err(|e| format!("{e:#}"))?;
     crate::stats::DAEMON_PID.store(up.pid().unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
-    let res = measure(plan, &mut up, &url, &data).await;
+    let res = measure(plan, &mut up, &url, &data, exe_dir, work.path()).await;
     crate::stats::DAEMON_PID.store(0, std::sync::atomic::Ordering::Relaxed);
     let clean = up.stop();
     let mut notes = Vec::new();
@@ -236,6 +244,8 @@ async fn measure(
     up: &mut WarrenUp,
     url: &str,
     data: &Path,
+    exe_dir: &Path,
+    work: &Path,
 ) -> Result<RestResults, String> {
     let probe = Client::new(url, None).map_err(|e| e.to_string())?;
     wait_healthy(&probe, up)
@@ -279,6 +289,19 @@ async fn measure(
     leftovers(&client, "after the exec round trips", &mut notes).await;
 
     host::settle_warm_pool(CGROUP_PARENT, Duration::from_secs(10)).await;
+    eprintln!("warren-bench: REST, creates of a layered image beside `host`, alternating");
+    let layered = layered_creates(plan, &client, exe_dir, url, key.trim(), work).await;
+    match &layered {
+        Ok(l) => eprintln!(
+            "  host {} · layered {}",
+            l.host.p50_p99(),
+            l.layered.p50_p99()
+        ),
+        Err(e) => eprintln!("  {e}"),
+    }
+    leftovers(&client, "after the layered creates", &mut notes).await;
+
+    host::settle_warm_pool(CGROUP_PARENT, Duration::from_secs(10)).await;
     eprintln!(
         "warren-bench: REST, {} idle sandboxes (memory, bulk create and kill)",
         plan.n_idle
@@ -307,9 +330,83 @@ async fn measure(
         cn,
         exec,
         idle,
+        layered,
         warm_pool: warm,
         notes,
     })
+}
+
+/// Imports a small layered image (busybox) with the CLI, then times creates of it and of
+/// `host`, one after the other, `n_c1` of each (after a few of the layered image, so a node
+/// that prepares inits per image has seen it).
+async fn layered_creates(
+    plan: &Plan,
+    client: &Client,
+    exe_dir: &Path,
+    url: &str,
+    key: &str,
+    work: &Path,
+) -> Result<LayeredCreates, String> {
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .ok_or("busybox is needed for the layered image (apt-get install busybox-static)")?;
+    let root = work.join("layered-root");
+    for d in ["bin", "etc", "tmp", "home/user"] {
+        std::fs::create_dir_all(root.join(d)).map_err(|e| e.to_string())?;
+    }
+    std::fs::copy(busybox, root.join("bin/busybox")).map_err(|e| e.to_string())?;
+    for tool in ["sh", "true"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(tool))
+            .map_err(|e| e.to_string())?;
+    }
+    let name = "bench/busybox:1";
+    let out = std::process::Command::new(exe_dir.join("warren"))
+        .args(["image", "import"])
+        .arg(&root)
+        .args(["--name", name])
+        .env("WARREN_URL", url)
+        .env("WARREN_API_KEY", key)
+        .output()
+        .map_err(|e| format!("running warren image import: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "warren image import failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let once = |image: &'static str| {
+        let client = client.clone();
+        async move {
+            let t = Instant::now();
+            let sb = client
+                .create(&CreateSandbox {
+                    image: image.into(),
+                    memory: Some(ByteSize(64 << 20)),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| format!("create of {image}: {e}"))?;
+            let d = t.elapsed();
+            sb.kill().await.map_err(|e| format!("kill: {e}"))?;
+            Ok::<_, String>(d)
+        }
+    };
+    for _ in 0..plan.warmup.max(3) {
+        once(name).await?;
+    }
+    let mut r = LayeredCreates {
+        host: Default::default(),
+        layered: Default::default(),
+    };
+    for _ in 0..plan.n_c1 {
+        r.host.push(once("host").await?);
+        r.layered.push(once(name).await?);
+        // As a caller between rollouts would, let the node catch its breath.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(r)
 }
 
 /// Notes sandboxes that should be gone: listed by the API, or with a cgroup under our parent.

@@ -148,6 +148,22 @@ pub mod ndjson {
         }
     }
 
+    /// A response body of the values `rx` yields, one line each, ending when it does.
+    pub fn from_receiver<T: Serialize + Send + 'static>(
+        rx: mpsc::Receiver<T>,
+    ) -> axum::response::Response {
+        let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+            let v = rx.recv().await?;
+            let mut line = serde_json::to_vec(&v).unwrap_or_default();
+            line.push(b'\n');
+            Some((Ok::<_, std::io::Error>(Bytes::from(line)), rx))
+        });
+        axum::response::Response::builder()
+            .header(axum::http::header::CONTENT_TYPE, super::NDJSON)
+            .body(axum::body::Body::from_stream(stream))
+            .unwrap_or_default()
+    }
+
     /// A channel whose receiving end is a response body.
     pub fn channel() -> (Sender, axum::response::Response) {
         let (tx, rx) = mpsc::channel::<Bytes>(64);

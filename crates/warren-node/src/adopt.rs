@@ -1,10 +1,10 @@
 //! Re-adopting sandboxes after a daemon restart, and collecting what a crash left half-made.
 //!
-//! Sandboxes outlive the daemon: their init is not tied to it (no shared pipes, no parent-death
-//! signal, cgroups of their own). On start the node reads each record, checks that the pid
-//! still names the same process (pid *and* start time: pids get reused), opens a pidfd to watch
-//! it, and asks its guest agent for a ping. Whatever fails the check is torn down, as is every
-//! cgroup, socket or directory without a live sandbox.
+//! Sandboxes outlive the daemon: nothing of theirs is tied to it. On start the node reads each
+//! record and asks the record's backend to take its instance over; the backend proves it is the
+//! same one (a container: its init's pid *and* start time, since pids get reused). The node
+//! then asks its guest agent for a ping. Whatever fails the check is released, and so is
+//! everything of the backend's that no live sandbox owns.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use warren_types::guest::{Op, Reply};
 use warren_types::id::SandboxId;
 
 use crate::guest_client::GuestConn;
-use crate::node::{IdemSlot, Node, Phase, Sandbox, blocking, teardown};
+use crate::node::{IdemSlot, Node, Phase, Sandbox, blocking};
 use crate::state;
 
 /// What a start found.
@@ -44,18 +44,6 @@ impl Node {
                 Ok(sb) => {
                     self.admission
                         .add(crate::admission::Ask::of(&sb.record.resources));
-                    if !sb.record.layers.is_empty() {
-                        // Its layers are mounted (taken over at start): count it as a user.
-                        let layers = sb.record.layers.clone();
-                        let node = self.clone();
-                        let r = crate::node::blocking(move || {
-                            node.layers.acquire(&layers, |d| node.layer_file(d))
-                        })
-                        .await;
-                        if let Err(e) = r {
-                            tracing::warn!(sandbox_id = %sb.record.id, "its layers: {e}");
-                        }
-                    }
                     if let Some(key) = &sb.record.idempotency_key {
                         self.idempotency
                             .lock()
@@ -75,14 +63,9 @@ impl Node {
                         .file_name()
                         .map(|n| n.to_string_lossy().into_owned())
                         .unwrap_or_default();
-                    let cg = self.cgroups.sandbox(&name);
-                    let socket = self.dirs.sockets.join(format!("{name}.sock"));
-                    let dirs = self.dirs.clone();
+                    let backend = self.backend.clone();
                     let _ = blocking(move || {
-                        if cg.exists() {
-                            cg.kill_all();
-                        }
-                        teardown(None, &cg, &dir, &socket, &dirs);
+                        backend.discard(&name, &dir);
                         Ok(())
                     })
                     .await;
@@ -114,29 +97,25 @@ impl Node {
                 self.id
             ));
         }
-        let same_process = |pid| warren_sys::process::start_time(pid) == Some(record.start_time);
-        if record.pid <= 0 || !same_process(record.pid) {
-            return Err(format!("its init (pid {}) is gone", record.pid));
+        if record.backend != self.backend.kind() {
+            return Err(format!(
+                "it ran in the {} backend, which this node does not have",
+                record.backend
+            ));
         }
-        let pidfd =
-            warren_sys::process::pidfd_open(record.pid).map_err(|e| format!("pidfd_open: {e}"))?;
-        // The pid could have been reused between the check and the open: check again.
-        if !same_process(record.pid) {
-            return Err(format!("its init (pid {}) is gone", record.pid));
-        }
-        let cgroup = self.cgroups.sandbox(record.id.as_str());
-        let socket = self.dirs.sockets.join(format!("{}.sock", record.id));
-        if !socket.exists() {
-            return Err("its control socket is gone".into());
-        }
+        let backend = self.backend.clone();
+        let (rec, d) = (record.clone(), dir.to_path_buf());
+        let instance = blocking(move || Ok(backend.adopt(&rec, &d)))
+            .await
+            .map_err(|e| e.to_string())??;
+        let socket = instance.transport().socket().to_path_buf();
         // The init is the guest agent: with its identity proven, the sandbox is alive, even
         // when its agent is slow to answer (a sandbox that hogs its CPU, a node under load;
         // a frozen one cannot answer at all). Its ping is checked in the background.
-        let phase = if cgroup.is_frozen() {
+        let phase = if instance.is_frozen() {
             Phase::Paused
         } else {
             let id = record.id.clone();
-            let socket = socket.clone();
             tokio::spawn(async move {
                 for attempt in 0..3u32 {
                     let ping = async {
@@ -160,15 +139,14 @@ impl Node {
         Ok(Sandbox::new(
             record,
             dir.to_path_buf(),
-            socket,
-            cgroup,
-            pidfd,
+            instance,
             phase,
             self.cfg.max_trajectory.bytes(),
         ))
     }
 
-    /// Removes cgroups, sockets and trash that no live sandbox owns. Returns how many.
+    /// Removes what no live sandbox owns (the backend's cgroups, sockets, volumes, warm inits
+    /// and trash). Returns how many things.
     async fn collect_leftovers(&self) -> usize {
         let live: HashSet<String> = self
             .sandboxes
@@ -177,71 +155,9 @@ impl Node {
             .keys()
             .map(SandboxId::to_string)
             .collect();
-        let live_dirs: Vec<std::path::PathBuf> = self
-            .sandboxes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .map(|s| s.dir.clone())
-            .collect();
-        let cgroups = self.cgroups.clone();
-        let dirs = self.dirs.clone();
-        blocking(move || {
-            let mut n = 0;
-            for name in cgroups.existing() {
-                if !live.contains(&name) {
-                    let cg = cgroups.sandbox(&name);
-                    cg.kill_all();
-                    match cg.remove(Duration::from_secs(5)) {
-                        Ok(()) => n += 1,
-                        Err(e) => tracing::error!("leftover cgroup {name}: {e}"),
-                    }
-                }
-            }
-            for e in std::fs::read_dir(&dirs.sockets)
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if !live.contains(name.trim_end_matches(".sock")) {
-                    let _ = std::fs::remove_file(e.path());
-                    n += 1;
-                }
-            }
-            for e in std::fs::read_dir(&dirs.trash)
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                if let Some(pool) = &dirs.disk {
-                    pool.release(&e.path());
-                }
-                if let Err(e) = warren_fs::remove_path(&e.path()) {
-                    tracing::error!("leftover in trash: {e}");
-                }
-                n += 1;
-            }
-            // Disk volumes of sandboxes that are gone.
-            if let Some(pool) = &dirs.disk {
-                let used: HashSet<String> = live_dirs
-                    .iter()
-                    .filter_map(|d| pool.volume_of(d))
-                    .map(|v| v.name)
-                    .collect();
-                for name in pool.volumes() {
-                    if !used.contains(&name) {
-                        match pool.delete(&name) {
-                            Ok(()) => n += 1,
-                            Err(e) => tracing::error!("leftover disk volume: {e}"),
-                        }
-                    }
-                }
-                pool.collect_quota_groups();
-            }
-            Ok(n)
-        })
-        .await
-        .unwrap_or(0)
+        let backend = self.backend.clone();
+        blocking(move || Ok(backend.collect_leftovers(&live)))
+            .await
+            .unwrap_or(0)
     }
 }

@@ -298,7 +298,7 @@ async fn trajectory(State(n): S, Path(id): Path<String>) -> Result<Response, Err
     }
     // Streamed, one entry at a time: a log can hold gigabytes.
     let (tx, rx) = tokio::sync::mpsc::channel(8);
-    tokio::task::spawn_blocking(move || sb.stream_trajectory(tx));
+    tokio::task::spawn_blocking(move || sb.trajectory.stream_trajectory(tx));
     let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (b, rx))
     }));
@@ -349,9 +349,7 @@ async fn exec(
     let p = exec::prepare(&req, Some(DEFAULT_EXEC_TIMEOUT))?;
     if wants_stream(&headers, &req) {
         n.get(&id)?;
-        let (tx, resp) = warren_http::ndjson::channel();
-        tokio::spawn(async move { n.exec_stream(&id, p, tx).await });
-        return Ok(resp);
+        return Ok(warren_http::ndjson::from_receiver(n.exec_stream(&id, p)));
     }
     Ok(Json(n.exec(&id, p).await?).into_response())
 }
@@ -443,9 +441,7 @@ async fn output(State(n): S, Path((id, pid)): Path<(String, u64)>) -> Result<Res
     let id = parse_id(&n, &id)?;
     // A process that does not exist is a 404, not an error event in a 200 stream.
     n.wait_process(&id, pid, Some(0)).await?;
-    let (tx, resp) = warren_http::ndjson::channel();
-    tokio::spawn(async move { n.attach(&id, pid, tx).await });
-    Ok(resp)
+    Ok(warren_http::ndjson::from_receiver(n.attach(&id, pid)))
 }
 
 /// File operation parameters.
@@ -599,4 +595,11 @@ async fn rename(
 ) -> Result<Json<warren_types::api::FileEntry>, Error> {
     let id = parse_id(&n, &id)?;
     Ok(Json(n.rename(&id, req.from, req.to, req.user).await?))
+}
+
+/// The one place a node error becomes an HTTP answer: the domain below knows nothing of HTTP.
+impl From<crate::error::NodeError> for Error {
+    fn from(e: crate::error::NodeError) -> Self {
+        Error(e.to_api())
+    }
 }

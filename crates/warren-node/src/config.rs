@@ -5,6 +5,18 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use warren_types::ByteSize;
 
+/// Whether sandboxes get disk quotas.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskQuota {
+    /// A btrfs pool with a quota per sandbox; without btrfs (or loop devices), no quotas, and
+    /// the node says so in its log and its `NodeInfo`.
+    #[default]
+    Auto,
+    /// No quotas: writable layers are plain directories in the state directory.
+    Off,
+}
+
 /// How a node runs. Every field has a default; see [`NodeConfig::default`].
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -58,7 +70,7 @@ pub struct NodeConfig {
     /// Disk quotas of writable layers: `auto` (a btrfs pool with a quota per sandbox, see the
     /// `disk` module; none, with an error in the log, where the kernel lacks btrfs or loop
     /// devices) or `off`. Default `auto`.
-    pub disk_quota: crate::disk::DiskQuota,
+    pub disk_quota: DiskQuota,
     /// Size of the disk pool's sparse file, made on first start. Default: half the free space
     /// where the state directory is, at most 1Ti.
     pub disk_pool_size: Option<ByteSize>,
@@ -74,12 +86,18 @@ pub struct NodeConfig {
     pub max_trajectory: ByteSize,
     /// Largest file upload, bytes. Default 1Gi.
     pub max_upload: ByteSize,
-    /// Sandbox inits kept started, with their roots built, ahead of requests (see the `pool`
-    /// module): a create of `warm_image` then skips the clone, the cgroup join and the mounts.
-    /// 0 turns the pool off. Default 16.
+    /// Inits of the built-in `host` image kept started, with their roots built, ahead of
+    /// requests (see the container backend's pool): a create then skips the clone, the cgroup
+    /// join and the mounts. 0: none. Default 16.
     pub warm_pool: u32,
-    /// The image the warm pool prepares. Default `host`.
+    /// The image `warm_pool` prepares: `host`, the only one it can (layered images get their
+    /// own small pools, below). Default `host`.
     pub warm_image: String,
+    /// How many layered images keep warm inits: the most recently created ones. 0: none.
+    /// Default 4.
+    pub warm_images: u32,
+    /// Warm inits kept for each of those images. Default 4.
+    pub warm_per_image: u32,
     /// The image layer store: a directory of EROFS layer files and named images, shared by
     /// every node of a cluster (NFS, CephFS, JuiceFS...). Default `/var/lib/warren/images`.
     pub image_store: PathBuf,
@@ -113,7 +131,7 @@ impl Default for NodeConfig {
             grader_tmp: ByteSize(256 << 20),
             default_timeout: 3600,
             max_timeout: 7 * 24 * 3600,
-            disk_quota: crate::disk::DiskQuota::Auto,
+            disk_quota: DiskQuota::Auto,
             disk_pool_size: None,
             default_disk: ByteSize(10 << 30),
             disk_overcommit: 1024.0,
@@ -122,6 +140,8 @@ impl Default for NodeConfig {
             max_upload: ByteSize(1 << 30),
             warm_pool: 16,
             warm_image: "host".into(),
+            warm_images: 4,
+            warm_per_image: 4,
             image_store: PathBuf::from("/var/lib/warren/images"),
             layer_mount: crate::layers::LayerMount::File,
             layer_idle_unmount: 60,

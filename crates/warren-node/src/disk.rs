@@ -24,19 +24,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use warren_types::ByteSize;
 
-use crate::config::NodeConfig;
-
-/// Whether sandboxes get disk quotas.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DiskQuota {
-    /// A btrfs pool with a quota per sandbox; without btrfs (or loop devices), no quotas, and
-    /// the node says so in its log and its `NodeInfo`.
-    #[default]
-    Auto,
-    /// No quotas: writable layers are plain directories in the state directory.
-    Off,
-}
+use crate::config::{DiskQuota, NodeConfig};
 
 /// A sandbox's writable-layer volume.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,7 +102,7 @@ impl DiskPool {
     /// A new volume with `upper` and `work` directories, limited to `limit` bytes (none yet
     /// when `None`: a warm init's volume gets its limit when a sandbox takes it).
     pub fn create(&self, limit: Option<u64>) -> io::Result<Volume> {
-        let name = format!("v-{}", crate::create::random_name(16));
+        let name = format!("v-{}", crate::state::random_name(16));
         let c = CString::new(name.clone()).map_err(io::Error::other)?;
         warren_sys::btrfs::create_subvolume(self.dir.as_fd(), &c)
             .map_err(|e| ctx(e, "creating the sandbox's disk volume"))?;

@@ -94,9 +94,3 @@ impl From<warren_images::ImageError> for NodeError {
         }
     }
 }
-
-impl From<NodeError> for warren_http::Error {
-    fn from(e: NodeError) -> Self {
-        warren_http::Error(e.to_api())
-    }
-}

@@ -1,7 +1,7 @@
 //! The node's incident store: what its sandboxes tried that the platform stopped or cut.
 //!
 //! Events come from two places: the guest agents (denied system calls, attempts on the agent
-//! itself: their records stream to the node, see [`Node::watch_incidents`]) and the node
+//! itself: their records stream to the node, see the `incidents` module) and the node
 //! (cut output, process and memory limits, disk quotas). Occurrences of one kind and detail
 //! in one sandbox within a minute are one event with a count. The store is bounded
 //! ([`MAX_EVENTS`], oldest dropped) and kept in `events.jsonl` in the state directory, so it
@@ -259,89 +259,6 @@ impl Inner {
                 self.written = 0;
             }
             Err(e) => tracing::warn!("rewriting {}: {e}", self.path.display()),
-        }
-    }
-}
-
-impl crate::node::Node {
-    /// Follows a sandbox's incident records for its whole life (reconnecting when the
-    /// connection breaks), storing each as an event.
-    pub(crate) fn watch_incidents(
-        self: &std::sync::Arc<Self>,
-        sb: &std::sync::Arc<crate::node::Sandbox>,
-    ) -> tokio::task::AbortHandle {
-        use std::sync::atomic::Ordering;
-        use warren_types::guest::{Op, Reply};
-        let node = std::sync::Arc::downgrade(self);
-        let weak = std::sync::Arc::downgrade(sb);
-        let socket = sb.socket.clone();
-        tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(200);
-            loop {
-                let Some(after) = weak
-                    .upgrade()
-                    .filter(|sb| sb.phase() != crate::node::Phase::Stopping)
-                    .map(|sb| sb.incident_seq.load(Ordering::Relaxed))
-                else {
-                    return;
-                };
-                if let Ok(mut conn) =
-                    crate::guest_client::GuestConn::open(&socket, Op::Incidents { after }).await
-                {
-                    loop {
-                        match conn.reply().await {
-                            Ok(Reply::Incidents { incidents, seq }) => {
-                                backoff = Duration::from_millis(200);
-                                let (Some(node), Some(sb)) = (node.upgrade(), weak.upgrade())
-                                else {
-                                    return;
-                                };
-                                for i in &incidents {
-                                    node.events.from_guest(
-                                        &sb.record.id,
-                                        sb.record.task.as_deref(),
-                                        i,
-                                    );
-                                }
-                                sb.incident_seq.store(seq, Ordering::Relaxed);
-                            }
-                            // A guest too old to report incidents: nothing to follow.
-                            Ok(Reply::Error { .. }) => return,
-                            Ok(_) | Err(_) => break,
-                        }
-                    }
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
-            }
-        })
-        .abort_handle()
-    }
-
-    /// Reads what the guest has not reported yet, before the sandbox dies (a burst is
-    /// reported a few times a second; its last quarter second would be lost otherwise).
-    pub(crate) async fn last_incidents(&self, sb: &crate::node::Sandbox) {
-        use std::sync::atomic::Ordering;
-        use warren_types::guest::{Op, Reply};
-        let after = sb.incident_seq.load(Ordering::Relaxed);
-        if after == 0 {
-            return; // nothing was ever reported: nothing to catch up on
-        }
-        let read = async {
-            let mut conn =
-                crate::guest_client::GuestConn::open(&sb.socket, Op::Incidents { after })
-                    .await
-                    .ok()?;
-            match conn.reply().await.ok()? {
-                Reply::Incidents { incidents, .. } => Some(incidents),
-                _ => None,
-            }
-        };
-        if let Ok(Some(incidents)) = tokio::time::timeout(Duration::from_millis(200), read).await {
-            for i in &incidents {
-                self.events
-                    .from_guest(&sb.record.id, sb.record.task.as_deref(), i);
-            }
         }
     }
 }

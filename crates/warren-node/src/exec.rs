@@ -12,11 +12,27 @@ use warren_types::api::{
 use warren_types::guest::{ExecSpec, FrameKind, Op, Reply, StdinMode};
 use warren_types::id::SandboxId;
 
-use crate::create::check_env;
 use crate::error::NodeError;
 use crate::guest_client::{GuestConn, GuestError, Incoming};
 use crate::node::{Busy, Node, Sandbox};
-use crate::trajectory::{Key, Outcome};
+use crate::trajectory::log::{Key, Outcome};
+use crate::validate::check_env;
+
+/// The events of a streaming exec or attach, in order; the HTTP layer writes them out.
+pub type EventStream = tokio::sync::mpsc::Receiver<ExecEvent>;
+
+/// Events produced ahead of a slow reader.
+const EVENTS_IN_FLIGHT: usize = 64;
+
+/// Where a streaming operation sends its events.
+struct Events(tokio::sync::mpsc::Sender<ExecEvent>);
+
+impl Events {
+    /// Sends one event; `false` once the reader has gone.
+    async fn send(&self, ev: ExecEvent) -> bool {
+        self.0.send(ev).await.is_ok()
+    }
+}
 
 /// Default per-stream output cap.
 pub const DEFAULT_MAX_OUTPUT: u64 = 64 << 20;
@@ -181,7 +197,7 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
 pub(crate) fn guest_failure(sb: &Sandbox, e: GuestError) -> NodeError {
     // Being killed (kill, timeout, task stop: the phase says so before the signal is sent), or
     // its init already dead: the sandbox is gone, which is not the host's failure.
-    if sb.phase() == crate::node::Phase::Stopping || warren_sys::process::pidfd_exited(&sb.pidfd) {
+    if sb.phase() == crate::node::Phase::Stopping || sb.instance.has_exited() {
         return NodeError::Gone(sb.record.id.clone());
     }
     NodeError::host(
@@ -254,7 +270,7 @@ impl Node {
         let key = id_of.key();
         let replay_ended = match recorded(&sb, &key) {
             Ok(result) => {
-                sb.record_exec(&key, &result);
+                sb.trajectory.record_exec(&key, &result);
                 return Ok(ExecResult {
                     replayed: true,
                     ..result
@@ -263,7 +279,7 @@ impl Node {
             Err(ended) => ended,
         };
         let mut r = self.exec_live(id, p).await?;
-        sb.record_exec(&key, &r);
+        sb.trajectory.record_exec(&key, &r);
         r.replay_ended = replay_ended;
         Ok(r)
     }
@@ -291,12 +307,21 @@ impl Node {
         }
     }
 
-    /// Runs a command and streams its events into `tx`.
-    pub async fn exec_stream(&self, id: &SandboxId, p: Prepared, tx: warren_http::ndjson::Sender) {
+    /// Runs a command; its events come on the stream returned (dropping it abandons them; the
+    /// process runs on and can be re-attached).
+    pub fn exec_stream(self: &Arc<Self>, id: &SandboxId, p: Prepared) -> EventStream {
+        let (tx, rx) = tokio::sync::mpsc::channel(EVENTS_IN_FLIGHT);
+        let (node, id) = (self.clone(), id.clone());
+        tokio::spawn(async move { node.exec_into(&id, p, Events(tx)).await });
+        rx
+    }
+
+    /// Runs a command and sends its events into `tx`.
+    async fn exec_into(&self, id: &SandboxId, p: Prepared, tx: Events) {
         let sb = match self.get(id) {
             Ok(sb) => sb,
             Err(e) => {
-                tx.send(&ExecEvent::Error(e.to_api())).await;
+                tx.send(ExecEvent::Error(e.to_api())).await;
                 return;
             }
         };
@@ -304,7 +329,7 @@ impl Node {
         let key = id_of.key();
         let replay_ended = match recorded(&sb, &key) {
             Ok(result) => {
-                sb.record_exec(&key, &result);
+                sb.trajectory.record_exec(&key, &result);
                 replay_events(&result, &tx).await;
                 return;
             }
@@ -313,7 +338,7 @@ impl Node {
         let (sb, conn, process, pid) = match self.start_command(id, p, false).await {
             Ok(v) => v,
             Err(e) => {
-                tx.send(&ExecEvent::Error(e.to_api())).await;
+                tx.send(ExecEvent::Error(e.to_api())).await;
                 return;
             }
         };
@@ -323,13 +348,13 @@ impl Node {
             replayed: false,
             replay_ended,
         };
-        if !tx.send(&start).await {
+        if !tx.send(start).await {
             return;
         }
         let keep = sb.record.trajectory;
         if let Some((status, out, err)) = forward(&sb, conn, tx, keep).await {
             self.note_truncation(&sb, &status);
-            sb.record_exec(&key, &result(status, out, err));
+            sb.trajectory.record_exec(&key, &result(status, out, err));
         }
     }
 
@@ -421,16 +446,23 @@ impl Node {
         self.simple(id, Op::Forget { process }).await
     }
 
-    /// Streams a process's output from the start (what is kept), then follows it.
-    pub async fn attach(&self, id: &SandboxId, process: u64, tx: warren_http::ndjson::Sender) {
-        match self.open(id, Op::Attach { process }).await {
-            Ok((sb, conn)) => {
-                forward(&sb, conn, tx, false).await;
+    /// A process's output from the start (what is kept), then as it comes, on the stream
+    /// returned.
+    pub fn attach(self: &Arc<Self>, id: &SandboxId, process: u64) -> EventStream {
+        let (tx, rx) = tokio::sync::mpsc::channel(EVENTS_IN_FLIGHT);
+        let (node, id) = (self.clone(), id.clone());
+        tokio::spawn(async move {
+            let tx = Events(tx);
+            match node.open(&id, Op::Attach { process }).await {
+                Ok((sb, conn)) => {
+                    forward(&sb, conn, tx, false).await;
+                }
+                Err(e) => {
+                    tx.send(ExecEvent::Error(e.to_api())).await;
+                }
             }
-            Err(e) => {
-                tx.send(&ExecEvent::Error(e.to_api())).await;
-            }
-        }
+        });
+        rx
     }
 
     /// An operation whose only answer is `Done`.
@@ -447,7 +479,7 @@ impl Node {
 async fn forward(
     sb: &Sandbox,
     mut conn: GuestConn,
-    tx: warren_http::ndjson::Sender,
+    tx: Events,
     keep: bool,
 ) -> Option<(ExitStatus, Vec<u8>, Vec<u8>)> {
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -471,7 +503,7 @@ async fn forward(
             }
             Ok(Some(Incoming::Data(..))) => continue,
             Ok(Some(Incoming::Reply(Reply::Exit(status)))) => {
-                tx.send(&ExecEvent::Exit(status.clone())).await;
+                tx.send(ExecEvent::Exit(status.clone())).await;
                 return Some((status, out, err));
             }
             Ok(Some(Incoming::Reply(other))) => ExecEvent::Error(unexpected(other).to_api()),
@@ -479,7 +511,7 @@ async fn forward(
             Err(e) => ExecEvent::Error(guest_failure(sb, e).to_api()),
         };
         let last = matches!(ev, ExecEvent::Error(_));
-        if !tx.send(&ev).await || last {
+        if !tx.send(ev).await || last {
             return None;
         }
     }
@@ -487,7 +519,7 @@ async fn forward(
 
 /// The recorded result of a command being replayed; otherwise whether replay ended just now.
 fn recorded(sb: &Sandbox, key: &Key<'_>) -> Result<ExecResult, bool> {
-    match sb.replay_step(key) {
+    match sb.trajectory.replay_step(key) {
         Some(Outcome::Hit(e)) => match *e {
             TrajectoryEntry::Exec { result, .. } => Ok(result),
             TrajectoryEntry::WriteFile { .. } => Err(true),
@@ -498,7 +530,7 @@ fn recorded(sb: &Sandbox, key: &Key<'_>) -> Result<ExecResult, bool> {
 }
 
 /// Sends a recorded result as the events a live run would have given.
-async fn replay_events(r: &ExecResult, tx: &warren_http::ndjson::Sender) {
+async fn replay_events(r: &ExecResult, tx: &Events) {
     let start = ExecEvent::Start {
         process_id: 0,
         pid: 0,
@@ -524,7 +556,7 @@ async fn replay_events(r: &ExecResult, tx: &warren_http::ndjson::Sender) {
     }
     events.push(ExecEvent::Exit(r.status.clone()));
     for ev in events {
-        if !tx.send(&ev).await {
+        if !tx.send(ev).await {
             return;
         }
     }

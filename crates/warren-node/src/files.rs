@@ -11,7 +11,7 @@ use crate::error::NodeError;
 use crate::exec::{guest_failure, unexpected};
 use crate::guest_client::{GuestError, Incoming};
 use crate::node::Node;
-use crate::trajectory::{Key, Outcome};
+use crate::trajectory::log::{Key, Outcome};
 
 fn user_or_default(user: Option<String>) -> String {
     user.unwrap_or_else(|| "user".to_string())
@@ -123,7 +123,7 @@ impl Node {
         // memory), hashed on the way, then written into the sandbox from that file.
         let limit = self.cfg.max_upload.bytes();
         let host = |e: std::io::Error| NodeError::host("keeping the upload for the trajectory", e);
-        let (blob, file) = sb.blob_file().map_err(host)?;
+        let (blob, file) = sb.trajectory.blob_file().map_err(host)?;
         let mut file = tokio::fs::File::from_std(file);
         let mut hash = <sha2::Sha256 as sha2::Digest>::new();
         let mut size = 0u64;
@@ -159,9 +159,9 @@ impl Node {
             mode,
             sha256: &digest,
         };
-        if let Some(Outcome::Hit(_)) = sb.replay_step(&key) {
+        if let Some(Outcome::Hit(_)) = sb.trajectory.replay_step(&key) {
             // Written already when the trajectory was re-applied.
-            sb.record_write(&key, &blob, size);
+            sb.trajectory.record_write(&key, &blob, size);
             return self.stat(id, path.clone(), Some(user.clone())).await;
         }
         let from = tokio::fs::File::open(&blob).await.map_err(host)?;
@@ -171,7 +171,7 @@ impl Node {
             .await;
         match entry {
             Ok(entry) => {
-                sb.record_write(&key, &blob, size);
+                sb.trajectory.record_write(&key, &blob, size);
                 Ok(entry)
             }
             Err(e) => {

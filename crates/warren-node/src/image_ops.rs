@@ -8,6 +8,7 @@ use warren_types::id::SandboxId;
 
 use crate::error::NodeError;
 use crate::node::{Node, blocking};
+use crate::phase::{Action, Phase};
 
 impl Node {
     /// Writes the sandbox's writable layer to the store as a new layer (the control plane
@@ -34,20 +35,22 @@ impl Node {
                 std::io::Error::other("this node's image store is unusable (see its log)"),
             ));
         };
-        let _g = sb.lifecycle.lock().await;
-        let was_paused = match sb.phase() {
-            crate::node::Phase::Stopping => return Err(NodeError::Gone(id.clone())),
-            crate::node::Phase::Paused => true,
-            crate::node::Phase::Running => false,
+        let Some(upper) = sb.instance.writable_layer() else {
+            return Err(NodeError::Invalid(format!(
+                "a {} sandbox has no writable layer to commit",
+                sb.record.backend
+            )));
         };
-        let cg = sb.cgroup.clone();
+        let _g = sb.lifecycle.lock().await;
+        self.legal(&sb, Action::Commit)?;
+        let was_paused = sb.phase() == Phase::Paused;
         if !was_paused {
-            blocking(move || cg.set_frozen(true))
+            let s = sb.clone();
+            blocking(move || s.instance.set_frozen(true))
                 .await
                 .map_err(|e| NodeError::host("freezing the sandbox", e))?;
-            sb.set_phase(crate::node::Phase::Paused);
+            sb.set_phase(Phase::Paused);
         }
-        let upper = sb.dir.join("upper");
         let creator = creator.to_string();
         let result = blocking(move || {
             Ok(warren_images::store::commit_upper(
@@ -57,9 +60,9 @@ impl Node {
         .await
         .map_err(|e| NodeError::host("committing", e));
         if !was_paused {
-            let cg = sb.cgroup.clone();
-            match blocking(move || cg.set_frozen(false)).await {
-                Ok(()) => sb.set_phase(crate::node::Phase::Running),
+            let s = sb.clone();
+            match blocking(move || s.instance.set_frozen(false)).await {
+                Ok(()) => sb.set_phase(Phase::Running),
                 Err(e) => tracing::error!(sandbox_id = %id, "thawing after the commit: {e}"),
             }
         }
@@ -90,7 +93,7 @@ impl Node {
                     .iter()
                     .filter_map(|d| sizes.get(d.as_str()))
                     .sum();
-                let read_bytes: u64 = sb.cgroup.pids().into_iter().map(proc_read_bytes).sum();
+                let read_bytes = sb.instance.read_bytes();
                 SandboxReadStats {
                     id: sb.record.id.clone(),
                     image: sb.record.image.clone(),
@@ -119,17 +122,4 @@ impl Node {
 
 fn fraction(a: u64, b: u64) -> f64 {
     if b == 0 { 0.0 } else { a as f64 / b as f64 }
-}
-
-/// `read_bytes` of a process's I/O accounting: storage reads it caused, its reaped children's
-/// included.
-fn proc_read_bytes(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/io"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("read_bytes: "))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
 }

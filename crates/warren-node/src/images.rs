@@ -151,6 +151,22 @@ impl Images {
         Ok(Resolved::Layered(r.clone()))
     }
 
+    /// The built-in `host` image's root.
+    pub fn host_rootfs(&self) -> Rootfs {
+        self.host.clone()
+    }
+
+    /// The file of a layer in the image store.
+    pub fn layer_file(&self, digest: &str) -> io::Result<PathBuf> {
+        let store = self
+            .store
+            .as_ref()
+            .ok_or_else(|| io::Error::other("this node's image store is unusable (see its log)"))?;
+        store
+            .layer_path(digest)
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+
     /// The root file system made of mounted layers (bottom first), over the runtime skeleton.
     pub fn layered_rootfs(&self, mounts_bottom_first: &[PathBuf]) -> Rootfs {
         let mut layers: Vec<PathBuf> = mounts_bottom_first.iter().rev().cloned().collect();

@@ -54,7 +54,11 @@ struct Mounted {
     /// (`file` mode) The layer file, opened before the mount and kept open for `cachestat`: a
     /// new open would, on FUSE file systems such as sshfs, drop the file's page cache.
     held: Option<std::fs::File>,
+    /// Sandboxes using it.
     refs: u32,
+    /// Warm inits holding it (not sandboxes yet; they keep it mounted but are not counted as
+    /// its users).
+    warm: u32,
     idle_since: Option<Instant>,
 }
 
@@ -77,7 +81,26 @@ impl Mounted {
             device,
             held,
             refs,
+            warm: 0,
             idle_since: (refs == 0).then(Instant::now),
+        }
+    }
+}
+
+/// Who holds a reference on a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// A sandbox: counted as a user of the layer.
+    Sandbox,
+    /// A warm init: keeps it mounted, not counted as a user.
+    Warm,
+}
+
+impl Holder {
+    fn count(self, m: &mut Mounted) -> &mut u32 {
+        match self {
+            Holder::Sandbox => &mut m.refs,
+            Holder::Warm => &mut m.warm,
         }
     }
 }
@@ -198,23 +221,36 @@ impl LayerMounts {
         })
     }
 
-    /// Mounts (or finds mounted) each layer and takes a reference on it; returns the mount
-    /// points in the order given. Blocking. On failure nothing stays referenced.
+    /// Mounts (or finds mounted) each layer and takes a reference on it for a sandbox; returns
+    /// the mount points in the order given. Blocking. On failure nothing stays referenced.
     pub fn acquire(
         &self,
         digests: &[String],
         file_of: impl Fn(&str) -> io::Result<PathBuf>,
+    ) -> io::Result<Vec<PathBuf>> {
+        self.acquire_for(digests, file_of, Holder::Sandbox)
+    }
+
+    /// [`LayerMounts::acquire`] for `holder`.
+    pub fn acquire_for(
+        &self,
+        digests: &[String],
+        file_of: impl Fn(&str) -> io::Result<PathBuf>,
+        holder: Holder,
     ) -> io::Result<Vec<PathBuf>> {
         let mut out = Vec::with_capacity(digests.len());
         let mut map = self.mounted.lock().unwrap_or_else(|p| p.into_inner());
         for (i, d) in digests.iter().enumerate() {
             let r = match map.get_mut(d) {
                 Some(m) => {
-                    m.refs += 1;
+                    *holder.count(m) += 1;
                     m.idle_since = None;
                     Ok(m.path.clone())
                 }
-                None => self.mount(d, &file_of).map(|m| {
+                None => self.mount(d, &file_of).map(|mut m| {
+                    if holder == Holder::Warm {
+                        (m.refs, m.warm) = (0, 1);
+                    }
                     let p = m.path.clone();
                     map.insert(d.clone(), m);
                     p
@@ -224,12 +260,23 @@ impl LayerMounts {
                 Ok(p) => out.push(p),
                 Err(e) => {
                     drop(map);
-                    self.release(&digests[..i]);
+                    self.release_for(&digests[..i], holder);
                     return Err(e);
                 }
             }
         }
         Ok(out)
+    }
+
+    /// Turns a warm init's references into a sandbox's (the init became one).
+    pub fn warm_to_sandbox(&self, digests: &[String]) {
+        let mut map = self.mounted.lock().unwrap_or_else(|p| p.into_inner());
+        for d in digests {
+            if let Some(m) = map.get_mut(d) {
+                m.warm = m.warm.saturating_sub(1);
+                m.refs += 1;
+            }
+        }
     }
 
     fn mount(
@@ -277,13 +324,19 @@ impl LayerMounts {
         Ok(Mounted::new(path, size, device, held, 1))
     }
 
-    /// Drops one reference on each layer.
+    /// Drops a sandbox's reference on each layer.
     pub fn release(&self, digests: &[String]) {
+        self.release_for(digests, Holder::Sandbox)
+    }
+
+    /// Drops `holder`'s reference on each layer.
+    pub fn release_for(&self, digests: &[String], holder: Holder) {
         let mut map = self.mounted.lock().unwrap_or_else(|p| p.into_inner());
         for d in digests {
             if let Some(m) = map.get_mut(d) {
-                m.refs = m.refs.saturating_sub(1);
-                if m.refs == 0 {
+                let c = holder.count(m);
+                *c = c.saturating_sub(1);
+                if m.refs == 0 && m.warm == 0 {
                     m.idle_since = Some(Instant::now());
                 }
             }
@@ -298,6 +351,7 @@ impl LayerMounts {
             .iter()
             .filter(|(_, m)| {
                 m.refs == 0
+                    && m.warm == 0
                     && m.idle_since
                         .is_some_and(|t| force || t.elapsed() >= self.idle)
             })

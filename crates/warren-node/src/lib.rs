@@ -6,33 +6,42 @@
 //!
 //! Sandboxes never depend on the daemon staying alive: see [`adopt`].
 
-pub mod admission;
-pub mod adopt;
+// The modules stand in layers; each imports only from layers below it.
+// Top: the daemon's start (this file) and its HTTP API.
 pub mod api;
-pub mod cgroups;
-pub mod config;
+// Operations on sandboxes.
+pub mod adopt;
 pub mod create;
-pub mod disk;
-pub mod error;
-pub mod events;
 pub mod exec;
 pub mod files;
-pub mod guest_client;
 pub mod image_ops;
-pub mod images;
-pub mod layers;
+pub mod incidents;
+pub mod lifecycle;
 pub mod limits;
-pub mod node;
-pub mod pool;
-pub mod state;
 pub mod tasks;
 pub mod timers;
 pub mod trajectory;
+// The talk to guest agents, and the node's state of its sandboxes.
+pub mod guest_client;
+pub mod node;
+// The backend seam, and the container backend behind it.
+pub mod backend;
+pub mod container;
+// Foundations: checks, accounting, stores, configuration.
+pub mod admission;
+pub mod config;
+pub mod disk;
+pub mod error;
+pub mod events;
+pub mod images;
+pub mod layers;
+pub mod phase;
+pub mod state;
+pub mod validate;
 
 use std::collections::HashMap;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, RwLock};
 
 pub use adopt::AdoptReport;
@@ -42,7 +51,7 @@ pub use node::Node;
 use warren_types::id::NodeId;
 
 use crate::admission::Admission;
-use crate::cgroups::Cgroups;
+use crate::container::{ContainerBackend, ContainerConfig};
 use crate::images::Images;
 use crate::node::Dirs;
 
@@ -58,9 +67,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
-    /// cgroups are missing or not writable.
-    #[error("cgroups: {0}")]
-    Cgroups(#[source] std::io::Error),
+    /// The backend cannot run here (for containers: cgroups missing or not writable).
+    #[error("the container backend: {0}")]
+    Backend(#[source] std::io::Error),
     /// The guest agent binary is missing.
     #[error(
         "guest agent binary {0} not found: build it (cargo build -p warren-guest) or set guest_binary"
@@ -120,15 +129,25 @@ impl Node {
                 None
             }
         };
-        let cgroups = Cgroups::new(&cfg.cgroup_parent).map_err(StartError::Cgroups)?;
-        let images = Images::prepare(&dirs.images, Some(&cfg.image_store))
-            .map_err(state_err(dirs.images.clone()))?;
-        let layers = crate::layers::LayerMounts::new(
-            &root.join("layers"),
-            cfg.layer_mount,
-            std::time::Duration::from_secs(cfg.layer_idle_unmount),
-        )
-        .map_err(state_err(root.join("layers")))?;
+        if cfg.warm_image != "host" {
+            return Err(StartError::Config(format!(
+                "warm_image = {:?}: warm_pool prepares only the built-in `host` image; layered \
+                 images get warm inits of their own once used (warm_images, warm_per_image)",
+                cfg.warm_image
+            )));
+        }
+        let images = Arc::new(
+            Images::prepare(&dirs.images, Some(&cfg.image_store))
+                .map_err(state_err(dirs.images.clone()))?,
+        );
+        let layers = Arc::new(
+            crate::layers::LayerMounts::new(
+                &root.join("layers"),
+                cfg.layer_mount,
+                std::time::Duration::from_secs(cfg.layer_idle_unmount),
+            )
+            .map_err(state_err(root.join("layers")))?,
+        );
         let guest_bin = match &cfg.guest_binary {
             Some(p) => p.clone(),
             None => std::env::current_exe()
@@ -139,29 +158,45 @@ impl Node {
         if !guest_bin.is_file() {
             return Err(StartError::Guest(guest_bin));
         }
+        let backend = ContainerBackend::new(
+            ContainerConfig {
+                cgroup_parent: cfg.cgroup_parent.clone(),
+                sandboxes: dirs.sandboxes.clone(),
+                sockets: dirs.sockets.clone(),
+                warm: dirs.warm.clone(),
+                trash: dirs.trash.clone(),
+                guest_bin,
+                guest_limits: cfg.guest_limits(),
+                grader: cfg.grader(),
+                warm_host: cfg.warm_pool as usize,
+                warm_per_image: cfg.warm_per_image as usize,
+                warm_images: cfg.warm_images as usize,
+                warm_idle: std::time::Duration::from_secs(cfg.layer_idle_unmount),
+            },
+            dirs.disk.clone(),
+            layers.clone(),
+            images.clone(),
+        )
+        .map_err(StartError::Backend)?;
         let events = crate::events::EventStore::open(&root);
         let node = Arc::new(Node {
             id,
             events,
             cfg,
-            cgroups,
+            backend: backend.clone(),
             images,
             layers,
-            guest_bin,
             dirs,
             sandboxes: RwLock::new(HashMap::new()),
             admission: Admission::default(),
             idempotency: Mutex::new(HashMap::new()),
-            warm: Mutex::new(Vec::new()),
-            refilling: AtomicBool::new(false),
-            closing: AtomicBool::new(false),
         });
         let report = node.adopt().await;
-        node.refill();
+        backend.prewarm();
         node.start_timers();
         tracing::info!(
             node_id = %node.id,
-            cgroups = node.cgroups.layout.name(),
+            isolation = node.backend.isolation(),
             adopted = report.adopted,
             removed = report.removed,
             leftovers = report.leftovers,
@@ -172,7 +207,12 @@ impl Node {
 
     /// Stops the node's own work (the warm pool); sandboxes keep running.
     pub async fn shutdown(&self) {
-        self.drain_warm_pool().await;
+        let backend = self.backend.clone();
+        let _ = crate::node::blocking(move || {
+            backend.shutdown();
+            Ok(())
+        })
+        .await;
     }
 
     /// Unmounts every layer no sandbox uses now (blocking; for shutdown).
@@ -195,9 +235,10 @@ impl Node {
         }
     }
 
-    /// Removes Warren's (empty) parent cgroups, once every sandbox is gone.
+    /// Removes the backend's own host state (Warren's empty parent cgroups), once every
+    /// sandbox is gone.
     pub fn remove_cgroups(&self) -> std::io::Result<()> {
-        self.cgroups.remove_all()
+        self.backend.remove_host_state()
     }
 
     /// Kills every sandbox (for `warren up --kill-sandboxes-on-exit`).

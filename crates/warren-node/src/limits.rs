@@ -7,15 +7,7 @@ use std::sync::Arc;
 
 use warren_types::events::EventKind;
 
-use crate::node::{Node, Phase, Sandbox};
-
-/// The kernel's counters as last seen.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Counters {
-    oom_kills: u64,
-    pids_max: u64,
-    disk_full: bool,
-}
+use crate::node::{Node, Phase, Sandbox, Seen};
 
 impl Node {
     /// Reads each sandbox's limit counters and records what increased (blocking: cgroup files).
@@ -24,19 +16,16 @@ impl Node {
             if sb.phase() == Phase::Stopping {
                 continue;
             }
-            let (oom, pids) = sb.cgroup.limit_counters();
+            let now = sb.instance.counters();
+            let (oom, pids) = (now.oom_kills, now.pids_max);
             // Full: within a megabyte of the quota (writes stop just short of it).
-            let disk = self.dirs.disk.as_ref().and_then(|pool| {
-                let v = sb.volume.get_or_init(|| pool.volume_of(&sb.dir)).as_ref()?;
-                pool.usage(v).filter(|(_, limit)| *limit > 0)
-            });
+            let disk = sb.instance.disk_usage().filter(|(_, limit)| *limit > 0);
             let full = disk.is_some_and(|(used, limit)| used + (1 << 20) >= limit);
             let last = {
-                let mut c = sb.counters.lock().unwrap_or_else(|p| p.into_inner());
+                let mut c = sb.seen.lock().unwrap_or_else(|p| p.into_inner());
                 let last = *c;
-                *c = Counters {
-                    oom_kills: oom,
-                    pids_max: pids,
+                *c = Seen {
+                    counters: now,
                     disk_full: full,
                 };
                 last
@@ -55,22 +44,22 @@ impl Node {
                 );
             }
             let task = sb.record.task.as_deref();
-            if oom > last.oom_kills {
+            if oom > last.counters.oom_kills {
                 self.events.occur(
                     &sb.record.id,
                     task,
                     EventKind::OomKill,
                     format!("memory limit {}", sb.record.resources.memory),
-                    oom - last.oom_kills,
+                    oom - last.counters.oom_kills,
                 );
             }
-            if pids > last.pids_max {
+            if pids > last.counters.pids_max {
                 self.events.occur(
                     &sb.record.id,
                     task,
                     EventKind::PidsLimit,
                     format!("pids limit {}", sb.record.resources.pids),
-                    pids - last.pids_max,
+                    pids - last.counters.pids_max,
                 );
             }
         }

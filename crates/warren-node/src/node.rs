@@ -1,26 +1,30 @@
-//! The node: its sandboxes and their lifecycle (get, list, pause, resume, kill).
+//! The node: its sandboxes, what they are, and what is known of them (get, list, report).
 //!
-//! Creation is in [`crate::create`], re-adoption after a restart in [`crate::adopt`], guest
-//! operations in [`crate::exec`] and [`crate::files`].
+//! A sandbox is a record (what it was asked to be, saved as `state.json`) around an instance
+//! of a backend (what runs it; see the `backend` module). Its lifecycle is in `lifecycle`,
+//! creation in `create`, re-adoption after a restart in `adopt`, guest operations in `exec`
+//! and `files`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use tokio::task::AbortHandle;
 use warren_types::ByteSize;
-use warren_types::api::{BackendKind, NodeInfo, Sandbox as SandboxView, SandboxState};
+use warren_types::api::{NodeInfo, Sandbox as SandboxView, SandboxState};
 use warren_types::id::{NodeId, SandboxId};
 
 use crate::admission::{Admission, HostLoad};
-use crate::cgroups::{Cgroups, SandboxCgroup};
+use crate::backend::{Backend, Instance, LimitCounters};
 use crate::config::NodeConfig;
 use crate::error::NodeError;
 use crate::images::Images;
+use crate::layers::LayerMounts;
 use crate::state::{self, Record};
+use crate::trajectory::log::Trajectory;
+
+pub use crate::phase::Phase;
 
 /// Where things live under the state directory.
 #[derive(Debug, Clone)]
@@ -29,7 +33,7 @@ pub struct Dirs {
     pub sockets: PathBuf,
     pub images: PathBuf,
     pub trash: PathBuf,
-    /// Logs of warm inits (moved into the sandbox directory when one is taken).
+    /// Where warm inits are built (moved into the sandbox directory when one is taken).
     pub warm: PathBuf,
     /// The disk pool that holds writable layers under quota, when the node has one.
     pub disk: Option<Arc<crate::disk::DiskPool>>,
@@ -43,19 +47,15 @@ pub struct Node {
     pub cfg: NodeConfig,
     /// Incident events of its sandboxes.
     pub events: crate::events::EventStore,
-    pub(crate) cgroups: Cgroups,
-    pub(crate) images: Images,
+    /// What runs its sandboxes.
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) images: Arc<Images>,
     /// Image layers mounted here.
-    pub(crate) layers: crate::layers::LayerMounts,
-    pub(crate) guest_bin: PathBuf,
+    pub(crate) layers: Arc<LayerMounts>,
     pub(crate) dirs: Dirs,
     pub(crate) sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
     pub(crate) admission: Admission,
     pub(crate) idempotency: Mutex<HashMap<String, IdemSlot>>,
-    /// Inits started ahead of requests (see [`crate::pool`]).
-    pub(crate) warm: Mutex<Vec<crate::pool::Warm>>,
-    pub(crate) refilling: std::sync::atomic::AtomicBool,
-    pub(crate) closing: std::sync::atomic::AtomicBool,
 }
 
 /// A create in flight or done, by idempotency key.
@@ -64,21 +64,23 @@ pub(crate) enum IdemSlot {
     Done(SandboxId),
 }
 
-/// Where a sandbox is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    Running,
-    Paused,
-    Stopping,
+/// What the node last saw of a sandbox's limits, to turn increases into events.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Seen {
+    pub counters: LimitCounters,
+    pub disk_full: bool,
 }
 
 /// A running (or paused) sandbox.
 pub struct Sandbox {
     pub record: Record,
+    /// Its directory: `state.json`, the guest's log, the trajectory (and, for containers, the
+    /// writable layer).
     pub dir: PathBuf,
+    /// Its guest agent's control socket.
     pub socket: PathBuf,
-    pub(crate) cgroup: SandboxCgroup,
-    pub(crate) pidfd: OwnedFd,
+    /// What runs it.
+    pub(crate) instance: Box<dyn Instance>,
     pub(crate) phase: Mutex<Phase>,
     /// Serialises pause, resume and kill.
     pub(crate) lifecycle: tokio::sync::Mutex<()>,
@@ -87,19 +89,12 @@ pub struct Sandbox {
     pub(crate) deadline_ms: AtomicU64,
     /// API activity, for the idle timeout.
     pub(crate) activity: Mutex<Activity>,
-    /// A trajectory being replayed (see [`crate::trajectory`]).
-    pub(crate) replay: Mutex<Option<crate::trajectory::Replay>>,
-    /// Serialises appends to the trajectory log.
-    pub(crate) log: Mutex<()>,
+    /// Its trajectory log and replay.
+    pub(crate) trajectory: Trajectory,
     /// How far the node has read the guest's incident records.
     pub(crate) incident_seq: AtomicU64,
-    /// Bytes its trajectory log and blobs hold, and the most they may.
-    pub(crate) trajectory_bytes: AtomicU64,
-    pub(crate) trajectory_budget: u64,
-    /// Kernel counters last seen (OOM kills, pids-limit hits), to turn increases into events.
-    pub(crate) counters: Mutex<crate::limits::Counters>,
-    /// Its writable layer's volume in the disk pool (looked up once).
-    pub(crate) volume: std::sync::OnceLock<Option<crate::disk::Volume>>,
+    /// Limits last seen.
+    pub(crate) seen: Mutex<Seen>,
 }
 
 /// API activity on a sandbox.
@@ -130,34 +125,32 @@ impl Drop for Busy {
 }
 
 impl Sandbox {
-    /// A sandbox around a started (or adopted) init.
+    /// A sandbox around a started (or adopted) instance.
     pub(crate) fn new(
         record: Record,
         dir: PathBuf,
-        socket: PathBuf,
-        cgroup: SandboxCgroup,
-        pidfd: OwnedFd,
+        instance: Box<dyn Instance>,
         phase: Phase,
         trajectory_budget: u64,
     ) -> Arc<Sandbox> {
         Arc::new(Sandbox {
-            trajectory_bytes: AtomicU64::new(Sandbox::trajectory_size(&dir)),
-            trajectory_budget,
+            trajectory: Trajectory::new(
+                record.id.clone(),
+                &dir,
+                record.trajectory,
+                trajectory_budget,
+            ),
             deadline_ms: AtomicU64::new(record.expires_ms),
             activity: Mutex::new(Activity {
                 last_ms: state::now_ms(),
                 busy: 0,
             }),
-            replay: Mutex::new(None),
-            log: Mutex::new(()),
             incident_seq: AtomicU64::new(0),
-            counters: Mutex::new(Default::default()),
-            volume: std::sync::OnceLock::new(),
+            seen: Mutex::new(Seen::default()),
+            socket: instance.transport().socket().to_path_buf(),
             record,
             dir,
-            socket,
-            cgroup,
-            pidfd,
+            instance,
             phase: Mutex::new(phase),
             lifecycle: tokio::sync::Mutex::new(()),
             tasks: Mutex::new(Vec::new()),
@@ -249,135 +242,9 @@ impl Node {
         out.into_iter().map(|(_, v)| v).collect()
     }
 
-    /// Makes sure the sandbox runs: a paused one is resumed (transparent resume). Every
-    /// operation that talks to the guest calls this first.
-    pub async fn ensure_running(&self, sb: &Arc<Sandbox>) -> Result<(), NodeError> {
-        match sb.phase() {
-            Phase::Running => Ok(()),
-            Phase::Stopping => Err(NodeError::Gone(sb.record.id.clone())),
-            Phase::Paused => self.resume(&sb.record.id).await.map(|_| ()),
-        }
-    }
-
-    /// Freezes every process of the sandbox. Pausing a paused sandbox is a no-op.
-    pub async fn pause(&self, id: &SandboxId) -> Result<SandboxView, NodeError> {
-        let sb = self.get(id)?;
-        let _g = sb.lifecycle.lock().await;
-        match sb.phase() {
-            Phase::Stopping => return Err(NodeError::Gone(id.clone())),
-            Phase::Paused => return Ok(sb.view(&self.id)),
-            Phase::Running => {}
-        }
-        let cg = sb.cgroup.clone();
-        blocking(move || cg.set_frozen(true))
-            .await
-            .map_err(|e| NodeError::host("freezing the sandbox", e))?;
-        sb.set_phase(Phase::Paused);
-        tracing::debug!(sandbox_id = %id, "paused");
-        Ok(sb.view(&self.id))
-    }
-
-    /// Thaws a paused sandbox. Resuming a running sandbox is a no-op.
-    pub async fn resume(&self, id: &SandboxId) -> Result<SandboxView, NodeError> {
-        let sb = self.get(id)?;
-        let _g = sb.lifecycle.lock().await;
-        match sb.phase() {
-            Phase::Stopping => return Err(NodeError::Gone(id.clone())),
-            Phase::Running => return Ok(sb.view(&self.id)),
-            Phase::Paused => {}
-        }
-        let cg = sb.cgroup.clone();
-        blocking(move || cg.set_frozen(false))
-            .await
-            .map_err(|e| NodeError::host("thawing the sandbox", e))?;
-        sb.set_phase(Phase::Running);
-        tracing::debug!(sandbox_id = %id, "resumed");
-        Ok(sb.view(&self.id))
-    }
-
-    /// Kills the sandbox and releases everything it held.
-    pub async fn kill(&self, id: &SandboxId) -> Result<(), NodeError> {
-        let sb = self.get(id)?;
-        let _g = sb.lifecycle.lock().await;
-        if sb.phase() == Phase::Stopping {
-            return Err(NodeError::NotFound(id.clone()));
-        }
-        sb.set_phase(Phase::Stopping);
-        self.destroy(sb.clone()).await;
-        tracing::info!(sandbox_id = %id, "killed");
-        Ok(())
-    }
-
-    /// Tears a sandbox down: init killed, cgroup removed, directories and socket gone.
-    pub(crate) async fn destroy(&self, sb: Arc<Sandbox>) {
-        if !sb.cgroup.is_frozen() {
-            self.last_incidents(&sb).await;
-        }
-        for t in sb.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-            t.abort();
-        }
-        self.sandboxes
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&sb.record.id);
-        if let Some(key) = &sb.record.idempotency_key {
-            self.idempotency
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(key);
-        }
-        let dirs = self.dirs.clone();
-        let ask = crate::admission::Ask::of(&sb.record.resources);
-        let layers = sb.record.layers.clone();
-        let id = sb.record.id.clone();
-        let res = blocking(move || {
-            teardown(Some(&sb.pidfd), &sb.cgroup, &sb.dir, &sb.socket, &dirs);
-            Ok(())
-        })
-        .await;
-        if let Err(e) = res {
-            tracing::error!(sandbox_id = %id, "teardown failed: {e}");
-        }
-        self.layers.release(&layers);
-        self.admission.release(ask);
-    }
-
-    /// Called when a sandbox's init exits on its own (crash, OOM kill of PID 1).
-    async fn on_init_exit(&self, id: SandboxId) {
-        let Ok(sb) = self.get(&id) else { return };
-        let _g = sb.lifecycle.lock().await;
-        if sb.phase() == Phase::Stopping {
-            return;
-        }
-        tracing::warn!(sandbox_id = %id, "the sandbox's init exited; cleaning up");
-        sb.set_phase(Phase::Stopping);
-        self.destroy(sb.clone()).await;
-    }
-
-    /// Starts the task that watches a sandbox's init for its exit. (Timeouts are the
-    /// [`crate::timers`] sweep's.)
-    pub(crate) fn watch(self: &Arc<Self>, sb: &Arc<Sandbox>) {
-        let mut tasks = Vec::new();
-        if let Ok(fd) = sb.pidfd.try_clone() {
-            let node = Arc::downgrade(self);
-            let id = sb.record.id.clone();
-            let reap = sb.pidfd.try_clone();
-            tasks.push(
-                tokio::spawn(async move {
-                    let _ = warren_sys::process::exited(fd).await;
-                    // Reap it if it is our child (a no-op for adopted sandboxes).
-                    if let Ok(r) = reap {
-                        warren_sys::process::pidfd_reap(&r);
-                    }
-                    if let Some(node) = node.upgrade() {
-                        node.on_init_exit(id).await;
-                    }
-                })
-                .abort_handle(),
-            );
-        }
-        tasks.push(self.watch_incidents(sb));
-        *sb.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
+    /// The backends this node runs sandboxes in.
+    pub fn backends(&self) -> Vec<warren_types::api::BackendKind> {
+        vec![self.backend.kind()]
     }
 
     /// Capacity and load, for the control plane and `GET /v1/nodes`.
@@ -405,68 +272,11 @@ impl Node {
             memory_available: ByteSize(load.mem_available),
             threads: load.threads,
             pid_max: load.pid_max,
-            cgroups: self.cgroups.layout.name().to_string(),
+            cgroups: self.backend.isolation(),
             max_upload: self.cfg.max_upload,
             disk_pool: self.dirs.disk.as_ref().map(|p| ByteSize(p.capacity)),
             disk_reserved: ByteSize(usage.disk),
-            backends: vec![BackendKind::Container],
-        }
-    }
-}
-
-/// Releases everything a sandbox holds. Safe to call on half-made sandboxes and leftovers:
-/// every step tolerates a resource that is already gone.
-pub(crate) fn teardown(
-    pidfd: Option<&OwnedFd>,
-    cgroup: &SandboxCgroup,
-    dir: &std::path::Path,
-    socket: &std::path::Path,
-    dirs: &Dirs,
-) {
-    if let Some(fd) = pidfd {
-        let _ = warren_sys::process::pidfd_kill(fd);
-    }
-    // A frozen process cannot die; thaw so the kill lands.
-    if cgroup.exists() && cgroup.is_frozen() {
-        let _ = cgroup.set_frozen(false);
-    }
-    if let Some(fd) = pidfd {
-        warren_sys::process::pidfd_wait(fd, Duration::from_secs(1));
-        warren_sys::process::pidfd_reap(fd);
-    }
-    if cgroup.exists() && cgroup.remove(Duration::from_secs(2)).is_err() {
-        // Something outlived its init (it should not: the pid namespace died with it).
-        cgroup.kill_all();
-        if let Err(e) = cgroup.remove(Duration::from_secs(5)) {
-            tracing::error!("cgroup left behind: {e}");
-        }
-    }
-    let _ = std::fs::remove_file(socket);
-    // The writable layer's volume, contents and all, in one call.
-    if let Some(pool) = &dirs.disk {
-        pool.release(dir);
-    }
-    if dir.exists() {
-        // Move aside at once, delete in the background: a large writable layer takes a while.
-        let name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let trash = dirs.trash.join(format!("{name}-{}", state::now_ms()));
-        // Iteratively and by descriptor: a writable layer can be 100,000 directories deep.
-        match std::fs::rename(dir, &trash) {
-            Ok(()) => {
-                std::thread::spawn(move || {
-                    if let Err(e) = warren_fs::remove_path(&trash) {
-                        tracing::error!("removing {}: {e}", trash.display());
-                    }
-                });
-            }
-            Err(_) => {
-                if let Err(e) = warren_fs::remove_path(dir) {
-                    tracing::error!("removing {}: {e}", dir.display());
-                }
-            }
+            backends: self.backends(),
         }
     }
 }

@@ -98,6 +98,14 @@ pub fn load(dir: &Path) -> io::Result<Record> {
 
 pub use warren_images::{now_ms, rfc3339};
 
+/// `n` random lower-case letters and digits.
+pub fn random_name(n: usize) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    (0..n)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

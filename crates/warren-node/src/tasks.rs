@@ -7,9 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use warren_types::api::{SandboxState, TaskAction, TaskFailure, TaskInfo, TaskResult};
+use warren_types::id::SandboxId;
 
+use crate::backend::{Instance, freeze_batch};
 use crate::error::NodeError;
+use crate::lifecycle::freeze_what;
 use crate::node::{Node, Phase, Sandbox, blocking};
+use crate::phase::{Action, Verdict, after, verdict};
 
 impl Node {
     /// The node's sandboxes of `task`.
@@ -63,47 +67,35 @@ impl Node {
         &self,
         sandboxes: &[Arc<Sandbox>],
         frozen: bool,
-    ) -> Vec<(warren_types::id::SandboxId, NodeError)> {
+    ) -> Vec<(SandboxId, NodeError)> {
         let mut guards = Vec::with_capacity(sandboxes.len());
         for sb in sandboxes {
             guards.push(sb.lifecycle.lock().await);
         }
-        let (from, to) = if frozen {
-            (Phase::Running, Phase::Paused)
+        let action = if frozen {
+            Action::Pause
         } else {
-            (Phase::Paused, Phase::Running)
+            Action::Resume
         };
+        // Those already so are done; those being torn down are not counted (they are gone).
         let todo: Vec<Arc<Sandbox>> = sandboxes
             .iter()
-            .filter(|s| s.phase() == from)
+            .filter(|s| verdict(s.phase(), action) == Verdict::Proceed)
             .cloned()
             .collect();
-        let cgroups: Vec<_> = todo.iter().map(|s| s.cgroup.clone()).collect();
+        let batch = todo.clone();
         let results = blocking(move || {
-            let started: Vec<_> = cgroups.iter().map(|c| c.start_freeze(frozen)).collect();
-            Ok(cgroups
-                .iter()
-                .zip(started)
-                .map(|(c, s)| s.and_then(|()| c.wait_frozen(frozen)))
-                .collect::<Vec<_>>())
+            let refs: Vec<&dyn Instance> = batch.iter().map(|s| s.instance.as_ref()).collect();
+            Ok(freeze_batch(&refs, frozen))
         })
-        .await
-        .unwrap_or_default();
-        let mut failed = Vec::new();
-        for (sb, r) in todo.iter().zip(results) {
-            match r {
-                Ok(()) => sb.set_phase(to),
-                Err(e) => failed.push((
-                    sb.record.id.clone(),
-                    NodeError::host(
-                        if frozen {
-                            "freezing the sandbox"
-                        } else {
-                            "thawing the sandbox"
-                        },
-                        e,
-                    ),
-                )),
+        .await;
+        let ids: Vec<SandboxId> = todo.iter().map(|s| s.record.id.clone()).collect();
+        let (done, failed) = batch_outcome(&ids, results, freeze_what(frozen));
+        for sb in &todo {
+            if done.contains(&sb.record.id)
+                && let Some(p) = after(action)
+            {
+                sb.set_phase(p);
             }
         }
         drop(guards);
@@ -128,5 +120,86 @@ impl Node {
             }
         }
         by.into_values().collect()
+    }
+}
+
+/// Splits a batch's results into the sandboxes done and those failed, with why. A batch whose
+/// worker itself failed (or answered for fewer sandboxes than it was given) failed for every
+/// sandbox it did not answer for: none is counted done unless its own result says so.
+fn batch_outcome(
+    ids: &[SandboxId],
+    results: std::io::Result<Vec<std::io::Result<()>>>,
+    what: &'static str,
+) -> (Vec<SandboxId>, Vec<(SandboxId, NodeError)>) {
+    let (results, worker) = match results {
+        Ok(r) => (r, None),
+        Err(e) => (Vec::new(), Some(e.to_string())),
+    };
+    let mut results = results.into_iter();
+    let mut done = Vec::new();
+    let mut failed = Vec::new();
+    for id in ids {
+        match results.next() {
+            Some(Ok(())) => done.push(id.clone()),
+            Some(Err(e)) => failed.push((id.clone(), NodeError::host(what, e))),
+            None => {
+                let why = worker
+                    .clone()
+                    .unwrap_or_else(|| "the batch gave no result for it".into());
+                failed.push((
+                    id.clone(),
+                    NodeError::host(what, std::io::Error::other(why)),
+                ));
+            }
+        }
+    }
+    (done, failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_types::id::NodeId;
+
+    fn ids(n: usize) -> Vec<SandboxId> {
+        let node = NodeId::from_random(rand::random());
+        (0..n)
+            .map(|_| SandboxId::new(&node, rand::random()))
+            .collect()
+    }
+
+    #[test]
+    fn a_failed_worker_fails_every_sandbox_of_the_batch() {
+        let ids = ids(3);
+        let (done, failed) = batch_outcome(
+            &ids,
+            Err(std::io::Error::other("blocking task failed: panicked")),
+            "freezing the sandbox",
+        );
+        assert!(done.is_empty());
+        assert_eq!(failed.len(), 3);
+        for ((id, e), want) in failed.iter().zip(&ids) {
+            assert_eq!(id, want);
+            let api = e.to_api();
+            assert!(api.message.contains("panicked"), "{}", api.message);
+            assert!(api.message.contains("freezing"), "{}", api.message);
+        }
+    }
+
+    #[test]
+    fn each_result_counts_for_its_own_sandbox() {
+        let ids = ids(3);
+        let (done, failed) = batch_outcome(
+            &ids,
+            Ok(vec![Ok(()), Err(std::io::Error::other("EBUSY"))]),
+            "thawing the sandbox",
+        );
+        assert_eq!(done, vec![ids[0].clone()]);
+        let failed: Vec<_> = failed.into_iter().map(|(id, _)| id).collect();
+        assert_eq!(
+            failed,
+            vec![ids[1].clone(), ids[2].clone()],
+            "short answers fail the rest"
+        );
     }
 }

@@ -48,10 +48,14 @@ impl Node {
                         node.check_limits(&all);
                     });
                 }
-                if n.is_multiple_of(20) {
-                    // Unmount layers unused for a while (every 5 s).
+                if n.is_multiple_of(4) {
+                    // The backend's upkeep, then layers unused for a while unmounted (every
+                    // second).
                     let node = node.clone();
-                    tokio::task::spawn_blocking(move || node.layers.sweep(false));
+                    tokio::task::spawn_blocking(move || {
+                        node.backend.housekeeping();
+                        node.layers.sweep(false)
+                    });
                 }
                 if n.is_multiple_of(240)
                     && let Some(pool) = node.dirs.disk.clone()
@@ -74,38 +78,35 @@ impl Node {
             .cloned()
             .collect();
         for sb in sandboxes {
-            let phase = sb.phase();
-            if phase == Phase::Stopping {
-                continue;
-            }
-            let id = sb.record.id.clone();
-            if now >= sb.deadline_ms.load(Ordering::Relaxed) {
-                let node = self.clone();
-                tokio::spawn(async move {
-                    tracing::info!(sandbox_id = %id, "absolute timeout reached");
-                    let _ = node.kill(&id).await;
-                });
-                continue;
-            }
-            let Some(idle) = sb.record.idle_timeout else {
-                continue;
-            };
-            if phase != Phase::Running {
-                continue;
-            }
             let a = *sb.activity.lock().unwrap_or_else(|p| p.into_inner());
-            if a.busy > 0 || now.saturating_sub(a.last_ms) < idle * 1000 {
-                continue;
-            }
+            let facts = Facts {
+                phase: sb.phase(),
+                deadline_ms: sb.deadline_ms.load(Ordering::Relaxed),
+                idle_timeout: sb.record.idle_timeout,
+                busy: a.busy,
+                last_ms: a.last_ms,
+            };
+            let id = sb.record.id.clone();
             let node = self.clone();
-            let action = sb.record.on_idle;
-            tokio::spawn(async move {
-                tracing::info!(sandbox_id = %id, ?action, "idle timeout reached");
-                let _ = match action {
-                    IdleAction::Pause => node.pause(&id).await.map(|_| ()),
-                    IdleAction::Stop => node.kill(&id).await,
-                };
-            });
+            match due(now, facts) {
+                None => {}
+                Some(Due::Deadline) => {
+                    tokio::spawn(async move {
+                        tracing::info!(sandbox_id = %id, "absolute timeout reached");
+                        let _ = node.kill(&id).await;
+                    });
+                }
+                Some(Due::Idle) => {
+                    let action = sb.record.on_idle;
+                    tokio::spawn(async move {
+                        tracing::info!(sandbox_id = %id, ?action, "idle timeout reached");
+                        let _ = match action {
+                            IdleAction::Pause => node.pause(&id).await.map(|_| ()),
+                            IdleAction::Stop => node.kill(&id).await,
+                        };
+                    });
+                }
+            }
         }
     }
 
@@ -125,5 +126,95 @@ impl Node {
             .await
             .map_err(|e| NodeError::host("saving the sandbox's state", e))?;
         Ok(sb.view(&self.id))
+    }
+}
+
+/// What the sweep knows of a sandbox.
+#[derive(Debug, Clone, Copy)]
+struct Facts {
+    phase: Phase,
+    deadline_ms: u64,
+    idle_timeout: Option<u64>,
+    /// Operations in flight.
+    busy: u32,
+    /// When the last one ended, ms since the epoch.
+    last_ms: u64,
+}
+
+/// A timer that has gone off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// The absolute timeout: kill it.
+    Deadline,
+    /// The idle timeout: its `on_idle`.
+    Idle,
+}
+
+/// Which timer of a sandbox has gone off at `now`, if any. A sandbox being torn down has none;
+/// the absolute timeout comes first; only a running sandbox with nothing in flight for the
+/// whole idle time is idle (a paused one is already what idleness would make it, or should
+/// stay as its caller paused it).
+fn due(now: u64, f: Facts) -> Option<Due> {
+    if f.phase == Phase::Stopping {
+        return None;
+    }
+    if now >= f.deadline_ms {
+        return Some(Due::Deadline);
+    }
+    let idle = f.idle_timeout?;
+    let quiet = f.busy == 0 && now.saturating_sub(f.last_ms) >= idle * 1000;
+    (f.phase == Phase::Running && quiet).then_some(Due::Idle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> Facts {
+        Facts {
+            phase: Phase::Running,
+            deadline_ms: 100_000,
+            idle_timeout: Some(10),
+            busy: 0,
+            last_ms: 50_000,
+        }
+    }
+
+    #[test]
+    fn timers_go_off_when_they_should_and_not_before() {
+        assert_eq!(due(59_999, facts()), None);
+        assert_eq!(due(60_000, facts()), Some(Due::Idle));
+        assert_eq!(
+            due(100_000, facts()),
+            Some(Due::Deadline),
+            "the deadline first"
+        );
+        let busy = Facts { busy: 1, ..facts() };
+        assert_eq!(
+            due(90_000, busy),
+            None,
+            "an operation in flight is activity"
+        );
+        assert_eq!(
+            due(100_000, busy),
+            Some(Due::Deadline),
+            "but not past the deadline"
+        );
+        let paused = Facts {
+            phase: Phase::Paused,
+            ..facts()
+        };
+        assert_eq!(due(90_000, paused), None);
+        assert_eq!(due(100_000, paused), Some(Due::Deadline));
+        let stopping = Facts {
+            phase: Phase::Stopping,
+            ..facts()
+        };
+        assert_eq!(due(200_000, stopping), None);
+        let no_idle = Facts {
+            idle_timeout: None,
+            ..facts()
+        };
+        assert_eq!(due(99_999, no_idle), None);
     }
 }

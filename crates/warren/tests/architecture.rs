@@ -149,3 +149,167 @@ fn only_the_syscall_layer_may_use_unsafe() {
     let ws = std::fs::read_to_string(root.join("../Cargo.toml")).unwrap();
     assert!(ws.contains("unsafe_code = \"forbid\""));
 }
+
+/// The node crate's modules, keyed like `exec` or `trajectory::log`, with the modules each one
+/// names in its code (`crate::…` paths outside comments).
+fn node_modules() -> BTreeMap<String, (String, BTreeSet<String>)> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../warren-node/src");
+    let mut files = Vec::new();
+    let mut stack = vec![src.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    let key_of = |p: &std::path::Path| {
+        let rel = p.strip_prefix(&src).unwrap().with_extension("");
+        let parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .filter(|c| c != "mod")
+            .collect();
+        parts.join("::")
+    };
+    let keys: BTreeSet<String> = files.iter().map(|p| key_of(p)).collect();
+    let mut out = BTreeMap::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let code: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let me = key_of(f);
+        let mut uses = BTreeSet::new();
+        for (first, second) in crate_paths(&code) {
+            let k = match second {
+                Some(second) if keys.contains(&format!("{first}::{second}")) => {
+                    format!("{first}::{second}")
+                }
+                _ => first,
+            };
+            if k != me && keys.contains(&k) {
+                uses.insert(k);
+            }
+        }
+        out.insert(me, (code, uses));
+    }
+    out
+}
+
+/// The first one or two names of each `crate::a::b` path in `code`.
+fn crate_paths(code: &str) -> Vec<(String, Option<String>)> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + "crate::".len()..];
+        let first = ident(rest);
+        if first.is_empty() {
+            continue;
+        }
+        let after = &rest[first.len()..];
+        let second = after
+            .strip_prefix("::")
+            .map(ident)
+            .filter(|s| !s.is_empty());
+        out.push((first, second));
+    }
+    out
+}
+
+#[test]
+fn node_modules_stand_in_layers_without_loops() {
+    let mods = node_modules();
+    let group = |m: &str| -> u8 {
+        const FOUNDATION: &[&str] = &[
+            "admission",
+            "config",
+            "disk",
+            "error",
+            "events",
+            "images",
+            "layers",
+            "phase",
+            "state",
+            "validate",
+            "trajectory::log",
+        ];
+        if FOUNDATION.contains(&m) {
+            0
+        } else if m == "backend" {
+            1
+        } else if m == "container" || m.starts_with("container::") {
+            2
+        } else if m == "node" || m == "guest_client" {
+            3
+        } else {
+            4
+        }
+    };
+    for (m, (code, uses)) in &mods {
+        for u in uses {
+            let (gm, gu) = (group(m), group(u));
+            match gm {
+                // Foundations and the seam look only downwards.
+                0 | 1 => assert!(gu < gm || (gm == 0 && gu == 0), "{m} must not use {u}"),
+                // The container backend sees the seam and the foundations, nothing above.
+                2 => assert!(gu <= 2, "{m} (a backend) must not use {u}"),
+                // The node's core holds any backend through the trait alone.
+                3 => assert!(gu <= 1 || gu == 3, "{m} must not use {u}"),
+                // Operations above it too: only the daemon's start picks the backend.
+                _ => assert!(
+                    gu != 2 || m == "lib",
+                    "{m} must not name the container backend"
+                ),
+            }
+        }
+        // The node's domain knows nothing of HTTP: the API module turns it into answers.
+        if m != "api" {
+            for word in ["warren_http", "axum"] {
+                assert!(
+                    !code.contains(word),
+                    "{m} names {word}: only the API module may"
+                );
+            }
+        }
+        // Nothing above the seam names what a backend isolates with.
+        if group(m) >= 3 && m != "lib" {
+            for word in ["pidfd", "SandboxCgroup", "Cgroups", "cgroups::"] {
+                assert!(!code.contains(word), "{m} names {word}: only a backend may");
+            }
+        }
+    }
+    // No loops: every module can be put below all the modules it uses.
+    let mut placed: BTreeSet<String> = BTreeSet::new();
+    loop {
+        let ready: Vec<String> = mods
+            .iter()
+            .filter(|(m, (_, uses))| {
+                !placed.contains(*m) && uses.iter().all(|u| placed.contains(u))
+            })
+            .map(|(m, _)| m.clone())
+            .collect();
+        if ready.is_empty() {
+            break;
+        }
+        placed.extend(ready);
+    }
+    let stuck: Vec<_> = mods
+        .iter()
+        .filter(|(m, _)| !placed.contains(*m))
+        .map(|(m, (_, uses))| format!("{m} -> {uses:?}"))
+        .collect();
+    assert!(
+        stuck.is_empty(),
+        "node modules import each other in a loop: {stuck:#?}"
+    );
+}

@@ -764,3 +764,121 @@ async fn stopping_unmounts_unused_layers_and_keeps_used_ones() {
     assert_eq!(sh(&keep, "cat /etc/marker").await.1, "base");
     keep.kill().await.unwrap();
 }
+
+/// The warm pool is keyed by image: after a layered image's first create, the next ones take
+/// inits prepared for it, with their own limits and environment. Warm inits keep the layers
+/// mounted but are not counted as their users; an image no longer created loses its pool, and
+/// its layers are unmounted as they would be without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layered_creates_take_warm_inits_of_their_image() {
+    require_root!();
+    let p = Platform::start_with(Some(
+        "[node]\nlayer_idle_unmount = 2\nwarm_pool = 0\nwarm_images = 1\nwarm_per_image = 2\n",
+    ));
+    let c = p.client();
+    let work = tempfile::tempdir().unwrap();
+    import_base(&p, work.path(), "t/base");
+    let top = work.path().join("top");
+    write(&top, "etc/marker", "top");
+    import(&p, &top, "t/top");
+    let warm_inits = || {
+        std::fs::read_dir(p.state_dir().join("warm"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    // The log's lines, without their colours.
+    let plain = || {
+        let log = p.log();
+        let mut out = String::with_capacity(log.len());
+        let mut chars = log.chars();
+        while let Some(ch) = chars.next() {
+            if ch == '\u{1b}' {
+                for c in chars.by_ref() {
+                    if c == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                out.push(ch);
+            }
+        }
+        out
+    };
+    let created_warm = |id: &str| {
+        plain()
+            .lines()
+            .find(|l| l.contains(id) && l.contains("created"))
+            .map(|l| l.contains("warm=true"))
+    };
+
+    let first = create(&c, "t/base").await;
+    wait_for("the first create's log line", || {
+        created_warm(first.id().as_str()).is_some()
+    });
+    assert_eq!(
+        created_warm(first.id().as_str()),
+        Some(false),
+        "{}",
+        p.log()
+    );
+    wait_for("two warm inits of t/base", || warm_inits() == 2);
+    let base = first.info().await.unwrap().layers[0].clone();
+    let users = |c: warren_sdk::ImageStats| {
+        c.layers
+            .iter()
+            .find(|l| l.digest == base)
+            .map(|l| l.sandboxes)
+    };
+    assert_eq!(
+        users(c.image_stats().await.unwrap()),
+        Some(1),
+        "warm inits are not users"
+    );
+
+    let second = c
+        .create(&CreateSandbox {
+            image: "t/base".into(),
+            memory: Some(warren_sdk::ByteSize(200 << 20)),
+            env: [("ROLE".to_string(), "second".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_for("the second create's log line", || {
+        created_warm(second.id().as_str()).is_some()
+    });
+    assert_eq!(
+        created_warm(second.id().as_str()),
+        Some(true),
+        "{}",
+        p.log()
+    );
+    assert_eq!(
+        sh(&second, "echo $ROLE; cat /etc/marker").await.1,
+        "second\nbase"
+    );
+    assert_eq!(
+        second.info().await.unwrap().resources.memory,
+        warren_sdk::ByteSize(200 << 20)
+    );
+    assert_eq!(users(c.image_stats().await.unwrap()), Some(2));
+
+    // Another image takes the only pool: t/base's inits go, t/base,t/top's come.
+    let other = create(&c, "t/base,t/top").await;
+    assert_eq!(sh(&other, "cat /etc/marker").await.1, "top");
+    wait_for("t/base's pool to give way", || {
+        let links: Vec<PathBuf> = std::fs::read_dir(p.state_dir().join("warm"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_link(e.path().join("l1")).ok())
+            .collect();
+        links.len() == 2 && warm_inits() == 2
+    });
+    for sb in [first, second, other] {
+        sb.kill().await.unwrap();
+    }
+    // No create for layer_idle_unmount seconds: the pool goes, then the layers.
+    p.assert_clean();
+    assert_eq!(warm_inits(), 0);
+}

@@ -101,7 +101,7 @@ async fn restart_removes_half_made_leftovers() {
     let state = p.state_dir();
     std::fs::create_dir_all(state.join("sandboxes/abcdef0000000000half/upper")).unwrap();
     std::fs::write(state.join("sockets/abcdef0000000000sock.sock"), "").unwrap();
-    let cg = warren_node::cgroups::Cgroups::new(&p.cgroup_parent).unwrap();
+    let cg = warren_node::container::cgroups::Cgroups::new(&p.cgroup_parent).unwrap();
     let stray = cg.sandbox("abcdef0000000000cgrp");
     stray
         .create(Some(&warren_types::api::Resources {

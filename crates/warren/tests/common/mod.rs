@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use warren_node::pool::WARM_PREFIX as WARM;
+use warren_node::container::WARM_PREFIX as WARM;
 use warren_sdk::Client;
 
 /// Whether the tests run as root (CI does). Tests that need root print SKIP otherwise.
@@ -269,7 +269,7 @@ impl Platform {
                 }
             }
         }
-        let cg = warren_node::cgroups::Cgroups::new(&self.cgroup_parent).unwrap();
+        let cg = warren_node::container::cgroups::Cgroups::new(&self.cgroup_parent).unwrap();
         for name in cg.existing().into_iter().filter(|n| !n.starts_with(WARM)) {
             out.push(format!("cgroup {}/{name}", self.cgroup_parent));
         }
@@ -332,7 +332,7 @@ impl Drop for Platform {
         self.kill9();
         // Whatever the test did, leave no process, cgroup or mount behind: kill everything in
         // this platform's own cgroups (sandbox inits and their processes), then remove them.
-        if let Ok(cg) = warren_node::cgroups::Cgroups::new(&self.cgroup_parent)
+        if let Ok(cg) = warren_node::container::cgroups::Cgroups::new(&self.cgroup_parent)
             && let Err(e) = cg.remove_all()
         {
             eprintln!("cleanup of cgroup {}: {e}", self.cgroup_parent);

@@ -23,7 +23,11 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use warren_types::api::{ExecResult, TrajectoryEntry};
 
-use crate::node::Sandbox;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use warren_types::id::SandboxId;
 
 /// File name of the log in the sandbox directory.
 pub const LOG_FILE: &str = "trajectory.jsonl";
@@ -131,7 +135,39 @@ impl Replay {
     }
 }
 
-impl Sandbox {
+/// A sandbox's trajectory: its log (when it keeps one) and the replay it runs (when it does).
+pub struct Trajectory {
+    id: SandboxId,
+    dir: PathBuf,
+    /// Whether operations are recorded.
+    enabled: bool,
+    replay: Mutex<Option<Replay>>,
+    /// Serialises appends to the log.
+    log: Mutex<()>,
+    /// Bytes the log and its blobs hold, and the most they may.
+    bytes: AtomicU64,
+    budget: u64,
+}
+
+impl Trajectory {
+    /// The trajectory of sandbox `id` in `dir` (a log already there counts against `budget`).
+    pub fn new(id: SandboxId, dir: &Path, enabled: bool, budget: u64) -> Trajectory {
+        Trajectory {
+            id,
+            dir: dir.to_path_buf(),
+            enabled,
+            replay: Mutex::new(None),
+            log: Mutex::new(()),
+            bytes: AtomicU64::new(Trajectory::size_on_disk(dir)),
+            budget,
+        }
+    }
+
+    /// Starts replaying `entries`: matching leading operations get their recorded results.
+    pub fn start_replay(&self, entries: Vec<TrajectoryEntry>) {
+        *self.replay.lock().unwrap_or_else(|p| p.into_inner()) = Some(Replay::new(entries));
+    }
+
     /// Checks an operation against the replay, if one runs. `None`: no replay (any more).
     pub(crate) fn replay_step(&self, key: &Key<'_>) -> Option<Outcome> {
         let mut r = self.replay.lock().unwrap_or_else(|p| p.into_inner());
@@ -162,7 +198,7 @@ impl Sandbox {
         else {
             return;
         };
-        if !self.record.trajectory {
+        if !self.enabled {
             return;
         }
         let run = || -> std::io::Result<()> {
@@ -211,12 +247,12 @@ impl Sandbox {
             self.append(&v)
         };
         if let Err(e) = run() {
-            tracing::error!(sandbox_id = %self.record.id, "writing the trajectory log: {e}");
+            tracing::error!(sandbox_id = %self.id, "writing the trajectory log: {e}");
         }
     }
 
     /// Records a file write whose content was streamed into `content` (a file of the log's
-    /// blob directory, from [`Sandbox::blob_file`]): small contents go inline, others stay a
+    /// blob directory, from [`Trajectory::blob_file`]): small contents go inline, others stay a
     /// blob named by their digest.
     pub(crate) fn record_write(&self, key: &Key<'_>, content: &std::path::Path, size: u64) {
         let Key::WriteFile {
@@ -261,7 +297,7 @@ impl Sandbox {
         };
         if let Err(e) = run() {
             let _ = std::fs::remove_file(content);
-            tracing::error!(sandbox_id = %self.record.id, "writing the trajectory log: {e}");
+            tracing::error!(sandbox_id = %self.id, "writing the trajectory log: {e}");
         }
     }
 
@@ -275,7 +311,7 @@ impl Sandbox {
         std::fs::create_dir_all(self.blob_dir())?;
         let p = self
             .blob_dir()
-            .join(format!(".tmp-{}", crate::create::random_name(12)));
+            .join(format!(".tmp-{}", crate::state::random_name(12)));
         let f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -299,14 +335,11 @@ impl Sandbox {
 
     /// Counts `n` more bytes against the log's budget; past it, nothing more is recorded.
     fn charge(&self, n: u64) -> std::io::Result<()> {
-        let used = self
-            .trajectory_bytes
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed)
-            + n;
-        if used > self.trajectory_budget {
+        let used = self.bytes.fetch_add(n, Ordering::Relaxed) + n;
+        if used > self.budget {
             return Err(std::io::Error::other(format!(
                 "the trajectory log reached max_trajectory ({}); later operations are not recorded",
-                warren_types::ByteSize(self.trajectory_budget)
+                warren_types::ByteSize(self.budget)
             )));
         }
         Ok(())
@@ -326,7 +359,7 @@ impl Sandbox {
     }
 
     /// Bytes the log and its blobs hold on disk (after a restart).
-    pub(crate) fn trajectory_size(dir: &std::path::Path) -> u64 {
+    pub(crate) fn size_on_disk(dir: &std::path::Path) -> u64 {
         let file = std::fs::metadata(dir.join(LOG_FILE)).map_or(0, |m| m.len());
         let blobs: u64 = std::fs::read_dir(dir.join(BLOB_DIR))
             .into_iter()

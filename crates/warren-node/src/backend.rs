@@ -1,0 +1,125 @@
+//! The seam between the node and what isolates a sandbox.
+//!
+//! A [`Backend`] starts an instance from a sandbox's record (its root from the record's layers,
+//! the built-in `host` image when it has none; its limits; its environment), adopts one a
+//! previous daemon left running, and removes what a dead one left. An [`Instance`] is one
+//! running sandbox as the backend sees it: the transport to its guest agent, its freezer, its
+//! exit, its kernel counters, and one `release` that frees everything it holds. The node above
+//! (admission, idempotency, timers, tasks, trajectories, exec and files) knows sandboxes only
+//! through these two traits: it never names a cgroup, a pidfd or a mount.
+//!
+//! One backend is chosen at start and recorded in each sandbox's `state.json`; the node reports
+//! the backends it has, and the control plane places a create only on a node that has the one
+//! asked for. Today there is one, the container backend (see the `container` module).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use warren_types::api::BackendKind;
+
+use crate::state::Record;
+
+/// How the node reaches an instance's guest agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// A unix socket on the host (containers; virtio-vsock or serial sockets for microVMs).
+    Unix(PathBuf),
+}
+
+impl Transport {
+    /// The socket's path.
+    pub fn socket(&self) -> &Path {
+        match self {
+            Transport::Unix(p) => p,
+        }
+    }
+}
+
+/// Kernel counters of an instance's limits, as they stand.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LimitCounters {
+    /// Processes the OOM killer took.
+    pub oom_kills: u64,
+    /// Forks refused at the process limit.
+    pub pids_max: u64,
+}
+
+/// The future that resolves when an instance has exited.
+pub type Exit = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// One running sandbox as its backend holds it.
+pub trait Instance: Send + Sync {
+    /// How to reach its guest agent.
+    fn transport(&self) -> &Transport;
+    /// The identity of its first process (pid and start time), saved in the record so a
+    /// restarted daemon can prove it is the same process.
+    fn identity(&self) -> (i32, u64);
+    /// Starts freezing (or thawing) it, without waiting: a batch starts all, then waits.
+    fn begin_freeze(&self, frozen: bool) -> io::Result<()>;
+    /// Waits until it is frozen (or thawed).
+    fn finish_freeze(&self, frozen: bool) -> io::Result<()>;
+    /// Whether it is frozen now.
+    fn is_frozen(&self) -> bool;
+    /// Resolves when it has exited (and reaps it where the daemon is its parent).
+    fn exited(&self) -> Exit;
+    /// Whether it has exited already.
+    fn has_exited(&self) -> bool;
+    /// Its limit counters.
+    fn counters(&self) -> LimitCounters;
+    /// Bytes used and the quota of its writable layer, where a quota holds it.
+    fn disk_usage(&self) -> Option<(u64, u64)>;
+    /// Bytes its processes have read from storage.
+    fn read_bytes(&self) -> u64;
+    /// The directory of its writable layer's changes (an overlay upper directory), for
+    /// committing them as an image layer; `None` where the backend has none to offer.
+    fn writable_layer(&self) -> Option<PathBuf>;
+    /// Whether it was prepared ahead of the request (a warm init).
+    fn prepared(&self) -> bool;
+    /// Kills it and frees everything it holds. Idempotent. Blocking.
+    fn release(&self);
+
+    /// Freezes or thaws it and waits. Blocking.
+    fn set_frozen(&self, frozen: bool) -> io::Result<()> {
+        self.begin_freeze(frozen)?;
+        self.finish_freeze(frozen)
+    }
+}
+
+/// What isolates sandboxes on this node.
+pub trait Backend: Send + Sync {
+    /// Its kind, as records and the API name it.
+    fn kind(&self) -> BackendKind;
+    /// How it isolates, for the node's report (the container backend: its cgroup layout).
+    fn isolation(&self) -> String;
+    /// Starts the instance of a new sandbox in `dir` (which it makes), ready once it answers
+    /// on its transport. Blocking. On failure, nothing it acquired is left behind.
+    fn start(&self, record: &Record, dir: &Path) -> io::Result<Box<dyn Instance>>;
+    /// Takes over the instance of `record` (in `dir`) that a previous daemon started. Blocking.
+    fn adopt(&self, record: &Record, dir: &Path) -> Result<Box<dyn Instance>, String>;
+    /// Frees what the sandbox named `name` (in `dir`) left behind: one whose record could not
+    /// be adopted. Blocking.
+    fn discard(&self, name: &str, dir: &Path);
+    /// Frees what no sandbox in `live` owns (by name); returns how many things. Blocking.
+    fn collect_leftovers(&self, live: &HashSet<String>) -> usize;
+    /// Periodic upkeep (every second): for containers, warm inits of images no longer used
+    /// are freed. Blocking.
+    fn housekeeping(&self);
+    /// Stops preparing instances ahead of requests and frees those prepared. Blocking.
+    fn shutdown(&self);
+    /// Removes the backend's own host state (Warren's parent cgroups), once no sandbox is left.
+    fn remove_host_state(&self) -> io::Result<()>;
+}
+
+/// Freezes (or thaws) every instance of a batch: all begin first, then each is waited for, so the
+/// kernel freezes them in parallel. Blocking.
+pub fn freeze_batch(batch: &[&dyn Instance], frozen: bool) -> Vec<io::Result<()>> {
+    let begun: Vec<io::Result<()>> = batch.iter().map(|i| i.begin_freeze(frozen)).collect();
+    batch
+        .iter()
+        .zip(begun)
+        .map(|(i, b)| b.and_then(|()| i.finish_freeze(frozen)))
+        .collect()
+}

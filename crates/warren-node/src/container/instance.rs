@@ -1,0 +1,266 @@
+//! What a container sandbox holds, and its one release.
+//!
+//! [`Held`] records each resource the moment it is acquired — the sandbox directory (and the
+//! disk-pool volume of its writable layer), the cgroup, the control socket, the init's pidfd,
+//! references on image layers — and frees exactly those, in the one order that works (kill,
+//! thaw so the kill lands, reap, cgroup, socket, volume, directory, layers). It is the only
+//! cleanup code of the backend: a failed start and a discarded warm init drop an armed `Held`;
+//! a kill, a timeout and the node's collection of a dead sandbox call [`Instance::release`];
+//! the collection of leftovers builds one from names and releases it.
+//!
+//! A running sandbox's `Held` is disarmed: dropping it (the daemon stopping) leaves the
+//! sandbox running for the next daemon to adopt.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use super::Host;
+use super::cgroups::SandboxCgroup;
+use crate::backend::{Exit, Instance, LimitCounters, Transport};
+use crate::disk::Volume;
+use crate::layers::Holder;
+
+/// Resources acquired so far, freed together.
+pub(crate) struct Held {
+    host: Arc<Host>,
+    /// Freed on drop (a start or warm init that did not finish).
+    armed: bool,
+    pub(crate) dir: Option<PathBuf>,
+    pub(crate) cgroup: Option<SandboxCgroup>,
+    pub(crate) socket: Option<PathBuf>,
+    pub(crate) process: Option<OwnedFd>,
+    /// Layer digests it holds a reference on, and as whom.
+    pub(crate) layers: Vec<String>,
+    pub(crate) layers_for: Holder,
+}
+
+impl Held {
+    /// Nothing held yet; freed on drop until disarmed.
+    pub(crate) fn new(host: &Arc<Host>) -> Held {
+        Held {
+            host: host.clone(),
+            armed: true,
+            dir: None,
+            cgroup: None,
+            socket: None,
+            process: None,
+            layers: Vec::new(),
+            layers_for: Holder::Sandbox,
+        }
+    }
+
+    /// Everything a sandbox named `name` (directory `dir`) may have left, for the collection
+    /// of a sandbox that could not be adopted.
+    pub(crate) fn leftovers_of(host: &Arc<Host>, name: &str, dir: &Path) -> Held {
+        let mut h = Held::new(host);
+        h.dir = Some(dir.to_path_buf());
+        h.cgroup = Some(host.cgroups.sandbox(name));
+        h.socket = Some(host.socket_of(name));
+        h
+    }
+
+    /// Frees everything held, once. Blocking. Every step tolerates a resource already gone.
+    pub(crate) fn release(&mut self) {
+        let process = self.process.take();
+        if let Some(fd) = &process {
+            let _ = warren_sys::process::pidfd_kill(fd);
+        }
+        if let Some(cg) = self.cgroup.take() {
+            // A frozen process cannot die; thaw so the kill lands.
+            if cg.exists() && cg.is_frozen() {
+                let _ = cg.set_frozen(false);
+            }
+            if let Some(fd) = &process {
+                warren_sys::process::pidfd_wait(fd, Duration::from_secs(1));
+                warren_sys::process::pidfd_reap(fd);
+            } else if cg.exists() {
+                // No process of ours to wait for (a leftover): end whatever is inside.
+                cg.kill_all();
+            }
+            if cg.exists() && cg.remove(Duration::from_secs(2)).is_err() {
+                // Something outlived its init (it should not: the pid namespace died with it).
+                cg.kill_all();
+                if let Err(e) = cg.remove(Duration::from_secs(5)) {
+                    tracing::error!("cgroup left behind: {e}");
+                }
+            }
+        } else if let Some(fd) = &process {
+            warren_sys::process::pidfd_wait(fd, Duration::from_secs(1));
+            warren_sys::process::pidfd_reap(fd);
+        }
+        if let Some(socket) = self.socket.take() {
+            let _ = std::fs::remove_file(socket);
+        }
+        if let Some(dir) = self.dir.take() {
+            // The writable layer's volume, contents and all, in one call.
+            if let Some(pool) = &self.host.disk {
+                pool.release(&dir);
+            }
+            self.host.trash(&dir);
+        }
+        let layers = std::mem::take(&mut self.layers);
+        if !layers.is_empty() {
+            self.host.layers.release_for(&layers, self.layers_for);
+        }
+    }
+
+    /// Keeps everything when dropped: the resources now belong to a running sandbox (whose
+    /// layer references count as a sandbox's from now on).
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+        if self.layers_for == Holder::Warm {
+            self.host.layers.warm_to_sandbox(&self.layers);
+            self.layers_for = Holder::Sandbox;
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if self.armed {
+            self.release();
+        }
+    }
+}
+
+/// A running container sandbox.
+pub(crate) struct ContainerInstance {
+    transport: Transport,
+    pid: i32,
+    start_time: u64,
+    cgroup: SandboxCgroup,
+    /// A duplicate of the init's pidfd, to watch it without the lock.
+    watch: OwnedFd,
+    dir: PathBuf,
+    host: Arc<Host>,
+    /// Its writable layer's volume in the disk pool (looked up once).
+    volume: OnceLock<Option<Volume>>,
+    /// Whether it was a warm init.
+    warm: bool,
+    held: Mutex<Held>,
+}
+
+impl ContainerInstance {
+    /// A running sandbox around what `held` holds (a started or adopted init).
+    pub(crate) fn new(
+        mut held: Held,
+        pid: i32,
+        start_time: u64,
+        warm: bool,
+    ) -> std::io::Result<ContainerInstance> {
+        let missing = |what: &str| std::io::Error::other(format!("the instance has no {what}"));
+        let watch = held
+            .process
+            .as_ref()
+            .ok_or_else(|| missing("process"))?
+            .try_clone()?;
+        let cgroup = held.cgroup.clone().ok_or_else(|| missing("cgroup"))?;
+        let socket = held.socket.clone().ok_or_else(|| missing("socket"))?;
+        let dir = held.dir.clone().ok_or_else(|| missing("directory"))?;
+        held.disarm();
+        Ok(ContainerInstance {
+            transport: Transport::Unix(socket),
+            pid,
+            start_time,
+            cgroup,
+            watch,
+            dir,
+            host: held.host.clone(),
+            volume: OnceLock::new(),
+            warm,
+            held: Mutex::new(held),
+        })
+    }
+}
+
+impl Instance for ContainerInstance {
+    fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    fn identity(&self) -> (i32, u64) {
+        (self.pid, self.start_time)
+    }
+
+    fn begin_freeze(&self, frozen: bool) -> std::io::Result<()> {
+        self.cgroup.start_freeze(frozen)
+    }
+
+    fn finish_freeze(&self, frozen: bool) -> std::io::Result<()> {
+        self.cgroup.wait_frozen(frozen)
+    }
+
+    fn is_frozen(&self) -> bool {
+        self.cgroup.is_frozen()
+    }
+
+    fn exited(&self) -> Exit {
+        let fd = self.watch.try_clone();
+        Box::pin(async move {
+            let Ok(fd) = fd else {
+                return std::future::pending().await;
+            };
+            let reap = fd.try_clone();
+            let _ = warren_sys::process::exited(fd).await;
+            // Reap it if it is our child (a no-op for adopted sandboxes).
+            if let Ok(r) = reap {
+                warren_sys::process::pidfd_reap(&r);
+            }
+        })
+    }
+
+    fn has_exited(&self) -> bool {
+        warren_sys::process::pidfd_exited(&self.watch)
+    }
+
+    fn counters(&self) -> LimitCounters {
+        let (oom_kills, pids_max) = self.cgroup.limit_counters();
+        LimitCounters {
+            oom_kills,
+            pids_max,
+        }
+    }
+
+    fn disk_usage(&self) -> Option<(u64, u64)> {
+        let pool = self.host.disk.as_ref()?;
+        let v = self
+            .volume
+            .get_or_init(|| pool.volume_of(&self.dir))
+            .as_ref()?;
+        pool.usage(v)
+    }
+
+    fn read_bytes(&self) -> u64 {
+        self.cgroup.pids().into_iter().map(proc_read_bytes).sum()
+    }
+
+    fn writable_layer(&self) -> Option<PathBuf> {
+        Some(self.dir.join("upper"))
+    }
+
+    fn prepared(&self) -> bool {
+        self.warm
+    }
+
+    fn release(&self) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release();
+    }
+}
+
+/// `read_bytes` of a process's I/O accounting: storage reads it caused, its reaped children's
+/// included.
+fn proc_read_bytes(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("read_bytes: "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}

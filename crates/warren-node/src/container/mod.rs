@@ -1,0 +1,346 @@
+//! The container backend: Warren's own runtime. Each sandbox is an init (the guest agent) in
+//! new namespaces (pid, mount, ipc, uts, network, cgroup), in a cgroup of its own, on an
+//! overlay root of read-only layers under a writable layer (a btrfs volume under quota where
+//! the node has a disk pool), confined by seccomp, Landlock and dropped capabilities in the
+//! agent itself.
+//!
+//! - `cgroups`: the v1/v2 cgroup layer (limits, freezer, kill, counters).
+//! - `spawn`: starting an init.
+//! - `instance`: what a sandbox holds, and its one release.
+//! - `pool`: inits started ahead of requests, a small pool per recently used image.
+
+pub mod cgroups;
+mod instance;
+mod pool;
+mod spawn;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use warren_types::api::BackendKind;
+use warren_types::guest::{Activate, GraderSpec, GuestLimits};
+
+use self::cgroups::Cgroups;
+use self::instance::{ContainerInstance, Held};
+use crate::backend::{Backend, Instance};
+use crate::disk::DiskPool;
+use crate::images::{Images, Rootfs};
+use crate::layers::{Holder, LayerMounts};
+use crate::state::{self, Record};
+
+pub use self::pool::WARM_PREFIX;
+
+/// What every container instance is made from and returns to.
+pub(crate) struct Host {
+    pub(crate) cgroups: Cgroups,
+    sandboxes: PathBuf,
+    sockets: PathBuf,
+    warm: PathBuf,
+    trash: PathBuf,
+    pub(crate) disk: Option<Arc<DiskPool>>,
+    pub(crate) layers: Arc<LayerMounts>,
+    images: Arc<Images>,
+    guest_bin: PathBuf,
+    guest_limits: GuestLimits,
+    grader: GraderSpec,
+}
+
+impl Host {
+    /// The control socket of the instance `name`.
+    pub(crate) fn socket_of(&self, name: &str) -> PathBuf {
+        self.sockets.join(format!("{name}.sock"))
+    }
+
+    /// Moves `dir` into the trash at once and deletes it in the background (a large writable
+    /// layer takes a while; iteratively and by descriptor: it can be 100,000 directories deep).
+    pub(crate) fn trash(&self, dir: &Path) {
+        if std::fs::symlink_metadata(dir).is_err() {
+            return;
+        }
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let trash = self.trash.join(format!("{name}-{}", state::now_ms()));
+        match std::fs::rename(dir, &trash) {
+            Ok(()) => {
+                std::thread::spawn(move || {
+                    if let Err(e) = warren_fs::remove_path(&trash) {
+                        tracing::error!("removing {}: {e}", trash.display());
+                    }
+                });
+            }
+            Err(_) => {
+                if let Err(e) = warren_fs::remove_path(dir) {
+                    tracing::error!("removing {}: {e}", dir.display());
+                }
+            }
+        }
+    }
+
+    /// The root of an image given by its layers (none: the built-in `host` image), taking a
+    /// reference on each layer for `holder` into `held`. Blocking.
+    fn rootfs(
+        &self,
+        held: &mut Held,
+        layers: &[String],
+        holder: Holder,
+    ) -> std::io::Result<Rootfs> {
+        if layers.is_empty() {
+            return Ok(self.images.host_rootfs());
+        }
+        let mounts = self
+            .layers
+            .acquire_for(layers, |d| self.images.layer_file(d), holder)?;
+        held.layers = layers.to_vec();
+        held.layers_for = holder;
+        Ok(self.images.layered_rootfs(&mounts))
+    }
+}
+
+/// How the container backend is set up.
+pub struct ContainerConfig {
+    /// Warren's parent cgroup name.
+    pub cgroup_parent: String,
+    /// Where sandbox directories live.
+    pub sandboxes: PathBuf,
+    /// Where control sockets live.
+    pub sockets: PathBuf,
+    /// Where warm inits are built.
+    pub warm: PathBuf,
+    /// Where directories of killed sandboxes are deleted.
+    pub trash: PathBuf,
+    /// The guest agent binary.
+    pub guest_bin: PathBuf,
+    /// Limits the guest applies to itself.
+    pub guest_limits: GuestLimits,
+    /// The grader's account.
+    pub grader: GraderSpec,
+    /// Warm inits of the built-in `host` image (0: none).
+    pub warm_host: usize,
+    /// Warm inits of each recently used layered image.
+    pub warm_per_image: usize,
+    /// How many layered images have warm inits (the most recently used ones).
+    pub warm_images: usize,
+    /// A layered image's warm inits go once it has had no create for this long.
+    pub warm_idle: Duration,
+}
+
+/// The container backend.
+pub struct ContainerBackend {
+    host: Arc<Host>,
+    pool: pool::Pool,
+    me: Weak<ContainerBackend>,
+}
+
+impl ContainerBackend {
+    /// Sets up cgroups and the warm pool (empty until [`ContainerBackend::prewarm`]).
+    pub fn new(
+        cfg: ContainerConfig,
+        disk: Option<Arc<DiskPool>>,
+        layers: Arc<LayerMounts>,
+        images: Arc<Images>,
+    ) -> std::io::Result<Arc<ContainerBackend>> {
+        let cgroups = Cgroups::new(&cfg.cgroup_parent)?;
+        let host = Arc::new(Host {
+            cgroups,
+            sandboxes: cfg.sandboxes,
+            sockets: cfg.sockets,
+            warm: cfg.warm,
+            trash: cfg.trash,
+            disk,
+            layers,
+            images,
+            guest_bin: cfg.guest_bin,
+            guest_limits: cfg.guest_limits,
+            grader: cfg.grader,
+        });
+        let pool = pool::Pool::new(pool::Targets {
+            host: cfg.warm_host,
+            per_image: cfg.warm_per_image,
+            images: cfg.warm_images,
+            idle: cfg.warm_idle,
+        });
+        Ok(Arc::new_cyclic(|me| ContainerBackend {
+            host,
+            pool,
+            me: me.clone(),
+        }))
+    }
+
+    /// Starts filling the warm pool in the background.
+    pub fn prewarm(&self) {
+        if let Some(me) = self.me.upgrade() {
+            self.pool.refill(&me);
+        }
+    }
+
+    /// Starts the init of a new sandbox (a warm one when the pool has one). Blocking.
+    fn start_init(&self, record: &Record, dir: &Path) -> std::io::Result<ContainerInstance> {
+        let activate = Activate {
+            env: record
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        };
+        let name = record.id.as_str();
+        if let Some(mut w) = self.pool.take(&record.layers, self) {
+            match w.claim(record, dir, &self.host) {
+                Ok(()) => {
+                    let (spawned, held) = w.into_parts();
+                    let (pid, start_time) = (spawned.pid, spawned.start_time);
+                    spawned.activate(&activate)?;
+                    return ContainerInstance::new(held, pid, start_time, true);
+                }
+                // Dropping it frees what it held, under whichever names it had got to.
+                Err(e) => tracing::warn!("warm init unusable, starting a new one: {e}"),
+            }
+        }
+        let mut held = Held::new(&self.host);
+        let rootfs = self
+            .host
+            .rootfs(&mut held, &record.layers, Holder::Sandbox)?;
+        let spawned =
+            self.host
+                .spawn_guest(&mut held, name, &rootfs, Some(&record.resources), dir)?;
+        let (pid, start_time) = (spawned.pid, spawned.start_time);
+        spawned.activate(&activate)?;
+        ContainerInstance::new(held, pid, start_time, false)
+    }
+}
+
+impl Backend for ContainerBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Container
+    }
+
+    fn isolation(&self) -> String {
+        self.host.cgroups.layout.name().to_string()
+    }
+
+    fn start(&self, record: &Record, dir: &Path) -> std::io::Result<Box<dyn Instance>> {
+        let i = self.start_init(record, dir)?;
+        Ok(Box::new(i))
+    }
+
+    fn adopt(&self, record: &Record, dir: &Path) -> Result<Box<dyn Instance>, String> {
+        let same_process = |pid| warren_sys::process::start_time(pid) == Some(record.start_time);
+        if record.pid <= 0 || !same_process(record.pid) {
+            return Err(format!("its init (pid {}) is gone", record.pid));
+        }
+        let pidfd =
+            warren_sys::process::pidfd_open(record.pid).map_err(|e| format!("pidfd_open: {e}"))?;
+        // The pid could have been reused between the check and the open: check again.
+        if !same_process(record.pid) {
+            return Err(format!("its init (pid {}) is gone", record.pid));
+        }
+        let name = record.id.as_str();
+        let socket = self.host.socket_of(name);
+        if !socket.exists() {
+            return Err("its control socket is gone".into());
+        }
+        let mut held = Held::new(&self.host);
+        held.dir = Some(dir.to_path_buf());
+        held.cgroup = Some(self.host.cgroups.sandbox(name));
+        held.socket = Some(socket);
+        held.process = Some(pidfd);
+        if !record.layers.is_empty() {
+            // Its layers are mounted (taken over at start): count it as a user.
+            match self
+                .host
+                .layers
+                .acquire(&record.layers, |d| self.host.images.layer_file(d))
+            {
+                Ok(_) => held.layers = record.layers.clone(),
+                Err(e) => tracing::warn!(sandbox_id = %record.id, "its layers: {e}"),
+            }
+        }
+        ContainerInstance::new(held, record.pid, record.start_time, false)
+            .map(|i| Box::new(i) as Box<dyn Instance>)
+            .map_err(|e| e.to_string())
+    }
+
+    fn discard(&self, name: &str, dir: &Path) {
+        Held::leftovers_of(&self.host, name, dir).release();
+    }
+
+    fn collect_leftovers(&self, live: &HashSet<String>) -> usize {
+        let host = &self.host;
+        // Names that something of an instance still carries — a cgroup, a control socket, a
+        // warm init's directory — and no live sandbox owns: each is released like any
+        // instance, through its guard.
+        let mut names: HashSet<String> = host.cgroups.existing().into_iter().collect();
+        for e in std::fs::read_dir(&host.sockets)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            names.insert(name.trim_end_matches(".sock").to_string());
+        }
+        for e in std::fs::read_dir(&host.warm)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            names.insert(e.file_name().to_string_lossy().into_owned());
+        }
+        let mut n = 0;
+        // The trash first: directories of sandboxes killed while being deleted (those moved
+        // there below are deleted in the background).
+        for e in std::fs::read_dir(&host.trash)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Err(e) = warren_fs::remove_path(&e.path()) {
+                tracing::error!("leftover in the trash: {e}");
+            }
+            n += 1;
+        }
+        for name in names.iter().filter(|n| !live.contains(*n)) {
+            let dir = if name.starts_with(WARM_PREFIX) {
+                host.warm.join(name)
+            } else {
+                host.sandboxes.join(name)
+            };
+            Held::leftovers_of(host, name, &dir).release();
+            n += 1;
+        }
+        // Disk volumes that no live sandbox's directory links to.
+        if let Some(pool) = &host.disk {
+            let used: HashSet<String> = live
+                .iter()
+                .filter_map(|name| pool.volume_of(&host.sandboxes.join(name)))
+                .map(|v| v.name)
+                .collect();
+            for name in pool.volumes() {
+                if !used.contains(&name) {
+                    match pool.delete(&name) {
+                        Ok(()) => n += 1,
+                        Err(e) => tracing::error!("leftover disk volume: {e}"),
+                    }
+                }
+            }
+        }
+        if let Some(pool) = &host.disk {
+            pool.collect_quota_groups();
+        }
+        n
+    }
+
+    fn housekeeping(&self) {
+        self.pool.expire();
+    }
+
+    fn shutdown(&self) {
+        self.pool.close();
+    }
+
+    fn remove_host_state(&self) -> std::io::Result<()> {
+        self.host.cgroups.remove_all()
+    }
+}

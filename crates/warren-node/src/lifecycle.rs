@@ -1,0 +1,145 @@
+//! A sandbox's lifecycle: pause, resume, kill, transparent resume, and the end of a sandbox
+//! whose init exited. Each operation asks the phase table (`phase`) whether it may go ahead,
+//! under the sandbox's lifecycle lock.
+
+use std::sync::Arc;
+
+use warren_types::api::Sandbox as SandboxView;
+use warren_types::id::SandboxId;
+
+use crate::error::NodeError;
+use crate::node::{Node, Sandbox, blocking};
+use crate::phase::{Action, Phase, Verdict, after, verdict};
+
+impl Node {
+    /// Asks the table about `action` on `sb`: `Ok(true)` to go ahead, `Ok(false)` when it is
+    /// already done.
+    pub(crate) fn legal(&self, sb: &Sandbox, action: Action) -> Result<bool, NodeError> {
+        match verdict(sb.phase(), action) {
+            Verdict::Proceed | Verdict::ResumeFirst => Ok(true),
+            Verdict::NoOp => Ok(false),
+            Verdict::Gone => Err(NodeError::Gone(sb.record.id.clone())),
+            Verdict::NotFound => Err(NodeError::NotFound(sb.record.id.clone())),
+        }
+    }
+
+    /// Makes sure the sandbox runs: a paused one is resumed (transparent resume). Every
+    /// operation that talks to the guest calls this first.
+    pub async fn ensure_running(&self, sb: &Arc<Sandbox>) -> Result<(), NodeError> {
+        match verdict(sb.phase(), Action::Use) {
+            Verdict::ResumeFirst => self.resume(&sb.record.id).await.map(|_| ()),
+            _ => self.legal(sb, Action::Use).map(|_| ()),
+        }
+    }
+
+    /// Freezes every process of the sandbox. Pausing a paused sandbox is a no-op.
+    pub async fn pause(&self, id: &SandboxId) -> Result<SandboxView, NodeError> {
+        self.freeze(id, Action::Pause).await
+    }
+
+    /// Thaws a paused sandbox. Resuming a running sandbox is a no-op.
+    pub async fn resume(&self, id: &SandboxId) -> Result<SandboxView, NodeError> {
+        self.freeze(id, Action::Resume).await
+    }
+
+    async fn freeze(&self, id: &SandboxId, action: Action) -> Result<SandboxView, NodeError> {
+        let sb = self.get(id)?;
+        let _g = sb.lifecycle.lock().await;
+        if !self.legal(&sb, action)? {
+            return Ok(sb.view(&self.id));
+        }
+        let frozen = action == Action::Pause;
+        let s = sb.clone();
+        blocking(move || s.instance.set_frozen(frozen))
+            .await
+            .map_err(|e| NodeError::host(freeze_what(frozen), e))?;
+        if let Some(p) = after(action) {
+            sb.set_phase(p);
+        }
+        tracing::debug!(sandbox_id = %id, ?action, "done");
+        Ok(sb.view(&self.id))
+    }
+
+    /// Kills the sandbox and releases everything it held.
+    pub async fn kill(&self, id: &SandboxId) -> Result<(), NodeError> {
+        let sb = self.get(id)?;
+        let _g = sb.lifecycle.lock().await;
+        self.legal(&sb, Action::Kill)?;
+        sb.set_phase(Phase::Stopping);
+        self.destroy(sb.clone()).await;
+        tracing::info!(sandbox_id = %id, "killed");
+        Ok(())
+    }
+
+    /// Ends a sandbox: its watchers stopped, its names forgotten, its instance released, its
+    /// layers and reservation returned. The caller has set it `Stopping`.
+    pub(crate) async fn destroy(&self, sb: Arc<Sandbox>) {
+        if !sb.instance.is_frozen() {
+            self.last_incidents(&sb).await;
+        }
+        for t in sb.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            t.abort();
+        }
+        self.sandboxes
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&sb.record.id);
+        if let Some(key) = &sb.record.idempotency_key {
+            self.idempotency
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(key);
+        }
+        let ask = crate::admission::Ask::of(&sb.record.resources);
+        let id = sb.record.id.clone();
+        let res = blocking(move || {
+            sb.instance.release();
+            Ok(())
+        })
+        .await;
+        if let Err(e) = res {
+            tracing::error!(sandbox_id = %id, "teardown failed: {e}");
+        }
+        self.admission.release(ask);
+    }
+
+    /// Called when a sandbox's init exits on its own (crash, OOM kill of PID 1).
+    async fn on_init_exit(&self, id: SandboxId) {
+        let Ok(sb) = self.get(&id) else { return };
+        let _g = sb.lifecycle.lock().await;
+        if !matches!(self.legal(&sb, Action::InitExited), Ok(true)) {
+            return;
+        }
+        tracing::warn!(sandbox_id = %id, "the sandbox's init exited; cleaning up");
+        sb.set_phase(Phase::Stopping);
+        self.destroy(sb.clone()).await;
+    }
+
+    /// Starts the tasks that follow a sandbox: its exit and its incident records. (Timeouts
+    /// are the timer sweep's.)
+    pub(crate) fn watch(self: &Arc<Self>, sb: &Arc<Sandbox>) {
+        let node = Arc::downgrade(self);
+        let id = sb.record.id.clone();
+        let exited = sb.instance.exited();
+        let mut tasks = vec![
+            tokio::spawn(async move {
+                exited.await;
+                if let Some(node) = node.upgrade() {
+                    node.on_init_exit(id).await;
+                }
+            })
+            .abort_handle(),
+        ];
+        tasks.push(self.watch_incidents(sb));
+        *sb.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
+    }
+}
+
+/// What a freeze (or thaw) failure was doing.
+pub(crate) fn freeze_what(frozen: bool) -> &'static str {
+    if frozen {
+        "freezing the sandbox"
+    } else {
+        "thawing the sandbox"
+    }
+}

@@ -1,0 +1,334 @@
+//! Checking requests before anything is acquired: a create's resources, names, labels and
+//! environment against the node's configuration and the host. Pure functions, tested
+//! without root.
+
+use std::collections::BTreeMap;
+
+use warren_types::ByteSize;
+use warren_types::api::{CreateSandbox, Resources};
+
+use crate::config::NodeConfig;
+use crate::error::NodeError;
+
+/// Most labels, environment variables, and their sizes.
+const MAX_LABELS: usize = 64;
+const MAX_ENV: usize = 256;
+const MAX_ENV_BYTES: usize = 32 * 1024;
+
+/// What a create is checked against besides the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct HostFacts {
+    /// CPU cores.
+    pub ncpu: u32,
+    /// Physical memory, bytes.
+    pub mem_total: u64,
+    /// Size of the disk pool, where the node has one.
+    pub disk_pool: Option<u64>,
+}
+
+/// Checks a create request against this node's limits and fills in defaults: the resources
+/// and the timeout in seconds.
+pub fn validate(
+    cfg: &NodeConfig,
+    host: HostFacts,
+    req: &CreateSandbox,
+) -> Result<(Resources, u64), NodeError> {
+    let bad = |m: String| Err(NodeError::Invalid(m));
+    let (ncpu, mem_total) = (host.ncpu, host.mem_total);
+    let cpu = req.cpu.unwrap_or(cfg.default_cpu);
+    if !(10..=ncpu * 1000).contains(&cpu) {
+        return bad(format!(
+            "cpu {cpu} millicores is out of range: give 10 to {} (this node has {ncpu} cores; 1000 = one core)",
+            ncpu * 1000
+        ));
+    }
+    let memory = req.memory.unwrap_or(cfg.default_memory);
+    if memory.bytes() < 16 << 20 || memory.bytes() > mem_total {
+        return bad(format!(
+            "memory {memory} is out of range: give 16Mi to {} (this node's physical memory)",
+            ByteSize(mem_total)
+        ));
+    }
+    let pids = req.pids.unwrap_or(cfg.default_pids);
+    if !(16..=cfg.max_pids).contains(&pids) {
+        return bad(format!(
+            "pids {pids} is out of range: give 16 to {} (this node's max_pids)",
+            cfg.max_pids
+        ));
+    }
+    let timeout = req.timeout.unwrap_or(cfg.default_timeout);
+    if timeout == 0 || timeout > cfg.max_timeout {
+        return bad(format!(
+            "timeout {timeout} s is out of range: give 1 to {} seconds",
+            cfg.max_timeout
+        ));
+    }
+    if let Some(task) = &req.task {
+        check_name("task", task, 128)?;
+    }
+    if req.labels.len() > MAX_LABELS {
+        return bad(format!(
+            "{} labels; at most {MAX_LABELS} are allowed",
+            req.labels.len()
+        ));
+    }
+    for (k, v) in &req.labels {
+        check_name("label key", k, 63)?;
+        if v.len() > 256 || v.contains('\0') {
+            return bad(format!(
+                "label {k:?}: the value must be at most 256 bytes without NUL"
+            ));
+        }
+    }
+    check_env(&req.env)?;
+    if let Some(idle) = req.idle_timeout
+        && (idle == 0 || idle > cfg.max_timeout)
+    {
+        return bad(format!(
+            "idle_timeout {idle} s is out of range: give 1 to {} seconds, or leave it out for none",
+            cfg.max_timeout
+        ));
+    }
+    if req.on_idle.is_some() && req.idle_timeout.is_none() {
+        return bad("on_idle needs an idle_timeout".into());
+    }
+    let disk = match (host.disk_pool, req.disk) {
+        (None, Some(_)) => {
+            return bad(
+                "this node enforces no disk quotas (see its log: it has no btrfs disk pool); \
+                 leave disk out"
+                    .into(),
+            );
+        }
+        (None, None) => None,
+        (Some(capacity), d) => {
+            let d = d.unwrap_or(cfg.default_disk);
+            if d.bytes() < 16 << 20 || d.bytes() > capacity {
+                return bad(format!(
+                    "disk {d} is out of range: give 16Mi to {} (this node's disk pool)",
+                    ByteSize(capacity)
+                ));
+            }
+            Some(d)
+        }
+    };
+    Ok((
+        Resources {
+            cpu,
+            memory,
+            pids,
+            disk,
+        },
+        timeout,
+    ))
+}
+
+fn check_name(what: &str, s: &str, max: usize) -> Result<(), NodeError> {
+    let ok = !s.is_empty()
+        && s.len() <= max
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:/".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(NodeError::Invalid(format!(
+            "{what} {s:?} is not valid: use 1 to {max} letters, digits and . _ - : /"
+        )))
+    }
+}
+
+/// Checks environment variables (names like shell variables, no NUL, bounded size).
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), NodeError> {
+    if env.len() > MAX_ENV {
+        return Err(NodeError::Invalid(format!(
+            "{} environment variables; at most {MAX_ENV}",
+            env.len()
+        )));
+    }
+    let mut total = 0;
+    for (k, v) in env {
+        let name_ok = !k.is_empty()
+            && !k.as_bytes()[0].is_ascii_digit()
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !name_ok {
+            return Err(NodeError::Invalid(format!(
+                "environment variable name {k:?} is not valid: use letters, digits and _, not starting with a digit"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(NodeError::Invalid(format!(
+                "environment variable {k} contains a NUL byte"
+            )));
+        }
+        total += k.len() + v.len() + 2;
+    }
+    if total > MAX_ENV_BYTES {
+        return Err(NodeError::Invalid(format!(
+            "environment is {total} bytes; at most {MAX_ENV_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host() -> HostFacts {
+        HostFacts {
+            ncpu: 4,
+            mem_total: 8 << 30,
+            disk_pool: Some(100 << 30),
+        }
+    }
+
+    fn req() -> CreateSandbox {
+        CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        }
+    }
+
+    fn refused(r: &CreateSandbox, h: HostFacts, word: &str) {
+        match validate(&NodeConfig::default(), h, r) {
+            Err(NodeError::Invalid(m)) => assert!(m.contains(word), "{m:?} lacks {word:?}"),
+            other => panic!("{r:?} gave {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_fill_in_and_ranges_hold() {
+        let cfg = NodeConfig::default();
+        let (r, timeout) = validate(&cfg, host(), &req()).unwrap();
+        assert_eq!(r.cpu, cfg.default_cpu);
+        assert_eq!(r.memory, cfg.default_memory);
+        assert_eq!(r.pids, cfg.default_pids);
+        assert_eq!(r.disk, Some(cfg.default_disk));
+        assert_eq!(timeout, cfg.default_timeout);
+        let no_pool = HostFacts {
+            disk_pool: None,
+            ..host()
+        };
+        assert_eq!(validate(&cfg, no_pool, &req()).unwrap().0.disk, None);
+
+        refused(
+            &CreateSandbox {
+                cpu: Some(5),
+                ..req()
+            },
+            host(),
+            "cpu 5",
+        );
+        refused(
+            &CreateSandbox {
+                cpu: Some(4001),
+                ..req()
+            },
+            host(),
+            "4 cores",
+        );
+        refused(
+            &CreateSandbox {
+                memory: Some(ByteSize(9 << 30)),
+                ..req()
+            },
+            host(),
+            "physical memory",
+        );
+        refused(
+            &CreateSandbox {
+                pids: Some(8),
+                ..req()
+            },
+            host(),
+            "pids 8",
+        );
+        refused(
+            &CreateSandbox {
+                timeout: Some(0),
+                ..req()
+            },
+            host(),
+            "timeout 0",
+        );
+        refused(
+            &CreateSandbox {
+                disk: Some(ByteSize(1 << 20)),
+                ..req()
+            },
+            host(),
+            "disk",
+        );
+        refused(
+            &CreateSandbox {
+                disk: Some(ByteSize(1 << 30)),
+                ..req()
+            },
+            no_pool,
+            "no disk quotas",
+        );
+        refused(
+            &CreateSandbox {
+                on_idle: Some(warren_types::api::IdleAction::Stop),
+                ..req()
+            },
+            host(),
+            "on_idle needs",
+        );
+    }
+
+    #[test]
+    fn names_labels_and_environment_are_bounded() {
+        refused(
+            &CreateSandbox {
+                task: Some("a b".into()),
+                ..req()
+            },
+            host(),
+            "task",
+        );
+        refused(
+            &CreateSandbox {
+                task: Some("x".repeat(129)),
+                ..req()
+            },
+            host(),
+            "task",
+        );
+        let many: BTreeMap<String, String> = (0..65)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        refused(
+            &CreateSandbox {
+                labels: many,
+                ..req()
+            },
+            host(),
+            "labels",
+        );
+        let long = [("k".to_string(), "v".repeat(257))].into();
+        refused(
+            &CreateSandbox {
+                labels: long,
+                ..req()
+            },
+            host(),
+            "256 bytes",
+        );
+        for (k, v, word) in [
+            ("1A", "x", "not valid"),
+            ("A-B", "x", "not valid"),
+            ("A", "x\0y", "NUL"),
+        ] {
+            let env = [(k.to_string(), v.to_string())].into();
+            match check_env(&env) {
+                Err(NodeError::Invalid(m)) => assert!(m.contains(word), "{m}"),
+                other => panic!("{k}={v:?}: {other:?}"),
+            }
+        }
+        let big = [("A".to_string(), "x".repeat(40 << 10))].into();
+        assert!(check_env(&big).is_err());
+        let ok = [("PATH_2".to_string(), "/bin".to_string())].into();
+        assert!(check_env(&ok).is_ok());
+    }
+}
