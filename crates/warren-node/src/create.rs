@@ -178,13 +178,30 @@ impl Node {
             default_user: image.user,
             default_cwd: image.workdir,
         };
-        let sb = self.launch(record).await?;
+        // The launch runs to its end in a task of its own, even when this request is dropped
+        // (a client that gives up mid-create): a started sandbox is then registered, with its
+        // timers, not left running unknown; the task returns the reservation if it fails.
         reservation.kept = true;
-        self.sandboxes
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone(), sb.clone());
-        self.watch(&sb);
+        let node = self.clone();
+        let launched = tokio::spawn(async move {
+            match node.launch(record).await {
+                Ok(sb) => {
+                    node.sandboxes
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(sb.record.id.clone(), sb.clone());
+                    node.watch(&sb);
+                    Ok(sb)
+                }
+                Err(e) => {
+                    node.admission.release(ask);
+                    Err(e)
+                }
+            }
+        });
+        let sb = launched.await.map_err(|e| {
+            NodeError::host("starting the sandbox", std::io::Error::other(e.to_string()))
+        })??;
         if let Some(entries) = req.replay {
             if let Err(e) = self.rebuild(&sb, &entries).await {
                 let _ = self.kill(&id).await;

@@ -130,11 +130,11 @@ impl Node {
             }
         };
         if cfg.warm_image != "host" {
-            return Err(StartError::Config(format!(
-                "warm_image = {:?}: warm_pool prepares only the built-in `host` image; layered \
-                 images get warm inits of their own once used (warm_images, warm_per_image)",
-                cfg.warm_image
-            )));
+            tracing::warn!(
+                warm_image = %cfg.warm_image,
+                "warm_pool prepares only the built-in `host` image; layered images get warm \
+                 inits of their own once used (warm_images, warm_per_image)"
+            );
         }
         let images = Arc::new(
             Images::prepare(&dirs.images, Some(&cfg.image_store))

@@ -68,8 +68,11 @@ impl Node {
         sandboxes: &[Arc<Sandbox>],
         frozen: bool,
     ) -> Vec<(SandboxId, NodeError)> {
-        let mut guards = Vec::with_capacity(sandboxes.len());
-        for sb in sandboxes {
+        // In one order (by id), so two batches over the same sandboxes cannot deadlock.
+        let mut ordered: Vec<&Arc<Sandbox>> = sandboxes.iter().collect();
+        ordered.sort_by(|a, b| a.record.id.cmp(&b.record.id));
+        let mut guards = Vec::with_capacity(ordered.len());
+        for sb in ordered {
             guards.push(sb.lifecycle.lock().await);
         }
         let action = if frozen {

@@ -95,10 +95,21 @@ async fn restart_removes_half_made_leftovers() {
         })
         .await
         .unwrap();
+    let keep = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     p.kill9();
     // Leftovers a crash could leave: a sandbox directory without a state file, a stray socket,
-    // a cgroup with no sandbox, and a sandbox whose init is gone.
+    // a cgroup with no sandbox, and a sandbox whose init is gone. And names no instance has
+    // (an empty one would name the parent cgroup and the sandboxes directory): left alone.
     let state = p.state_dir();
+    std::fs::write(state.join("sockets/.sock"), "").unwrap();
+    std::fs::write(state.join("sockets/Not-Ours.sock"), "").unwrap();
     std::fs::create_dir_all(state.join("sandboxes/abcdef0000000000half/upper")).unwrap();
     std::fs::write(state.join("sockets/abcdef0000000000sock.sock"), "").unwrap();
     let cg = warren_node::container::cgroups::Cgroups::new(&p.cgroup_parent).unwrap();
@@ -121,13 +132,18 @@ async fn restart_removes_half_made_leftovers() {
     std::thread::sleep(std::time::Duration::from_millis(200));
 
     p.start_again();
-    assert!(
-        p.client()
-            .list(&ListFilter::default())
-            .await
-            .unwrap()
-            .is_empty()
+    let left = p.client().list(&ListFilter::default()).await.unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].id, *keep.id());
+    let r = keep.exec(&warren_sdk::argv(["true"])).await.unwrap();
+    assert_eq!(
+        r.status.exit_code, 0,
+        "the live sandbox survived the collection"
     );
+    for odd in [".sock", "Not-Ours.sock"] {
+        std::fs::remove_file(state.join("sockets").join(odd)).unwrap();
+    }
+    keep.kill().await.unwrap();
     p.assert_clean();
 }
 

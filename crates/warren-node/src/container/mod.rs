@@ -301,7 +301,13 @@ impl Backend for ContainerBackend {
             }
             n += 1;
         }
-        for name in names.iter().filter(|n| !live.contains(*n)) {
+        // Only names an instance can have: a sandbox id, or a warm init's.
+        let ours = |n: &str| {
+            n.parse::<warren_types::id::SandboxId>().is_ok()
+                || n.strip_prefix(WARM_PREFIX)
+                    .is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_alphanumeric()))
+        };
+        for name in names.iter().filter(|n| !live.contains(*n) && ours(n)) {
             let dir = if name.starts_with(WARM_PREFIX) {
                 host.warm.join(name)
             } else {

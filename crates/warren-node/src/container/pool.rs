@@ -140,8 +140,12 @@ impl Pool {
             }
             (warm, evicted)
         };
-        // Freed here, outside the lock (blocking).
-        drop(evicted);
+        // Freed outside the lock, and off the create's path (blocking).
+        if !evicted.is_empty() {
+            let _ = std::thread::Builder::new()
+                .name("warm-pool-evict".into())
+                .spawn(move || drop(evicted));
+        }
         if let Some(me) = backend.me.upgrade() {
             self.refill(&me);
         }
@@ -150,10 +154,12 @@ impl Pool {
 
     /// The image whose pool needs an init most, if any does: `host` below half (refilled to
     /// full), a layered image below its target.
-    fn next_to_fill(&self, r: &Ready, filling_host: bool) -> Option<Key> {
+    fn next_to_fill(&self, r: &Ready, filling_host: bool, skip_host: bool) -> Option<Key> {
         let have = |k: &Key| r.by_image.get(k).map_or(0, Vec::len);
         let host: Key = Vec::new();
-        let host_low = if filling_host {
+        let host_low = if skip_host {
+            false
+        } else if filling_host {
             have(&host) < self.targets.host
         } else {
             have(&host) < self.targets.host.div_ceil(2)
@@ -172,7 +178,7 @@ impl Pool {
     pub(crate) fn refill(&self, backend: &Arc<ContainerBackend>) {
         {
             let r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
-            if r.closed || self.next_to_fill(&r, false).is_none() {
+            if r.closed || self.next_to_fill(&r, false, false).is_none() {
                 return;
             }
         }
@@ -184,6 +190,9 @@ impl Pool {
             .name("warm-pool".into())
             .spawn(move || {
                 let mut filling_host = false;
+                // A host init that fails is tried again at the next take, not in a loop; the
+                // layered images' pools are filled meanwhile.
+                let mut skip_host = false;
                 loop {
                     let Some(b) = backend.upgrade() else { break };
                     let key = {
@@ -191,7 +200,7 @@ impl Pool {
                         if r.closed {
                             None
                         } else {
-                            b.pool.next_to_fill(&r, filling_host)
+                            b.pool.next_to_fill(&r, filling_host, skip_host)
                         }
                     };
                     let Some(key) = key else {
@@ -200,7 +209,7 @@ impl Pool {
                         // the flag set: look once more.
                         let again = {
                             let r = b.pool.ready.lock().unwrap_or_else(|p| p.into_inner());
-                            !r.closed && b.pool.next_to_fill(&r, false).is_some()
+                            !r.closed && b.pool.next_to_fill(&r, false, skip_host).is_some()
                         };
                         if again && !b.pool.refilling.swap(true, Ordering::AcqRel) {
                             continue;
@@ -222,15 +231,18 @@ impl Pool {
                                 layers = key.len(),
                                 "warm pool: starting an init failed: {e}"
                             );
-                            let mut r = b.pool.ready.lock().unwrap_or_else(|p| p.into_inner());
                             if key.is_empty() {
-                                // Try again at the next take, not in a loop.
-                                drop(r);
-                                b.pool.refilling.store(false, Ordering::Release);
-                                break;
+                                skip_host = true;
+                                continue;
                             }
-                            // An image that cannot be prepared gets no pool.
-                            r.recent.retain(|(k, _)| k != &key);
+                            // An image that cannot be prepared gets no pool: the inits it has
+                            // go too (freed outside the lock).
+                            let dropped = {
+                                let mut r = b.pool.ready.lock().unwrap_or_else(|p| p.into_inner());
+                                r.recent.retain(|(k, _)| k != &key);
+                                r.by_image.remove(&key)
+                            };
+                            drop(dropped);
                         }
                     }
                 }
