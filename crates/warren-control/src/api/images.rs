@@ -25,20 +25,10 @@ use super::S;
 use super::forward::unavailable;
 use crate::Control;
 
-/// The API error for an image error.
+/// The API error for an image error: the image store's one mapping
+/// ([`ImageError::code`]), which the nodes use too.
 pub fn image_error(e: ImageError) -> Error {
-    let code = match &e {
-        ImageError::Invalid(_) => ErrorCode::InvalidArgument,
-        ImageError::NotFound(_) => ErrorCode::ImageNotFound,
-        ImageError::Conflict(_) => ErrorCode::Conflict,
-        ImageError::TooLarge(_) => ErrorCode::PayloadTooLarge,
-        ImageError::NoSpace(_) => ErrorCode::Unavailable,
-        ImageError::Io { .. } => ErrorCode::Internal,
-    };
-    if code == ErrorCode::Internal {
-        tracing::error!("image store: {e}");
-    }
-    Error(ApiError::new(code, e.to_string()))
+    Error(e.to_api())
 }
 
 fn store(c: &Control) -> Result<&warren_images::Store, Error> {
