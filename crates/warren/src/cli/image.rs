@@ -263,6 +263,7 @@ pub async fn run(client: &Client, json: bool, cmd: ImageCommand) -> anyhow::Resu
         }
         ImageCommand::Stats => {
             let s = client.image_stats().await?;
+            output::warn_unreachable(&s.unreachable, "its layers and sandboxes are missing");
             if json {
                 output::json(&s)?;
                 return Ok(ExitCode::SUCCESS);
