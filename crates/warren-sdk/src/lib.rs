@@ -21,12 +21,14 @@
 //!   nodes, health). Cheap to clone, safe to share between tasks.
 //! - [`Sandbox`]: a handle on one sandbox; lifecycle ([`sandbox`]), commands ([`exec`]),
 //!   background processes ([`process`]) and files ([`files`]).
+//! - Images: import, pull, list, remove ([`images`]), and [`build`] (`Client::build_image`).
 //! - Answers gathered from every node name the nodes that did not answer ([`listing`]).
 //! - [`Error`]: one error type; [`Error::Api`] carries the server's code and message.
 //! - [`config`]: where the address and the API key come from.
 //!
 //! The request and response bodies are [`warren_types::api`]'s, re-exported here.
 
+pub mod build;
 pub mod client;
 pub mod config;
 pub mod error;
@@ -37,7 +39,9 @@ pub mod listing;
 mod ndjson;
 pub mod process;
 pub mod sandbox;
+pub mod tarball;
 
+pub use build::{BuildSpec, BuildStep};
 pub use client::{Client, EventFilter, ListFilter};
 pub use config::Config;
 pub use error::{Error, Result};
