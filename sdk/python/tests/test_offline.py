@@ -463,14 +463,22 @@ def test_gathered_answers_name_the_nodes_that_did_not_answer():
     # An answer from every node, or from a Warren that predates `unreachable`, is complete.
     tasks = _ops.list_tasks().parse(httpx.Response(200, json={"tasks": []}))
     assert tasks == [] and tasks.complete and tasks.unreachable == []
-    events = _ops.list_events().parse(httpx.Response(200, json={"events": [], "unreachable": [down]}))
+    events = _ops.list_events().parse(
+        httpx.Response(200, json={"events": [], "unreachable": [down]})
+    )
     assert [f.node for f in events.unreachable] == ["nodebb"]
     nodes = _ops.nodes().parse(httpx.Response(200, json={"nodes": [], "unreachable": [down]}))
     assert not nodes.complete
     r = _ops.task_action("t", "stop").parse(
         httpx.Response(
             200,
-            json={"task": "t", "action": "stop", "succeeded": 2, "failed": [], "unreachable": [down]},
+            json={
+                "task": "t",
+                "action": "stop",
+                "succeeded": 2,
+                "failed": [],
+                "unreachable": [down],
+            },
         )
     )
     assert r.succeeded == 2 and r.unreachable[0].node == "nodebb" and not r.ok

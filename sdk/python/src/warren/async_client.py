@@ -9,7 +9,7 @@ drive thousands of sandboxes from one event loop::
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 from . import _ops
 from . import _validate as v

@@ -17,7 +17,7 @@ same :class:`~warren.sandbox.Sandbox` handle.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 from . import _ops
 from . import _validate as v
