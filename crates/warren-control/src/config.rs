@@ -20,6 +20,12 @@ pub struct ControlConfig {
     pub image_store: Option<PathBuf>,
     /// Largest image upload (`POST /v1/images`), bytes. Default 64Gi.
     pub max_image_upload: warren_types::ByteSize,
+    /// How long a node has to answer the control plane's own calls (lists, counts,
+    /// statistics, commit), milliseconds; a node slower than that is named as not answering.
+    /// Default 30000.
+    pub node_timeout_ms: u64,
+    /// The same for task-level pause, resume and stop, milliseconds. Default 600000.
+    pub node_task_timeout_ms: u64,
 }
 
 impl Default for ControlConfig {
@@ -31,11 +37,21 @@ impl Default for ControlConfig {
             collect_interval_ms: 2000,
             image_store: None,
             max_image_upload: warren_types::ByteSize(64 << 30),
+            node_timeout_ms: 30_000,
+            node_task_timeout_ms: 600_000,
         }
     }
 }
 
 impl ControlConfig {
+    /// How long the control plane waits for nodes.
+    pub fn node_timeouts(&self) -> crate::node_api::Timeouts {
+        crate::node_api::Timeouts {
+            read: std::time::Duration::from_millis(self.node_timeout_ms.max(1)),
+            task: std::time::Duration::from_millis(self.node_task_timeout_ms.max(1)),
+        }
+    }
+
     /// The image store in effect.
     pub fn image_store(&self) -> PathBuf {
         self.image_store

@@ -8,6 +8,8 @@ pub mod api;
 pub mod auth;
 pub mod catalog;
 pub mod config;
+pub mod fanout;
+pub mod node_api;
 pub mod nodes;
 pub mod openapi;
 pub mod scheduler;
@@ -87,7 +89,7 @@ impl Control {
         sqlx::migrate!("./migrations/sqlite").run(&db).await?;
         let new_admin_key = auth::bootstrap_admin(&db, &cfg.data_dir).await?;
         let keys = Arc::new(auth::Keys::load(&db).await?);
-        let nodes = Arc::new(nodes::Nodes::default());
+        let nodes = Arc::new(nodes::Nodes::new(cfg.node_timeouts()));
         for e in endpoints {
             nodes.add(e).await?;
         }

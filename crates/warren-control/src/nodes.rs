@@ -12,6 +12,9 @@ use std::time::Duration;
 use warren_types::api::NodeInfo;
 use warren_types::id::NodeId;
 
+use crate::fanout::{self, Answers};
+use crate::node_api::{NodeApi, Timeouts};
+
 /// How to reach a node.
 #[derive(Debug, Clone)]
 pub enum Endpoint {
@@ -92,24 +95,6 @@ impl NodeClient {
         }
     }
 
-    /// The node's identity and load.
-    pub async fn info(&self) -> Result<NodeInfo, Unreachable> {
-        let err = |reason: String| Unreachable {
-            endpoint: self.endpoint.clone(),
-            reason,
-        };
-        let resp = self
-            .request(reqwest::Method::GET, "/v1/node")
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .map_err(|e| err(e.to_string()))?;
-        if !resp.status().is_success() {
-            return Err(err(format!("status {}", resp.status())));
-        }
-        resp.json().await.map_err(|e| err(e.to_string()))
-    }
-
     /// Where the node is, for messages.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
@@ -129,9 +114,15 @@ pub struct NodeEntry {
     pub inflight: AtomicU32,
     /// Memory of those placements.
     pub inflight_memory: AtomicU64,
+    timeouts: Timeouts,
 }
 
 impl NodeEntry {
+    /// Its typed API, for the control plane's own calls.
+    pub fn api(&self) -> NodeApi<'_> {
+        NodeApi::new(&self.client, self.timeouts)
+    }
+
     /// Its last reported state.
     pub fn info(&self) -> NodeInfo {
         self.last.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -147,13 +138,28 @@ impl NodeEntry {
 #[derive(Debug, Default)]
 pub struct Nodes {
     map: RwLock<HashMap<NodeId, Arc<NodeEntry>>>,
+    timeouts: Timeouts,
 }
 
 impl Nodes {
+    /// No nodes yet; calls to the nodes added will wait as long as `timeouts` say.
+    pub fn new(timeouts: Timeouts) -> Self {
+        Nodes {
+            map: RwLock::default(),
+            timeouts,
+        }
+    }
+
     /// Registers a node after asking for its identity.
     pub async fn add(&self, endpoint: &Endpoint) -> Result<Arc<NodeEntry>, Unreachable> {
         let client = NodeClient::new(endpoint)?;
-        let info = client.info().await?;
+        let info = NodeApi::new(&client, self.timeouts)
+            .info()
+            .await
+            .map_err(|e| Unreachable {
+                endpoint: client.endpoint().to_string(),
+                reason: e.to_string(),
+            })?;
         let entry = Arc::new(NodeEntry {
             id: info.id.clone(),
             client,
@@ -161,6 +167,7 @@ impl Nodes {
             up: AtomicBool::new(true),
             inflight: AtomicU32::new(0),
             inflight_memory: AtomicU64::new(0),
+            timeouts: self.timeouts,
         });
         self.map
             .write()
@@ -191,22 +198,24 @@ impl Nodes {
         v
     }
 
-    /// Polls every node once and records what it says.
-    pub async fn collect(&self) {
-        let polls = self.all().into_iter().map(|n| async move {
-            match n.client.info().await {
+    /// Polls every node once and records what it says; the answers say which did not.
+    pub async fn collect(&self) -> Answers<()> {
+        fanout::ask(self.all(), |n| async move {
+            match n.api().info().await {
                 Ok(info) => {
                     *n.last.write().unwrap_or_else(|p| p.into_inner()) = info;
                     n.up.store(true, Ordering::Relaxed);
+                    Ok(())
                 }
                 Err(e) => {
                     if n.up.swap(false, Ordering::Relaxed) {
                         tracing::warn!(node_id = %n.id, "node stopped answering: {e}");
                     }
+                    Err(e)
                 }
             }
-        });
-        futures_util::future::join_all(polls).await;
+        })
+        .await
     }
 
     /// Polls nodes every `interval` until the process ends.
@@ -216,6 +225,7 @@ impl Nodes {
             loop {
                 tokio::time::sleep(interval).await;
                 let Some(n) = nodes.upgrade() else { break };
+                // Each node that stops answering is logged once, above.
                 n.collect().await;
             }
         });

@@ -24,7 +24,10 @@ pub mod unpack;
 
 pub use store::Store;
 
-/// What went wrong with an image operation; each maps to an API error code.
+use warren_types::error::{ApiError, ErrorCode};
+
+/// What went wrong with an image operation; each maps to one API error code
+/// ([`ImageError::code`]), the same wherever it is reported (control plane or node).
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     /// The caller's input is wrong (bad name, bad archive, escaping path); HTTP 400.
@@ -53,6 +56,25 @@ pub enum ImageError {
 }
 
 impl ImageError {
+    /// The API error code for this error. The control plane and the nodes both report image
+    /// errors through this one mapping. A full store is `unavailable` (503): the store, not
+    /// the request, has to change, and a retry succeeds once there is room.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ImageError::Invalid(_) => ErrorCode::InvalidArgument,
+            ImageError::NotFound(_) => ErrorCode::ImageNotFound,
+            ImageError::Conflict(_) => ErrorCode::Conflict,
+            ImageError::TooLarge(_) => ErrorCode::PayloadTooLarge,
+            ImageError::NoSpace(_) => ErrorCode::Unavailable,
+            ImageError::Io { .. } => ErrorCode::Internal,
+        }
+    }
+
+    /// The error as the API reports it: [`code`](Self::code) and the message.
+    pub fn to_api(&self) -> ApiError {
+        ApiError::new(self.code(), self.to_string())
+    }
+
     /// Wraps an I/O error with what was being done; a full disk becomes [`ImageError::NoSpace`].
     pub fn io(what: impl Into<String>, source: std::io::Error) -> ImageError {
         let what = what.into();
@@ -75,4 +97,51 @@ pub fn now_ms() -> u64 {
 pub fn rfc3339(ms: u64) -> String {
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
     humantime::format_rfc3339_millis(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_image_error_has_one_code() {
+        let cases = [
+            (
+                ImageError::Invalid("bad".into()),
+                ErrorCode::InvalidArgument,
+                400,
+            ),
+            (
+                ImageError::NotFound("no".into()),
+                ErrorCode::ImageNotFound,
+                404,
+            ),
+            (
+                ImageError::Conflict("in use".into()),
+                ErrorCode::Conflict,
+                409,
+            ),
+            (
+                ImageError::TooLarge("big".into()),
+                ErrorCode::PayloadTooLarge,
+                413,
+            ),
+            (
+                ImageError::io("writing", std::io::Error::from_raw_os_error(28)),
+                ErrorCode::Unavailable,
+                503,
+            ),
+            (
+                ImageError::io("writing", std::io::Error::other("broken")),
+                ErrorCode::Internal,
+                500,
+            ),
+        ];
+        for (e, code, status) in cases {
+            assert_eq!(e.code(), code, "{e}");
+            let api = e.to_api();
+            assert_eq!(api.code.http_status(), status);
+            assert_eq!(api.message, e.to_string());
+        }
+    }
 }

@@ -41,6 +41,10 @@ pub enum NodeError {
     /// A request body was larger than allowed.
     #[error("{0}")]
     TooLarge(String),
+    /// An image or layer operation failed; reported with the image store's one code mapping
+    /// ([`warren_images::ImageError::code`]), as the control plane reports it.
+    #[error(transparent)]
+    Image(warren_images::ImageError),
     /// The host failed us: a bug or a broken machine. Logged at error level.
     #[error("{op}: {source}")]
     Host {
@@ -76,6 +80,7 @@ impl NodeError {
             NodeError::Gone(_) => ErrorCode::SandboxGone,
             NodeError::Guest { code, .. } => *code,
             NodeError::TooLarge(_) => ErrorCode::PayloadTooLarge,
+            NodeError::Image(e) => return e.to_api(),
             NodeError::Host { .. } => ErrorCode::Internal,
         };
         ApiError::new(code, self.to_string())
@@ -84,13 +89,6 @@ impl NodeError {
 
 impl From<warren_images::ImageError> for NodeError {
     fn from(e: warren_images::ImageError) -> Self {
-        use warren_images::ImageError as E;
-        match e {
-            E::Invalid(m) | E::Conflict(m) => NodeError::Invalid(m),
-            E::NotFound(m) => NodeError::ImageNotFound(m),
-            E::TooLarge(m) => NodeError::TooLarge(m),
-            e @ E::NoSpace(_) => NodeError::host("image store", io::Error::other(e.to_string())),
-            E::Io { what, source } => NodeError::host(what, source),
-        }
+        NodeError::Image(e)
     }
 }

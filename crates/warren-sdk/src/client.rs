@@ -9,8 +9,8 @@ use reqwest::header::{HeaderValue, RETRY_AFTER};
 use reqwest::{Method, RequestBuilder, Response, Url};
 use serde::de::DeserializeOwned;
 use warren_types::api::{
-    CreateSandbox, Health, NodeInfo, NodeList, SandboxList, SandboxState, TaskAction, TaskInfo,
-    TaskList, TaskResult,
+    CreateSandbox, Gathered, Health, NodeInfo, NodeList, SandboxList, SandboxState, TaskAction,
+    TaskInfo, TaskList, TaskResult,
 };
 use warren_types::error::ErrorCode;
 use warren_types::events::{Event, EventKind, EventList};
@@ -18,7 +18,7 @@ use warren_types::id::SandboxId;
 
 use crate::config::Config;
 use crate::error::{self, Error, Result};
-use crate::{Sandbox, SandboxInfo};
+use crate::{Listing, Sandbox, SandboxInfo};
 
 /// How long to wait for a connection to Warren before giving up.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -197,13 +197,17 @@ impl Client {
         Ok(Sandbox::new(self.clone(), info.id.clone(), Some(info)))
     }
 
-    /// The sandboxes that match `filter` (`GET /v1/sandboxes`), oldest first.
-    pub async fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxInfo>> {
+    /// The sandboxes that match `filter` (`GET /v1/sandboxes`), oldest first. Those of a node
+    /// that did not answer are missing; the listing names it ([`Listing::unreachable`]).
+    pub async fn list(&self, filter: &ListFilter) -> Result<Listing<SandboxInfo>> {
         let query = filter.query()?;
         let query: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let rb = self.request(Method::GET, self.endpoint("/v1/sandboxes", &query)?);
-        let list: SandboxList = self.json(rb).await?;
-        Ok(list.sandboxes)
+        let list: Gathered<SandboxList> = self.json(rb).await?;
+        Ok(Listing {
+            items: list.answer.sandboxes,
+            unreachable: list.unreachable,
+        })
     }
 
     /// One sandbox as the API shows it (`GET /v1/sandboxes/{id}`).
@@ -211,15 +215,25 @@ impl Client {
         self.sandbox(id)?.info().await
     }
 
-    /// The nodes and their load (`GET /v1/nodes`).
-    pub async fn nodes(&self) -> Result<Vec<NodeInfo>> {
+    /// The nodes and their load (`GET /v1/nodes`); a node that did not answer now is listed
+    /// with its last report and named in [`Listing::unreachable`].
+    pub async fn nodes(&self) -> Result<Listing<NodeInfo>> {
         let rb = self.request(Method::GET, self.endpoint("/v1/nodes", &[])?);
-        let list: NodeList = self.json(rb).await?;
-        Ok(list.nodes)
+        let list: Gathered<NodeList> = self.json(rb).await?;
+        Ok(Listing {
+            items: list.answer.nodes,
+            unreachable: list.unreachable,
+        })
     }
 
     /// Pauses, resumes or stops every sandbox of `task` (`POST /v1/tasks/{task}/{action}`).
-    pub async fn task_action(&self, task: &str, action: TaskAction) -> Result<TaskResult> {
+    /// The sandboxes of a node that did not answer were not reached; the answer names it
+    /// ([`Gathered::unreachable`]).
+    pub async fn task_action(
+        &self,
+        task: &str,
+        action: TaskAction,
+    ) -> Result<Gathered<TaskResult>> {
         if task.is_empty() {
             return Err(Error::Invalid("task name is empty".into()));
         }
@@ -231,16 +245,21 @@ impl Client {
         self.json(self.request(Method::POST, url)).await
     }
 
-    /// Every task with sandboxes (`GET /v1/tasks`).
-    pub async fn tasks(&self) -> Result<Vec<TaskInfo>> {
+    /// Every task with sandboxes (`GET /v1/tasks`); a node that did not answer is named in
+    /// [`Listing::unreachable`] and its sandboxes are not counted.
+    pub async fn tasks(&self) -> Result<Listing<TaskInfo>> {
         let rb = self.request(Method::GET, self.endpoint("/v1/tasks", &[])?);
-        let list: TaskList = self.json(rb).await?;
-        Ok(list.tasks)
+        let list: Gathered<TaskList> = self.json(rb).await?;
+        Ok(Listing {
+            items: list.answer.tasks,
+            unreachable: list.unreachable,
+        })
     }
 
     /// Incident events, oldest first (`GET /v1/events`): what sandboxes tried that the
-    /// platform stopped or cut.
-    pub async fn events(&self, filter: &EventFilter) -> Result<Vec<Event>> {
+    /// platform stopped or cut. A node that did not answer is named in
+    /// [`Listing::unreachable`].
+    pub async fn events(&self, filter: &EventFilter) -> Result<Listing<Event>> {
         let mut query: Vec<(&str, &str)> = Vec::new();
         let kind = filter.kind.map(|k| k.name());
         for (k, v) in [
@@ -254,8 +273,11 @@ impl Client {
             }
         }
         let rb = self.request(Method::GET, self.endpoint("/v1/events", &query)?);
-        let list: EventList = self.json(rb).await?;
-        Ok(list.events)
+        let list: Gathered<EventList> = self.json(rb).await?;
+        Ok(Listing {
+            items: list.answer.events,
+            unreachable: list.unreachable,
+        })
     }
 
     /// Whether Warren and its nodes answer (`GET /v1/health`; needs no key).

@@ -56,6 +56,20 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A run step of an image build did not succeed; nothing was saved.
+    #[error("step {step} (`{cmd}`) failed with {why}; nothing was saved")]
+    BuildStep {
+        /// Which step, from 1.
+        step: usize,
+        /// Its command line.
+        cmd: String,
+        /// `exit code 3`, `signal 9`, a timeout.
+        why: String,
+        /// What it printed on standard output.
+        stdout: Vec<u8>,
+        /// What it printed on standard error.
+        stderr: Vec<u8>,
+    },
 }
 
 /// The SDK's result type.
@@ -76,7 +90,10 @@ impl Error {
         match self {
             Error::Api { code, .. } => matches!(code, ErrorCode::Capacity | ErrorCode::Unavailable),
             Error::Connect { .. } | Error::Transport(_) => true,
-            Error::Decode(_) | Error::Invalid(_) | Error::Local { .. } => false,
+            Error::Decode(_)
+            | Error::Invalid(_)
+            | Error::Local { .. }
+            | Error::BuildStep { .. } => false,
         }
     }
 

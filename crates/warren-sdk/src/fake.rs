@@ -245,3 +245,35 @@ async fn downloads_report_size_and_mode_and_stream_the_bytes() {
         "GET /v1/sandboxes/abcdef0123456789wxyz/files?path=%2Fetc%2Fx&user=root HTTP/1.1"
     );
 }
+
+#[tokio::test]
+async fn lists_name_the_nodes_that_did_not_answer() {
+    let body = format!(
+        r#"{{"sandboxes":[{SANDBOX_JSON}],"unreachable":[{{"node":"nodebb",
+        "error":{{"code":"unavailable","message":"node nodebb (http://10.0.0.2:7701) does not answer"}}}}]}}"#
+    );
+    let (client, seen) = serve_once("200 OK", &[], body.as_bytes(), None).await;
+    let list = client
+        .list(&crate::ListFilter::default().task("t"))
+        .await
+        .unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].id.as_str(), "abcdef0123456789wxyz");
+    assert!(!list.is_complete());
+    assert_eq!(list.unreachable[0].node.as_str(), "nodebb");
+    assert_eq!(list.unreachable[0].error.code, ErrorCode::Unavailable);
+    assert_eq!(
+        seen.await.unwrap().request_line(),
+        "GET /v1/sandboxes?task=t HTTP/1.1"
+    );
+
+    // An answer from every node (or from a Warren that predates `unreachable`) is complete.
+    let body = br#"{"task":"t","action":"stop","succeeded":3,"failed":[]}"#;
+    let (client, _seen) = serve_once("200 OK", &[], body, None).await;
+    let r = client
+        .task_action("t", crate::TaskAction::Stop)
+        .await
+        .unwrap();
+    assert_eq!(r.succeeded, 3);
+    assert!(r.is_complete());
+}

@@ -1,7 +1,9 @@
 //! Images: import, list, inspect, remove, read statistics, and commit a sandbox as a layer.
 
 use reqwest::Method;
-use warren_types::api::{CommitRequest, Image, ImageDetail, ImageList, ImageStats, PullRequest};
+use warren_types::api::{
+    CommitRequest, Gathered, Image, ImageDetail, ImageList, ImageStats, PullRequest,
+};
 
 use crate::error::{Error, Result};
 use crate::{Client, Sandbox};
@@ -73,8 +75,9 @@ impl Client {
     }
 
     /// How much of the mounted layers has been read, per node and per sandbox
-    /// (`GET /v1/images/stats`).
-    pub async fn image_stats(&self) -> Result<ImageStats> {
+    /// (`GET /v1/images/stats`); a node that did not answer is named in
+    /// [`Gathered::unreachable`].
+    pub async fn image_stats(&self) -> Result<Gathered<ImageStats>> {
         let rb = self.request(Method::GET, self.endpoint("/v1/images/stats", &[])?);
         self.json(rb).await
     }

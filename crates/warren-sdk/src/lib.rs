@@ -21,26 +21,33 @@
 //!   nodes, health). Cheap to clone, safe to share between tasks.
 //! - [`Sandbox`]: a handle on one sandbox; lifecycle ([`sandbox`]), commands ([`exec`]),
 //!   background processes ([`process`]) and files ([`files`]).
+//! - Images: import, pull, list, remove ([`images`]), and [`build`] (`Client::build_image`).
+//! - Answers gathered from every node name the nodes that did not answer ([`listing`]).
 //! - [`Error`]: one error type; [`Error::Api`] carries the server's code and message.
 //! - [`config`]: where the address and the API key come from.
 //!
 //! The request and response bodies are [`warren_types::api`]'s, re-exported here.
 
+pub mod build;
 pub mod client;
 pub mod config;
 pub mod error;
 pub mod exec;
 pub mod files;
 pub mod images;
+pub mod listing;
 mod ndjson;
 pub mod process;
 pub mod sandbox;
+pub mod tarball;
 
+pub use build::{BuildSpec, BuildStep};
 pub use client::{Client, EventFilter, ListFilter};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use exec::{ExecEvents, ExecResultExt, argv, decode_data, set_stdin, shell};
 pub use files::FileStream;
+pub use listing::Listing;
 pub use sandbox::Sandbox;
 
 /// A sandbox as the API describes it (`warren_types::api::Sandbox`), named apart from the
@@ -48,9 +55,9 @@ pub use sandbox::Sandbox;
 pub use warren_types::api::Sandbox as SandboxInfo;
 pub use warren_types::api::{
     BackendKind, CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus,
-    FileEntry, FileKind, Health, IdleAction, Image, ImageDetail, ImageStats, Layer, NodeInfo,
-    ProcessInfo, PullRequest, Resources, Role, SandboxState, TaskAction, TaskInfo, TaskResult,
-    TrajectoryEntry,
+    FileEntry, FileKind, Gathered, Health, IdleAction, Image, ImageDetail, ImageStats, Layer,
+    NodeFailure, NodeInfo, ProcessInfo, PullRequest, Resources, Role, SandboxState, TaskAction,
+    TaskInfo, TaskResult, TrajectoryEntry,
 };
 pub use warren_types::events::{Event, EventKind};
 pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};

@@ -619,6 +619,57 @@ pub enum TrajectoryEntry {
     },
 }
 
+/// A node that gave no part of an answer the control plane gathered from every node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeFailure {
+    /// The node.
+    pub node: NodeId,
+    /// Why: `unavailable` when it did not answer (down, unreachable, or slower than the
+    /// control plane's `node_timeout_ms`), else the error it answered with.
+    pub error: crate::error::ApiError,
+}
+
+/// An answer gathered from every node (`GET /v1/sandboxes`, `/v1/tasks`, `/v1/events`,
+/// `/v1/images/stats`, `/v1/nodes`, `POST /v1/tasks/{task}/{action}`): what the nodes that
+/// answered said, and the nodes that did not, whose part is missing.
+///
+/// On the wire the answer's own fields sit beside `unreachable`, which is left out when every
+/// node answered, so a client that does not know it reads the answer as before.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Gathered<T> {
+    /// The answer, from the nodes that gave it.
+    #[serde(flatten)]
+    pub answer: T,
+    /// The nodes that did not answer, with why. Empty (and left out) when every node did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable: Vec<NodeFailure>,
+}
+
+impl<T> Gathered<T> {
+    /// An answer every node gave.
+    pub fn complete(answer: T) -> Self {
+        Gathered {
+            answer,
+            unreachable: Vec::new(),
+        }
+    }
+
+    /// Whether every node answered.
+    pub fn is_complete(&self) -> bool {
+        self.unreachable.is_empty()
+    }
+}
+
+impl<T> std::ops::Deref for Gathered<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.answer
+    }
+}
+
 /// A node as the control plane sees it: `GET /v1/nodes`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -846,4 +897,34 @@ pub struct PullRequest {
     /// Registry password or token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{ApiError, ErrorCode};
+
+    #[test]
+    fn gathered_answers_keep_the_old_shape_and_name_missing_nodes_beside_it() {
+        let full = Gathered::complete(TaskList { tasks: Vec::new() });
+        assert_eq!(serde_json::to_string(&full).unwrap(), r#"{"tasks":[]}"#);
+        // An old body (no `unreachable`) reads as complete.
+        let old: Gathered<TaskList> = serde_json::from_str(r#"{"tasks":[]}"#).unwrap();
+        assert!(old.is_complete());
+        let node: NodeId = "node22".parse().unwrap();
+        let partial = Gathered {
+            answer: TaskList { tasks: Vec::new() },
+            unreachable: vec![NodeFailure {
+                node: node.clone(),
+                error: ApiError::new(ErrorCode::Unavailable, "node node22 does not answer"),
+            }],
+        };
+        let v = serde_json::to_value(&partial).unwrap();
+        assert_eq!(v["tasks"], serde_json::json!([]));
+        assert_eq!(v["unreachable"][0]["node"], "node22");
+        assert_eq!(v["unreachable"][0]["error"]["code"], "unavailable");
+        let back: Gathered<TaskList> = serde_json::from_value(v).unwrap();
+        assert_eq!(back, partial);
+        assert!(!back.is_complete());
+    }
 }

@@ -114,8 +114,9 @@ async fn events_until(
             })
             .await
             .unwrap();
+        assert!(events.is_complete(), "{events:?}");
         if ok(&events) || std::time::Instant::now() > deadline {
-            return events;
+            return events.into_items();
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }

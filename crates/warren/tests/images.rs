@@ -337,6 +337,35 @@ async fn build_turns_steps_into_a_layer() {
         "{out:?}"
     );
     assert!(c.image("t/broken").await.is_err());
+
+    // The SDK builds the same way, and says which step failed with what it printed.
+    let spec = warren_sdk::BuildSpec::new("t/sdk:1", ["t/base"])
+        .step(warren_sdk::BuildStep::copy(
+            ctx.join("agent/run.sh"),
+            "/opt/run.sh",
+        ))
+        .step(warren_sdk::BuildStep::run("echo sdk > /etc/sdk"));
+    let img = c.build_image(&spec).await.unwrap();
+    assert_eq!(img.layers.len(), 2, "{img:?}");
+    let from_sdk = create(&c, "t/sdk:1").await;
+    assert_eq!(
+        sh(&from_sdk, "cat /etc/sdk /opt/run.sh").await.1,
+        "sdk\necho agent"
+    );
+    from_sdk.kill().await.unwrap();
+    let broken = warren_sdk::BuildSpec::new("t/broken", ["t/base"])
+        .step(warren_sdk::BuildStep::run("true"))
+        .step(warren_sdk::BuildStep::run("echo oops >&2; exit 4"));
+    match c.build_image(&broken).await.unwrap_err() {
+        warren_sdk::Error::BuildStep {
+            step, why, stderr, ..
+        } => {
+            assert_eq!((step, why.as_str()), (2, "exit code 4"));
+            assert_eq!(stderr, b"oops\n");
+        }
+        e => panic!("expected a failed step, got {e:?}"),
+    }
+    assert!(c.image("t/broken").await.is_err());
     sb.kill().await.unwrap();
     let left = c.list(&Default::default()).await.unwrap();
     assert!(left.is_empty(), "builder sandboxes left: {left:?}");
@@ -830,7 +859,7 @@ async fn layered_creates_take_warm_inits_of_their_image() {
             .map(|l| l.sandboxes)
     };
     assert_eq!(
-        users(c.image_stats().await.unwrap()),
+        users(c.image_stats().await.unwrap().answer),
         Some(1),
         "warm inits are not users"
     );
@@ -861,7 +890,7 @@ async fn layered_creates_take_warm_inits_of_their_image() {
         second.info().await.unwrap().resources.memory,
         warren_sdk::ByteSize(200 << 20)
     );
-    assert_eq!(users(c.image_stats().await.unwrap()), Some(2));
+    assert_eq!(users(c.image_stats().await.unwrap().answer), Some(2));
 
     // Another image takes the only pool: t/base's inits go, t/base,t/top's come.
     let other = create(&c, "t/base,t/top").await;

@@ -431,3 +431,58 @@ def test_image_lists_are_joined_bottom_first_and_checked():
         _ops.create("container", image=["a,b"])
     with pytest.raises(ArgumentTypeError):
         _ops.create("container", image=[1])
+
+
+def test_gathered_answers_name_the_nodes_that_did_not_answer():
+    import httpx
+
+    from warren import _ops
+
+    sandbox = {
+        "id": "abcdef0123456789wxyz",
+        "node": "abcdef",
+        "backend": "container",
+        "image": "host",
+        "state": "running",
+        "resources": {"cpu": 1000, "memory": 1 << 29, "pids": 1024},
+        "created_at": "",
+        "expires_at": "",
+    }
+    down = {"node": "nodebb", "error": {"code": "unavailable", "message": "no answer within 30 s"}}
+    got = _ops.list_sandboxes().parse(
+        httpx.Response(200, json={"sandboxes": [sandbox], "unreachable": [down]})
+    )
+    # Still a list of the sandboxes that were found...
+    assert isinstance(got, list) and [s.id for s in got] == ["abcdef0123456789wxyz"]
+    # ...that says which node's are missing.
+    assert not got.complete
+    assert got.unreachable == [
+        warren.NodeFailure("nodebb", warren.ErrorInfo("unavailable", "no answer within 30 s"))
+    ]
+    assert "unreachable=[nodebb]" in repr(got)
+    # An answer from every node, or from a Warren that predates `unreachable`, is complete.
+    tasks = _ops.list_tasks().parse(httpx.Response(200, json={"tasks": []}))
+    assert tasks == [] and tasks.complete and tasks.unreachable == []
+    events = _ops.list_events().parse(
+        httpx.Response(200, json={"events": [], "unreachable": [down]})
+    )
+    assert [f.node for f in events.unreachable] == ["nodebb"]
+    nodes = _ops.nodes().parse(httpx.Response(200, json={"nodes": [], "unreachable": [down]}))
+    assert not nodes.complete
+    r = _ops.task_action("t", "stop").parse(
+        httpx.Response(
+            200,
+            json={
+                "task": "t",
+                "action": "stop",
+                "succeeded": 2,
+                "failed": [],
+                "unreachable": [down],
+            },
+        )
+    )
+    assert r.succeeded == 2 and r.unreachable[0].node == "nodebb" and not r.ok
+    r = _ops.task_action("t", "stop").parse(
+        httpx.Response(200, json={"task": "t", "action": "stop", "succeeded": 2})
+    )
+    assert r.ok and r.unreachable == []

@@ -1,11 +1,14 @@
 //! `GET /v1/events`: incident events, gathered from the nodes that recorded them.
 
 use warren_http::{Error, Json, Query};
+use warren_types::api::Gathered;
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 use warren_types::events::{EventKind, EventList};
 
 use super::S;
-use crate::api::forward::{route, unavailable};
+use crate::api::forward::route;
+use crate::fanout::{self, Policy};
+use crate::node_api::EventFilter;
 
 /// `GET /v1/events` filters.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
@@ -44,89 +47,56 @@ fn since_ms(s: &str) -> Result<u64, Error> {
         .unwrap_or(0))
 }
 
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// Incident events: denied system calls, attempts on the guest agent, disk quotas reached,
 /// output cut, process and memory limits hit. Each sums a burst (its `count`); oldest first.
-/// Events outlive their sandboxes. A node that does not answer is left out (and logged).
+/// Events outlive their sandboxes. A node that does not answer is named in `unreachable` (its
+/// events are missing), and when no node answers the call fails with 503.
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(EventQuery),
-    responses((status = 200, body = EventList), (status = 400, body = ErrorBody)),
+    responses((status = 200, body = Gathered<EventList>), (status = 400, body = ErrorBody),
+        (status = 503, description = "No node answered.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn list(
     axum::extract::State(c): S,
     Query(q): Query<EventQuery>,
-) -> Result<Json<EventList>, Error> {
-    let mut parts = Vec::new();
-    if let Some(k) = &q.kind {
-        if EventKind::parse(k).is_none() {
-            let known: Vec<&str> = EventKind::ALL.iter().map(|k| k.name()).collect();
-            return Err(Error(ApiError::invalid(format!(
-                "unknown event kind {k:?} (known: {})",
-                known.join(", ")
-            ))));
-        }
-        parts.push(format!("kind={}", enc(k)));
+) -> Result<Json<Gathered<EventList>>, Error> {
+    if let Some(k) = &q.kind
+        && EventKind::parse(k).is_none()
+    {
+        let known: Vec<&str> = EventKind::ALL.iter().map(|k| k.name()).collect();
+        return Err(Error(ApiError::invalid(format!(
+            "unknown event kind {k:?} (known: {})",
+            known.join(", ")
+        ))));
     }
-    if let Some(t) = &q.task {
-        parts.push(format!("task={}", enc(t)));
-    }
-    if let Some(s) = &q.since {
-        parts.push(format!("since_ms={}", since_ms(s)?));
-    }
+    let mut filter = EventFilter {
+        sandbox: None,
+        task: q.task,
+        kind: q.kind,
+        since_ms: q.since.as_deref().map(since_ms).transpose()?,
+    };
     // A sandbox id names its node: ask only that one.
     let nodes = match &q.sandbox {
         Some(raw) => match route(&c, raw) {
             Ok((id, node)) => {
-                parts.push(format!("sandbox={id}"));
+                filter.sandbox = Some(id);
                 vec![node]
             }
             // A node that left the cluster took its events with it.
             Err(e) if e.0.code == ErrorCode::SandboxNotFound => {
-                return Ok(Json(EventList::default()));
+                return Ok(Json(Gathered::default()));
             }
             Err(e) => return Err(e),
         },
         None => c.nodes.all(),
     };
-    let qs = if parts.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", parts.join("&"))
-    };
-    let asks = nodes.into_iter().map(|n| {
-        let path = format!("/v1/events{qs}");
-        async move {
-            let r = n.client.request(reqwest::Method::GET, &path).send().await;
-            match r {
-                Ok(resp) if resp.status().is_success() => resp
-                    .json::<EventList>()
-                    .await
-                    .map_err(|e| unavailable(&n, &e)),
-                Ok(resp) => Err(match resp.json::<ErrorBody>().await {
-                    Ok(b) => Error(b.error),
-                    Err(e) => unavailable(&n, &e),
-                }),
-                Err(e) => Err(unavailable(&n, &e)),
-            }
-        }
-    });
-    let mut events = Vec::new();
-    for r in futures_util::future::join_all(asks).await {
-        match r {
-            Ok(l) => events.extend(l.events),
-            Err(e) if e.0.code == ErrorCode::InvalidArgument => return Err(e),
-            Err(e) => tracing::warn!("events: {}", e.0.message),
-        }
-    }
+    let filter = &filter;
+    let parts = fanout::ask(nodes, |n| async move { n.api().events(filter).await })
+        .await
+        .under(Policy::Partial, "listing events")?;
+    let mut events: Vec<_> = parts.answer.into_iter().flat_map(|l| l.events).collect();
     events.sort_by(|a, b| a.first_at.cmp(&b.first_at).then_with(|| a.id.cmp(&b.id)));
-    Ok(Json(EventList { events }))
+    Ok(Json(Gathered {
+        answer: EventList { events },
+        unreachable: parts.unreachable,
+    }))
 }

@@ -16,29 +16,20 @@ use tokio::io::AsyncWriteExt;
 use warren_http::{Error, Json, Query};
 use warren_images::ImageError;
 use warren_types::api::{
-    CommitRequest, Image, ImageDetail, ImageList, ImageStats, Layer, PullRequest, Sandbox,
-    SandboxList,
+    CommitRequest, Gathered, Image, ImageDetail, ImageList, ImageStats, PullRequest, Sandbox,
 };
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
 use super::S;
 use super::forward::unavailable;
 use crate::Control;
+use crate::fanout::{self, Policy};
+use crate::node_api::{CallError, SandboxFilter};
 
-/// The API error for an image error.
+/// The API error for an image error: the image store's one mapping
+/// ([`ImageError::code`]), which the nodes use too.
 pub fn image_error(e: ImageError) -> Error {
-    let code = match &e {
-        ImageError::Invalid(_) => ErrorCode::InvalidArgument,
-        ImageError::NotFound(_) => ErrorCode::ImageNotFound,
-        ImageError::Conflict(_) => ErrorCode::Conflict,
-        ImageError::TooLarge(_) => ErrorCode::PayloadTooLarge,
-        ImageError::NoSpace(_) => ErrorCode::Unavailable,
-        ImageError::Io { .. } => ErrorCode::Internal,
-    };
-    if code == ErrorCode::Internal {
-        tracing::error!("image store: {e}");
-    }
-    Error(ApiError::new(code, e.to_string()))
+    Error(e.to_api())
 }
 
 fn store(c: &Control) -> Result<&warren_images::Store, Error> {
@@ -207,20 +198,17 @@ pub async fn get(
     Ok(Json(ImageDetail { image, layer_info }))
 }
 
-/// Every sandbox on every node (to know who uses what).
-async fn all_sandboxes(c: &Control) -> Result<Vec<Sandbox>, Error> {
-    let mut out = Vec::new();
-    for n in c.nodes.all() {
-        let r = n
-            .client
-            .request(reqwest::Method::GET, "/v1/sandboxes")
-            .send()
-            .await
-            .map_err(|e| unavailable(&n, &e))?;
-        let list: SandboxList = r.json().await.map_err(|e| unavailable(&n, &e))?;
-        out.extend(list.sandboxes);
-    }
-    Ok(out)
+/// Every sandbox on every node (to know who uses what). A node that does not answer makes
+/// the answer unknowable, so it fails the call: `what` says what needed it.
+async fn all_sandboxes(c: &Control, what: &str) -> Result<Vec<Sandbox>, Error> {
+    let filter = &SandboxFilter::default();
+    let parts = fanout::ask(
+        c.nodes.all(),
+        |n| async move { n.api().sandboxes(filter).await },
+    )
+    .await
+    .under(Policy::AllOrFail, what)?;
+    Ok(parts.answer.into_iter().flat_map(|l| l.sandboxes).collect())
 }
 
 /// Remove an image name (`base/python:3.12`) or a layer (`sha256:…`). An image that running
@@ -238,7 +226,8 @@ pub async fn remove(
     let st = store(&c)?.clone();
     // The nodes' view of who uses which layer; a node that does not answer makes the answer
     // unknowable, so the removal is refused rather than risked.
-    let sandboxes = all_sandboxes(&c).await?;
+    let sandboxes =
+        all_sandboxes(&c, &format!("removing {name} (to know no sandbox uses it)")).await?;
     let images = c.catalog.list().await.map_err(image_error)?;
     if name.starts_with("sha256:") {
         let mut users: Vec<String> = images
@@ -296,32 +285,31 @@ pub async fn remove(
 }
 
 /// How much of each mounted layer has been read, per node, and how much each sandbox made from
-/// layered images has read: the share of an image a sandbox really uses.
+/// layered images has read: the share of an image a sandbox really uses. A node that does not
+/// answer is named in `unreachable`, and when no node answers the call fails with 503.
 #[utoipa::path(get, path = "/v1/images/stats", tag = "images",
-    responses((status = 200, body = ImageStats)), security(("api_key" = [])))]
-pub async fn stats(axum::extract::State(c): S) -> Result<Json<ImageStats>, Error> {
+    responses((status = 200, body = Gathered<ImageStats>),
+        (status = 503, description = "No node answered.", body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn stats(axum::extract::State(c): S) -> Result<Json<Gathered<ImageStats>>, Error> {
+    let parts = fanout::ask(
+        c.nodes.all(),
+        |n| async move { n.api().image_stats().await },
+    )
+    .await
+    .under(Policy::Partial, "gathering image statistics")?;
     let mut out = ImageStats {
         layers: Vec::new(),
         sandboxes: Vec::new(),
     };
-    for n in c.nodes.all() {
-        let r = n
-            .client
-            .request(reqwest::Method::GET, "/v1/images/stats")
-            .send()
-            .await;
-        match r {
-            Ok(resp) => match resp.json::<ImageStats>().await {
-                Ok(s) => {
-                    out.layers.extend(s.layers);
-                    out.sandboxes.extend(s.sandboxes);
-                }
-                Err(e) => tracing::warn!(node_id = %n.id, "image stats: {e}"),
-            },
-            Err(e) => tracing::warn!(node_id = %n.id, "image stats: {e}"),
-        }
+    for s in parts.answer {
+        out.layers.extend(s.layers);
+        out.sandboxes.extend(s.sandboxes);
     }
-    Ok(Json(out))
+    Ok(Json(Gathered {
+        answer: out,
+        unreachable: parts.unreachable,
+    }))
 }
 
 /// Turn a sandbox's changes into a new layer: the image `name` is the sandbox's layers plus
@@ -338,15 +326,9 @@ pub async fn commit(
     Json(req): Json<CommitRequest>,
 ) -> Result<(StatusCode, Json<Image>), Error> {
     warren_images::names::check_name(&req.name).map_err(image_error)?;
-    let (_, node) = super::forward::route(&c, &id)?;
-    let sb: Sandbox =
-        node_json(&node, reqwest::Method::GET, &format!("/v1/sandboxes/{id}")).await?;
-    let layer: Layer = node_json(
-        &node,
-        reqwest::Method::POST,
-        &format!("/v1/sandboxes/{id}/commit"),
-    )
-    .await?;
+    let (id, node) = super::forward::route(&c, &id)?;
+    let sb = node.api().sandbox(&id).await.map_err(|e| one(&node, e))?;
+    let layer = node.api().commit(&id).await.map_err(|e| one(&node, e))?;
     // The new image keeps the defaults of the images it was built on.
     let base = c.catalog.resolve(&sb.image).await.unwrap_or_default();
     let mut layers = sb.layers.clone();
@@ -371,24 +353,11 @@ pub async fn commit(
     Ok((StatusCode::CREATED, Json(image)))
 }
 
-/// Asks a node and decodes its JSON answer; its error answers pass through as they are.
-async fn node_json<T: serde::de::DeserializeOwned>(
-    node: &crate::nodes::NodeEntry,
-    method: reqwest::Method,
-    path: &str,
-) -> Result<T, Error> {
-    let resp = node
-        .client
-        .request(method, path)
-        .send()
-        .await
-        .map_err(|e| unavailable(node, &e))?;
-    if resp.status().is_success() {
-        return resp.json().await.map_err(|e| unavailable(node, &e));
-    }
-    match resp.json::<ErrorBody>().await {
-        Ok(b) => Err(Error(b.error)),
-        Err(e) => Err(unavailable(node, &e)),
+/// A single node's failure as the caller sees it: its own error passes through as it is.
+fn one(node: &crate::nodes::NodeEntry, e: CallError) -> Error {
+    match e {
+        CallError::Refused(e) => Error(e),
+        CallError::Unreachable(why) => unavailable(node, &why),
     }
 }
 

@@ -6,12 +6,15 @@ use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 use warren_http::{Error, Json, Query};
 use warren_types::api::{
-    BackendKind, CreateSandbox, Sandbox, SandboxList, SandboxState, SetTimeout, TrajectoryEntry,
+    BackendKind, CreateSandbox, Gathered, Sandbox, SandboxList, SandboxState, SetTimeout,
+    TrajectoryEntry,
 };
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
 use super::forward::{forward_json, unavailable};
 use super::{S, pass};
+use crate::fanout::{self, Policy};
+use crate::node_api::SandboxFilter;
 use crate::scheduler::{self, InFlight};
 
 /// Create a container sandbox.
@@ -93,7 +96,7 @@ pub async fn create(
 }
 
 /// `GET /v1/sandboxes` filters.
-#[derive(Debug, Default, serde::Deserialize, serde::Serialize, utoipa::IntoParams)]
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
@@ -106,81 +109,39 @@ pub struct ListQuery {
 }
 
 /// List sandboxes, oldest first.
+///
+/// Every node is asked; a node that does not answer is named in `unreachable` (its sandboxes
+/// are missing from the list), and when no node answers the call fails with 503.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListQuery),
-    responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody)),
+    responses((status = 200, body = Gathered<SandboxList>), (status = 400, body = ErrorBody),
+        (status = 503, description = "No node answered.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn list(
     axum::extract::State(c): S,
     Query(q): Query<ListQuery>,
-) -> Result<Json<SandboxList>, Error> {
-    let qs = serde_urlencoded_query(&q);
-    let asks = c.nodes.all().into_iter().map(|n| {
-        let qs = qs.clone();
-        async move {
-            let r = n
-                .client
-                .request(reqwest::Method::GET, &format!("/v1/sandboxes{qs}"))
-                .send()
-                .await;
-            match r {
-                Ok(resp) if resp.status().is_success() => resp
-                    .json::<SandboxList>()
-                    .await
-                    .map_err(|e| unavailable(&n, &e)),
-                Ok(resp) => {
-                    let body: Result<ErrorBody, _> = resp.json().await;
-                    Err(match body {
-                        Ok(b) => Error(b.error),
-                        Err(e) => unavailable(&n, &e),
-                    })
-                }
-                Err(e) => Err(unavailable(&n, &e)),
-            }
-        }
-    });
-    let mut all = Vec::new();
-    for r in futures_util::future::join_all(asks).await {
-        match r {
-            Ok(l) => all.extend(l.sandboxes),
-            // A bad filter is the caller's error, whichever node says so first.
-            Err(e) if e.0.code == ErrorCode::InvalidArgument => return Err(e),
-            Err(e) => tracing::warn!("list: {}", e.0.message),
-        }
-    }
+) -> Result<Json<Gathered<SandboxList>>, Error> {
+    let filter = SandboxFilter {
+        task: q.task,
+        label: q.label,
+        state: q.state,
+    };
+    let filter = &filter;
+    let parts = fanout::ask(
+        c.nodes.all(),
+        |n| async move { n.api().sandboxes(filter).await },
+    )
+    .await
+    .under(Policy::Partial, "listing sandboxes")?;
+    let mut all: Vec<Sandbox> = parts.answer.into_iter().flat_map(|l| l.sandboxes).collect();
     all.sort_by(|a, b| {
         a.created_at
             .cmp(&b.created_at)
             .then_with(|| a.id.cmp(&b.id))
     });
-    Ok(Json(SandboxList { sandboxes: all }))
-}
-
-fn serde_urlencoded_query(q: &ListQuery) -> String {
-    let mut parts = Vec::new();
-    let enc = |s: &str| {
-        s.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect::<String>()
-    };
-    if let Some(t) = &q.task {
-        parts.push(format!("task={}", enc(t)));
-    }
-    if let Some(l) = &q.label {
-        parts.push(format!("label={}", enc(l)));
-    }
-    if let Some(s) = q.state {
-        parts.push(format!("state={}", s.as_str()));
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", parts.join("&"))
-    }
+    Ok(Json(Gathered {
+        answer: SandboxList { sandboxes: all },
+        unreachable: parts.unreachable,
+    }))
 }
 
 /// Get one sandbox.

@@ -1,13 +1,13 @@
 //! Task-level operations: pause, resume or stop every sandbox of a task, on every node at
-//! once (one request per node, not per sandbox).
+//! once (one request per node, not per sandbox, through [`crate::fanout`]).
 
 use axum::extract::Path;
 use warren_http::{Error, Json};
-use warren_types::api::{TaskAction, TaskInfo, TaskList, TaskResult};
+use warren_types::api::{Gathered, TaskAction, TaskInfo, TaskList, TaskResult};
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
 use super::S;
-use super::forward::unavailable;
+use crate::fanout::{self, Policy};
 
 fn action(raw: &str) -> Result<TaskAction, Error> {
     match raw {
@@ -25,107 +25,69 @@ fn action(raw: &str) -> Result<TaskAction, Error> {
 ///
 /// Pause freezes them (memory kept; any later operation on one resumes it), resume thaws them,
 /// stop kills them. The answer counts the sandboxes it succeeded on and lists the ones it
-/// failed on with why; a node that does not answer shows up in `failed` as one entry per
-/// sandbox it is known to hold... or, when it cannot be asked at all, as a 503.
+/// failed on with why; a node that does not answer is named in `unreachable` (its sandboxes
+/// were not reached), and when no node answers the call fails with 503.
 #[utoipa::path(post, path = "/v1/tasks/{task}/{action}", tag = "tasks",
     params(("task" = String, Path, description = "Task name."),
         ("action" = String, Path, description = "`pause`, `resume` or `stop`.")),
-    responses((status = 200, body = TaskResult), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
+    responses((status = 200, body = Gathered<TaskResult>), (status = 404, body = ErrorBody),
+        (status = 503, description = "No node answered.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn act(
     axum::extract::State(c): S,
     Path((task, raw)): Path<(String, String)>,
-) -> Result<Json<TaskResult>, Error> {
+) -> Result<Json<Gathered<TaskResult>>, Error> {
     let action = action(&raw)?;
-    let path = format!("/v1/tasks/{}/{}", encode(&task), action.as_str());
-    let asks = c.nodes.all().into_iter().map(|n| {
-        let path = path.clone();
-        async move {
-            let r = n.client.request(reqwest::Method::POST, &path).send().await;
-            match r {
-                Ok(resp) if resp.status().is_success() => resp
-                    .json::<TaskResult>()
-                    .await
-                    .map_err(|e| unavailable(&n, &e)),
-                Ok(resp) => Err(unavailable(&n, &format!("status {}", resp.status()))),
-                Err(e) => Err(unavailable(&n, &e)),
-            }
-        }
-    });
+    let name = task.as_str();
+    let parts = fanout::ask(c.nodes.all(), |n| async move {
+        n.api().task_action(name, action).await
+    })
+    .await
+    .under(Policy::Partial, &format!("task {name} {raw}"))?;
     let mut total = TaskResult {
-        task,
+        task: task.clone(),
         action,
         succeeded: 0,
         failed: Vec::new(),
     };
-    let mut unreachable = None;
-    for r in futures_util::future::join_all(asks).await {
-        match r {
-            Ok(part) => {
-                total.succeeded += part.succeeded;
-                total.failed.extend(part.failed);
-            }
-            Err(e) => unreachable = Some(e),
-        }
+    for part in parts.answer {
+        total.succeeded += part.succeeded;
+        total.failed.extend(part.failed);
     }
-    match unreachable {
-        // Nothing was done anywhere and a node could not be asked: say so rather than "0 done".
-        Some(e) if total.succeeded == 0 && total.failed.is_empty() => Err(e),
-        Some(e) => {
-            tracing::warn!("task {} {}: {}", total.task, raw, e.0.message);
-            Ok(Json(total))
-        }
-        None => Ok(Json(total)),
-    }
-}
-
-/// Every task with sandboxes, and how many are running and paused.
-#[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
-    responses((status = 200, body = TaskList)),
-    security(("api_key" = [])))]
-pub async fn list(axum::extract::State(c): S) -> Result<Json<TaskList>, Error> {
-    let asks = c.nodes.all().into_iter().map(|n| async move {
-        match n
-            .client
-            .request(reqwest::Method::GET, "/v1/tasks")
-            .send()
-            .await
-        {
-            Ok(resp) if resp.status().is_success() => resp.json::<TaskList>().await.ok(),
-            _ => None,
-        }
-    });
-    let mut by: std::collections::BTreeMap<String, TaskInfo> = Default::default();
-    for part in futures_util::future::join_all(asks)
-        .await
-        .into_iter()
-        .flatten()
-    {
-        for t in part.tasks {
-            let e = by.entry(t.name.clone()).or_insert(TaskInfo {
-                name: t.name.clone(),
-                sandboxes: 0,
-                running: 0,
-                paused: 0,
-            });
-            e.sandboxes += t.sandboxes;
-            e.running += t.running;
-            e.paused += t.paused;
-        }
-    }
-    Ok(Json(TaskList {
-        tasks: by.into_values().collect(),
+    Ok(Json(Gathered {
+        answer: total,
+        unreachable: parts.unreachable,
     }))
 }
 
-/// Percent-encodes a path segment.
-pub(crate) fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+/// Every task with sandboxes, and how many are running and paused.
+///
+/// A node that does not answer is named in `unreachable` (its sandboxes are not counted), and
+/// when no node answers the call fails with 503.
+#[utoipa::path(get, path = "/v1/tasks", tag = "tasks",
+    responses((status = 200, body = Gathered<TaskList>),
+        (status = 503, description = "No node answered.", body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn list(axum::extract::State(c): S) -> Result<Json<Gathered<TaskList>>, Error> {
+    let parts = fanout::ask(c.nodes.all(), |n| async move { n.api().tasks().await })
+        .await
+        .under(Policy::Partial, "counting tasks")?;
+    let mut by: std::collections::BTreeMap<String, TaskInfo> = Default::default();
+    for t in parts.answer.into_iter().flat_map(|p| p.tasks) {
+        let e = by.entry(t.name.clone()).or_insert(TaskInfo {
+            name: t.name.clone(),
+            sandboxes: 0,
+            running: 0,
+            paused: 0,
+        });
+        e.sandboxes += t.sandboxes;
+        e.running += t.running;
+        e.paused += t.paused;
+    }
+    Ok(Json(Gathered {
+        answer: TaskList {
+            tasks: by.into_values().collect(),
+        },
+        unreachable: parts.unreachable,
+    }))
 }

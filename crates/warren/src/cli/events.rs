@@ -41,8 +41,9 @@ pub async fn run(client: &Client, json: bool, a: EventsArgs) -> anyhow::Result<E
             since: a.since,
         })
         .await?;
+    output::warn_unreachable(&events.unreachable, "its events are missing");
     if json {
-        output::json(&events)?;
+        output::json(&events.items)?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut t = output::table(&[

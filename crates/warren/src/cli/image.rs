@@ -1,7 +1,8 @@
-//! `warren image ...`: layered images — import, build, list, inspect, remove, read statistics.
+//! `warren image ...`: layered images — import, build (the SDK's `build_image`), list, inspect,
+//! remove, read statistics.
 
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -9,7 +10,9 @@ use bytes::Bytes;
 use clap::{Args, Subcommand};
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
-use warren_sdk::{ByteSize, Client, CreateSandbox, ExecResultExt};
+use warren_sdk::build::BuildProgress;
+use warren_sdk::tarball::tar_dir;
+use warren_sdk::{BuildSpec, BuildStep, ByteSize, Client, ExecResultExt};
 
 use super::output;
 
@@ -263,6 +266,7 @@ pub async fn run(client: &Client, json: bool, cmd: ImageCommand) -> anyhow::Resu
         }
         ImageCommand::Stats => {
             let s = client.image_stats().await?;
+            output::warn_unreachable(&s.unreachable, "its layers and sandboxes are missing");
             if json {
                 output::json(&s)?;
                 return Ok(ExitCode::SUCCESS);
@@ -369,119 +373,6 @@ fn finish(pb: ProgressBar) {
     }
 }
 
-/// Writes into a channel in chunks: the tar of a directory, made on a thread, streamed out.
-struct ChanWriter {
-    tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
-    buf: Vec<u8>,
-}
-
-impl Write for ChanWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= 256 * 1024 {
-            self.flush()?;
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        if !self.buf.is_empty() {
-            let chunk = Bytes::from(std::mem::take(&mut self.buf));
-            self.tx
-                .blocking_send(Ok(chunk))
-                .map_err(|_| io::Error::other("the upload stopped"))?;
-        }
-        Ok(())
-    }
-}
-
-/// Extended attributes of `path` (not following a symbolic link), as PAX records.
-fn xattr_records(path: &Path) -> Vec<u8> {
-    let mut names = vec![0u8; 64 * 1024];
-    let Ok(n) = rustix::fs::llistxattr(path, &mut names) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for name in names[..n].split(|b| *b == 0).filter(|s| !s.is_empty()) {
-        let Ok(name) = std::str::from_utf8(name) else {
-            continue;
-        };
-        let mut value = vec![0u8; 64 * 1024];
-        let Ok(len) = rustix::fs::lgetxattr(path, name, &mut value) else {
-            continue;
-        };
-        out.extend(pax_record(&format!("SCHILY.xattr.{name}"), &value[..len]));
-    }
-    out
-}
-
-/// One PAX extended-header record: `<length> <key>=<value>\n`, the length counting itself.
-fn pax_record(key: &str, value: &[u8]) -> Vec<u8> {
-    let rest = key.len() + value.len() + 3; // space, '=', newline
-    let mut len = rest + 1;
-    while len != rest + len.to_string().len() {
-        len = rest + len.to_string().len();
-    }
-    let mut r = format!("{len} {key}=").into_bytes();
-    r.extend_from_slice(value);
-    r.push(b'\n');
-    r
-}
-
-/// Appends `dir`'s contents under `rel`, depth first, each entry with its extended attributes.
-fn append_tree<W: Write>(b: &mut tar::Builder<W>, root: &Path, rel: &Path) -> io::Result<()> {
-    let path = root.join(rel);
-    let md = std::fs::symlink_metadata(&path)?;
-    if !rel.as_os_str().is_empty() {
-        let pax = xattr_records(&path);
-        if !pax.is_empty() {
-            let mut h = tar::Header::new_ustar();
-            h.set_entry_type(tar::EntryType::XHeader);
-            h.set_size(pax.len() as u64);
-            h.set_mode(0o644);
-            h.set_cksum();
-            b.append(&h, &pax[..])?;
-        }
-        b.append_path_with_name(&path, rel)?;
-    }
-    if md.is_dir() {
-        let mut names: Vec<_> = std::fs::read_dir(&path)?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<io::Result<_>>()?;
-        names.sort();
-        for n in names {
-            append_tree(b, root, &rel.join(n))?;
-        }
-    }
-    Ok(())
-}
-
-/// A tar stream of `dir` (owners, modes, links, devices and extended attributes; symbolic
-/// links not followed).
-pub fn tar_dir(dir: &Path) -> impl futures_util::Stream<Item = io::Result<Bytes>> + Send + 'static {
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let dir = dir.to_path_buf();
-    std::thread::spawn(move || {
-        let w = ChanWriter {
-            tx: tx.clone(),
-            buf: Vec::new(),
-        };
-        let mut b = tar::Builder::new(w);
-        b.follow_symlinks(false);
-        b.mode(tar::HeaderMode::Complete);
-        let r = append_tree(&mut b, &dir, Path::new(""))
-            .and_then(|()| b.into_inner())
-            .and_then(|mut w| w.flush());
-        if let Err(e) = r {
-            let _ = tx.blocking_send(Err(io::Error::new(
-                e.kind(),
-                format!("packing {}: {e}", dir.display()),
-            )));
-        }
-    });
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
-}
-
 /// A body being uploaded.
 type ByteStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = io::Result<Bytes>> + Send>>;
 
@@ -535,89 +426,41 @@ async fn import(client: &Client, json: bool, a: ImportArgs) -> anyhow::Result<Ex
 }
 
 async fn build(client: &Client, json: bool, a: BuildArgs) -> anyhow::Result<ExitCode> {
-    let memory = a.memory;
-    if a.run.is_empty() && a.copy.is_empty() {
-        anyhow::bail!("nothing to build: give at least one --run or --copy step");
-    }
-    let order = if a.order.len() == a.run.len() + a.copy.len() / 2 {
-        a.order.clone()
-    } else {
-        // Without the parse's order: copies first, then commands.
-        std::iter::repeat_n(StepKind::Copy, a.copy.len() / 2)
-            .chain(std::iter::repeat_n(StepKind::Run, a.run.len()))
-            .collect()
-    };
-    let sb = client
-        .create(&CreateSandbox {
-            image: a.from.join(","),
-            memory: Some(memory),
-            timeout: Some(24 * 3600),
-            labels: [("warren.build".to_string(), a.name.clone())].into(),
-            ..CreateSandbox::default()
-        })
-        .await
-        .context("starting the builder sandbox")?;
-    let root = sb.as_user("root");
-    let result = async {
-        let (mut runs, mut copies) = (a.run.iter(), a.copy.chunks(2));
-        for (i, kind) in order.iter().enumerate() {
-            match kind {
-                StepKind::Run => {
-                    let cmd = runs.next().context("step order")?;
-                    let pb = spinner(format!("step {}/{}: run {cmd}", i + 1, order.len()));
-                    let mut req = warren_sdk::shell(cmd);
-                    req.user = Some("root".into());
-                    req.timeout = Some(a.step_timeout as f64);
-                    let out = sb.exec(&req).await;
-                    finish(pb);
-                    let out = out?;
-                    io::stderr().write_all(&out.stdout_data()?)?;
-                    io::stderr().write_all(&out.stderr_data()?)?;
-                    if out.status.exit_code != 0 {
-                        let why = match (out.status.signal, out.status.timed_out) {
-                            (_, true) => "a timeout (--step-timeout)".to_string(),
-                            (Some(s), _) => format!("signal {s}"),
-                            (None, _) => format!("exit code {}", out.status.exit_code),
-                        };
-                        anyhow::bail!(
-                            "step {} (`{cmd}`) failed with {why}; nothing was saved",
-                            i + 1
-                        );
-                    }
-                }
-                StepKind::Copy => {
-                    let pair = copies.next().context("step order")?;
-                    let (src, dst) = (Path::new(&pair[0]), pair[1].as_str());
-                    let pb = spinner(format!(
-                        "step {}/{}: copy {} {dst}",
-                        i + 1,
-                        order.len(),
-                        src.display()
-                    ));
-                    let md = std::fs::metadata(src)
-                        .with_context(|| format!("cannot read {}", src.display()))?;
-                    let r = if md.is_dir() {
-                        root.upload_tar(dst, reqwest::Body::wrap_stream(tar_dir(src)))
-                            .await
-                    } else {
-                        use std::os::unix::fs::PermissionsExt;
-                        root.upload_file(src, dst, Some(md.permissions().mode() & 0o7777))
-                            .await
-                            .map(drop)
-                    };
-                    finish(pb);
-                    r?;
+    let spec = build_spec(a)?;
+    let mut pb: Option<ProgressBar> = None;
+    let r = client
+        .build_image_with(&spec, |p: BuildProgress<'_>| match p {
+            BuildProgress::Starting => pb = Some(spinner("starting the builder sandbox".into())),
+            BuildProgress::Step { index, total, step } => {
+                end(&mut pb);
+                pb = Some(spinner(format!("step {}/{total}: {step}", index + 1)));
+            }
+            BuildProgress::StepDone { output, .. } => {
+                end(&mut pb);
+                if let Some(out) = output {
+                    write_output(
+                        &out.stdout_data().unwrap_or_default(),
+                        &out.stderr_data().unwrap_or_default(),
+                    );
                 }
             }
+            BuildProgress::Saving => {
+                end(&mut pb);
+                pb = Some(spinner("saving the new layer".into()));
+            }
+        })
+        .await;
+    end(&mut pb);
+    let image = match r {
+        Ok(image) => image,
+        Err(e) => {
+            if let warren_sdk::Error::BuildStep { stdout, stderr, .. } = &e {
+                write_output(stdout, stderr);
+                return Err(e.into());
+            }
+            return Err(anyhow::Error::new(e).context(format!("building {}", spec.name)));
         }
-        let pb = spinner("saving the new layer".into());
-        let image = sb.commit(&a.name).await;
-        finish(pb);
-        Ok(image?)
-    }
-    .await;
-    let _ = sb.kill().await;
-    let image = result?;
+    };
     if json {
         output::json(&image)?;
     } else {
@@ -629,6 +472,48 @@ async fn build(client: &Client, json: bool, a: BuildArgs) -> anyhow::Result<Exit
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Ends the spinner shown, if any.
+fn end(pb: &mut Option<ProgressBar>) {
+    if let Some(pb) = pb.take() {
+        finish(pb);
+    }
+}
+
+/// A step's output, on standard error (standard output is for the result).
+fn write_output(stdout: &[u8], stderr: &[u8]) {
+    let _ = io::stderr().write_all(stdout);
+    let _ = io::stderr().write_all(stderr);
+}
+
+/// The SDK's build spec from the command line, the steps in the order they were given.
+fn build_spec(a: BuildArgs) -> anyhow::Result<BuildSpec> {
+    if a.run.is_empty() && a.copy.is_empty() {
+        anyhow::bail!("nothing to build: give at least one --run or --copy step");
+    }
+    let order = if a.order.len() == a.run.len() + a.copy.len() / 2 {
+        a.order.clone()
+    } else {
+        // Without the parse's order: copies first, then commands.
+        std::iter::repeat_n(StepKind::Copy, a.copy.len() / 2)
+            .chain(std::iter::repeat_n(StepKind::Run, a.run.len()))
+            .collect()
+    };
+    let (mut runs, mut copies) = (a.run.into_iter(), a.copy.chunks(2));
+    let mut spec = BuildSpec::new(a.name, a.from);
+    spec.memory = a.memory;
+    spec.step_timeout = std::time::Duration::from_secs(a.step_timeout);
+    for kind in order {
+        spec.steps.push(match kind {
+            StepKind::Run => BuildStep::Run(runs.next().context("step order")?),
+            StepKind::Copy => {
+                let pair = copies.next().context("step order")?;
+                BuildStep::copy(&pair[0], pair[1].clone())
+            }
+        });
+    }
+    Ok(spec)
 }
 
 #[cfg(test)]
@@ -656,68 +541,6 @@ mod tests {
         let cli = crate::cli::Cli::from_arg_matches(&m).unwrap();
         let dbg = format!("{cli:?}");
         assert!(dbg.contains("from: [\"a\", \"b\"]"), "{dbg}");
-    }
-
-    #[test]
-    fn directories_are_packed_with_their_extended_attributes() {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(d.path().join("etc/sub")).unwrap();
-        std::fs::write(d.path().join("etc/sub/f"), b"x").unwrap();
-        std::os::unix::fs::symlink("../nowhere", d.path().join("etc/link")).unwrap();
-        rustix::fs::setxattr(
-            d.path().join("etc/sub"),
-            "trusted.overlay.opaque",
-            b"y",
-            rustix::fs::XattrFlags::empty(),
-        )
-        .unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let bytes: Vec<u8> = rt.block_on(async {
-            let chunks: Vec<_> = tar_dir(d.path()).collect().await;
-            chunks
-                .into_iter()
-                .flat_map(|c| c.unwrap().to_vec())
-                .collect()
-        });
-        let mut ar = tar::Archive::new(&bytes[..]);
-        let mut seen = Vec::new();
-        for e in ar.entries().unwrap() {
-            let mut e = e.unwrap();
-            let path = e.path().unwrap().display().to_string();
-            let attrs: Vec<String> = e
-                .pax_extensions()
-                .unwrap()
-                .into_iter()
-                .flatten()
-                .map(|x| {
-                    let x = x.unwrap();
-                    format!(
-                        "{}={}",
-                        x.key().unwrap(),
-                        String::from_utf8_lossy(x.value_bytes())
-                    )
-                })
-                .collect();
-            seen.push((path, attrs));
-        }
-        assert_eq!(
-            seen,
-            vec![
-                ("etc".to_string(), vec![]),
-                ("etc/link".to_string(), vec![]),
-                (
-                    "etc/sub".to_string(),
-                    vec!["SCHILY.xattr.trusted.overlay.opaque=y".to_string()]
-                ),
-                ("etc/sub/f".to_string(), vec![]),
-            ]
-        );
-        assert_eq!(pax_record("k", b"v"), b"6 k=v\n");
-        // The length counts its own digits, also where they tip over to one more digit.
-        assert_eq!(pax_record("kkkk", b"v"), b"9 kkkk=v\n");
-        assert_eq!(pax_record("kkkkk", b"v"), b"11 kkkkk=v\n");
     }
 
     #[test]

@@ -27,8 +27,9 @@ pub async fn run(client: &Client, json: bool, cmd: NodeCommand) -> anyhow::Resul
     match cmd {
         NodeCommand::Ls => {
             let nodes = client.nodes().await?;
+            output::warn_unreachable(&nodes.unreachable, "its figures are from its last report");
             if json {
-                output::json(&nodes)?;
+                output::json(&nodes.items)?;
                 return Ok(ExitCode::SUCCESS);
             }
             let mut t = output::table(&[

@@ -11,6 +11,26 @@ pub fn json<T: Serialize + ?Sized>(value: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One warning line on stderr per node that did not answer, saying what that means for what
+/// was printed (`so`: "its sandboxes are missing").
+pub fn warn_unreachable(unreachable: &[warren_sdk::NodeFailure], so: &str) {
+    for line in unreachable_lines(unreachable, so) {
+        eprintln!("{line}");
+    }
+}
+
+fn unreachable_lines(unreachable: &[warren_sdk::NodeFailure], so: &str) -> Vec<String> {
+    unreachable
+        .iter()
+        .map(|f| {
+            format!(
+                "warning: node {} did not answer, so {so}: {}",
+                f.node, f.error.message
+            )
+        })
+        .collect()
+}
+
 /// A table with these column headers, drawn without borders (like `docker ps`).
 pub fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
@@ -78,6 +98,22 @@ mod tests {
         t.add_row(["abc", "running"]);
         let lines: Vec<String> = t.lines().map(|l| l.trim_end().to_string()).collect();
         assert_eq!(lines, vec!["ID    STATE", "abc   running"]);
+    }
+
+    #[test]
+    fn each_node_that_did_not_answer_gets_a_warning_naming_it() {
+        let f = |node: &str| warren_sdk::NodeFailure {
+            node: node.parse().unwrap(),
+            error: warren_sdk::ApiError::new(warren_sdk::ErrorCode::Unavailable, "timed out"),
+        };
+        assert_eq!(
+            unreachable_lines(&[f("nodebb"), f("nodecc")], "its sandboxes are missing"),
+            vec![
+                "warning: node nodebb did not answer, so its sandboxes are missing: timed out",
+                "warning: node nodecc did not answer, so its sandboxes are missing: timed out",
+            ]
+        );
+        assert!(unreachable_lines(&[], "its sandboxes are missing").is_empty());
     }
 
     #[test]

@@ -205,10 +205,11 @@ pub async fn run(client: &Client, json: bool, cmd: SandboxCommand) -> anyhow::Re
             };
             let list = client.list(&filter).await?;
             if json {
-                output::json(&list)?;
+                output::json(&list.items)?;
             } else {
                 output::print(&list_table(&list));
             }
+            output::warn_unreachable(&list.unreachable, "its sandboxes are missing");
         }
         SandboxCommand::Get(a) => show(json, &client.get(&a.id).await?)?,
         SandboxCommand::Rm(a) => return remove(client, json, &a.ids).await,

@@ -38,13 +38,15 @@ pub struct TaskArg {
     task: String,
 }
 
-/// Runs a `warren task` command. Exits 1 when the action failed on any sandbox.
+/// Runs a `warren task` command. Exits 1 when the action failed on any sandbox, or a node did
+/// not answer (its sandboxes were not reached).
 pub async fn run(client: &Client, json: bool, cmd: TaskCommand) -> anyhow::Result<ExitCode> {
     let (task, action) = match cmd {
         TaskCommand::Ls => {
             let tasks = client.tasks().await?;
+            output::warn_unreachable(&tasks.unreachable, "its sandboxes are not counted");
             if json {
-                output::json(&tasks)?;
+                output::json(&tasks.items)?;
             } else {
                 let mut t = output::table(&["TASK", "SANDBOXES", "RUNNING", "PAUSED"]);
                 for task in &tasks {
@@ -72,7 +74,8 @@ pub async fn run(client: &Client, json: bool, cmd: TaskCommand) -> anyhow::Resul
             eprintln!("error: {}: {}", f.id, f.error.message);
         }
     }
-    Ok(if r.failed.is_empty() {
+    output::warn_unreachable(&r.unreachable, "its sandboxes were not reached");
+    Ok(if r.failed.is_empty() && r.is_complete() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

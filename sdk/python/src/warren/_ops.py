@@ -19,11 +19,13 @@ from .types import (
     ExecResult,
     FileEntry,
     Health,
+    Listing,
     NodeInfo,
     ProcessInfo,
     SandboxInfo,
     TaskInfo,
     TaskResult,
+    unreachable_from_json,
 )
 
 #: The server's default exec timeout, seconds (the answer may take this long).
@@ -142,7 +144,7 @@ def create(
 
 def list_sandboxes(
     task: Any = None, labels: Any = None, state: Any = None
-) -> Call[List[SandboxInfo]]:
+) -> Call[Listing[SandboxInfo]]:
     params: Dict[str, str] = {}
     if task is not None:
         params["task"] = v.string(task, "task")
@@ -159,8 +161,9 @@ def list_sandboxes(
     if st is not None:
         params["state"] = st
 
-    def parse(resp: httpx.Response) -> List[SandboxInfo]:
-        return [SandboxInfo.from_json(s) for s in json_body(resp)["sandboxes"]]
+    def parse(resp: httpx.Response) -> Listing[SandboxInfo]:
+        d = json_body(resp)
+        return Listing([SandboxInfo.from_json(s) for s in d["sandboxes"]], unreachable_from_json(d))
 
     return Call("GET", "/v1/sandboxes", params=params or None, parse=parse)
 
@@ -410,16 +413,17 @@ def task_action(name: Any, action: str) -> Call[TaskResult]:
     )
 
 
-def list_tasks() -> Call[List[TaskInfo]]:
-    def parse(resp: httpx.Response) -> List[TaskInfo]:
-        return [TaskInfo.from_json(t) for t in json_body(resp)["tasks"]]
+def list_tasks() -> Call[Listing[TaskInfo]]:
+    def parse(resp: httpx.Response) -> Listing[TaskInfo]:
+        d = json_body(resp)
+        return Listing([TaskInfo.from_json(t) for t in d["tasks"]], unreachable_from_json(d))
 
     return Call("GET", "/v1/tasks", parse=parse)
 
 
 def list_events(
     sandbox: Any = None, task: Any = None, kind: Any = None, since: Any = None
-) -> Call[List[IncidentEvent]]:
+) -> Call[Listing[IncidentEvent]]:
     params: Dict[str, str] = {}
     if sandbox is not None:
         params["sandbox"] = v.sandbox_id(sandbox)
@@ -431,8 +435,9 @@ def list_events(
     if since is not None:
         params["since"] = v.string(since, "since")
 
-    def parse(resp: httpx.Response) -> List[IncidentEvent]:
-        return [IncidentEvent.from_json(e) for e in json_body(resp)["events"]]
+    def parse(resp: httpx.Response) -> Listing[IncidentEvent]:
+        d = json_body(resp)
+        return Listing([IncidentEvent.from_json(e) for e in d["events"]], unreachable_from_json(d))
 
     return Call("GET", "/v1/events", params=params, parse=parse)
 
@@ -444,8 +449,9 @@ def health() -> Call[Health]:
     return Call("GET", "/v1/health", parse=parse)
 
 
-def nodes() -> Call[List[NodeInfo]]:
-    def parse(resp: httpx.Response) -> List[NodeInfo]:
-        return [NodeInfo.from_json(n) for n in json_body(resp)["nodes"]]
+def nodes() -> Call[Listing[NodeInfo]]:
+    def parse(resp: httpx.Response) -> Listing[NodeInfo]:
+        d = json_body(resp)
+        return Listing([NodeInfo.from_json(n) for n in d["nodes"]], unreachable_from_json(d))
 
     return Call("GET", "/v1/nodes", parse=parse)

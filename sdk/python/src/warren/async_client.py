@@ -9,7 +9,7 @@ drive thousands of sandboxes from one event loop::
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 from . import _ops
 from . import _validate as v
@@ -18,7 +18,7 @@ from ._http import AsyncTransport
 from .async_sandbox import AsyncSandbox
 from .client import Size
 from .trajectory import LogSource, load
-from .types import Health, IncidentEvent, NodeInfo, SandboxInfo, TaskInfo, TaskResult
+from .types import Health, IncidentEvent, Listing, NodeInfo, SandboxInfo, TaskInfo, TaskResult
 
 
 class AsyncContainers:
@@ -86,7 +86,7 @@ class AsyncSandboxes:
         task: Optional[str] = None,
         labels: Optional[Dict[str, str]] = None,
         state: Optional[str] = None,
-    ) -> List[SandboxInfo]:
+    ) -> Listing[SandboxInfo]:
         """Sandboxes, oldest first, filtered by task, labels (all of them) and state."""
         return await self._t.call(_ops.list_sandboxes(task, labels, state))
 
@@ -113,8 +113,9 @@ class AsyncTasks:
         """Kills every sandbox of the task."""
         return await self._t.call(_ops.task_action(name, "stop"))
 
-    async def list(self) -> List[TaskInfo]:
-        """Every task with sandboxes, and how many are running and paused."""
+    async def list(self) -> Listing[TaskInfo]:
+        """Every task with sandboxes, and how many are running and paused. A list; its
+        ``unreachable`` names the nodes that did not answer, whose sandboxes are not counted."""
         return await self._t.call(_ops.list_tasks())
 
 
@@ -133,11 +134,12 @@ class AsyncEvents:
         task: Optional[str] = None,
         kind: Optional[str] = None,
         since: Optional[str] = None,
-    ) -> List[IncidentEvent]:
+    ) -> Listing[IncidentEvent]:
         """Events, oldest first: only ``sandbox``'s, only ``task``'s, only of ``kind``
         (``"seccomp"``, ``"management"``, ``"disk_quota"``, ``"output_truncated"``,
         ``"pids_limit"``, ``"oom_kill"``), only since ``since`` (RFC 3339, or a duration back
-        from now such as ``"10m"``)."""
+        from now such as ``"10m"``). A list; its ``unreachable`` names the nodes that did not
+        answer, whose events are missing."""
         return await self._t.call(_ops.list_events(sandbox, task, kind, since))
 
 
@@ -184,8 +186,9 @@ class AsyncClient:
         """Whether Warren and its nodes answer (needs no key)."""
         return await self._t.call(_ops.health())
 
-    async def nodes(self) -> List[NodeInfo]:
-        """The nodes with their capacity and load."""
+    async def nodes(self) -> Listing[NodeInfo]:
+        """The nodes with their capacity and load. A list; its ``unreachable`` names the nodes
+        that did not answer now (listed with their last report)."""
         return await self._t.call(_ops.nodes())
 
     async def close(self) -> None:

@@ -17,7 +17,7 @@ same :class:`~warren.sandbox.Sandbox` handle.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 from . import _ops
 from . import _validate as v
@@ -25,7 +25,7 @@ from ._config import resolve_key, resolve_url
 from ._http import SyncTransport
 from .sandbox import Sandbox
 from .trajectory import LogSource, load
-from .types import Health, IncidentEvent, NodeInfo, SandboxInfo, TaskInfo, TaskResult
+from .types import Health, IncidentEvent, Listing, NodeInfo, SandboxInfo, TaskInfo, TaskResult
 
 Size = Union[int, str]
 
@@ -130,9 +130,10 @@ class Sandboxes:
         task: Optional[str] = None,
         labels: Optional[Dict[str, str]] = None,
         state: Optional[str] = None,
-    ) -> List[SandboxInfo]:
+    ) -> Listing[SandboxInfo]:
         """Sandboxes, oldest first: only ``task``'s, only those with all ``labels``, only
-        those in ``state`` (``"running"`` or ``"paused"``)."""
+        those in ``state`` (``"running"`` or ``"paused"``). A list; its ``unreachable`` names
+        the nodes that did not answer, whose sandboxes are missing."""
         return self._t.call(_ops.list_sandboxes(task, labels, state))
 
     def get(self, sandbox_id: str) -> Sandbox:
@@ -163,8 +164,9 @@ class Tasks:
         """Kills every sandbox of the task."""
         return self._t.call(_ops.task_action(name, "stop"))
 
-    def list(self) -> List[TaskInfo]:
-        """Every task with sandboxes, and how many are running and paused."""
+    def list(self) -> Listing[TaskInfo]:
+        """Every task with sandboxes, and how many are running and paused. A list; its
+        ``unreachable`` names the nodes that did not answer, whose sandboxes are not counted."""
         return self._t.call(_ops.list_tasks())
 
 
@@ -183,11 +185,12 @@ class Events:
         task: Optional[str] = None,
         kind: Optional[str] = None,
         since: Optional[str] = None,
-    ) -> List[IncidentEvent]:
+    ) -> Listing[IncidentEvent]:
         """Events, oldest first: only ``sandbox``'s, only ``task``'s, only of ``kind``
         (``"seccomp"``, ``"management"``, ``"disk_quota"``, ``"output_truncated"``,
         ``"pids_limit"``, ``"oom_kill"``), only since ``since`` (RFC 3339, or a duration back
-        from now such as ``"10m"``)."""
+        from now such as ``"10m"``). A list; its ``unreachable`` names the nodes that did not
+        answer, whose events are missing."""
         return self._t.call(_ops.list_events(sandbox, task, kind, since))
 
 
@@ -249,8 +252,9 @@ class Client:
         """Whether Warren and its nodes answer (needs no key)."""
         return self._t.call(_ops.health())
 
-    def nodes(self) -> List[NodeInfo]:
-        """The nodes with their capacity and load."""
+    def nodes(self) -> Listing[NodeInfo]:
+        """The nodes with their capacity and load. A list; its ``unreachable`` names the nodes
+        that did not answer now (listed with their last report)."""
         return self._t.call(_ops.nodes())
 
     def close(self) -> None:

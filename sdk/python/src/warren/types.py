@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, TypeVar
+
+T = TypeVar("T")
 
 
 def _decode(text: str, encoding: str) -> bytes:
@@ -276,6 +278,46 @@ class ErrorInfo:
 
 
 @dataclass(frozen=True)
+class NodeFailure:
+    """A node that gave no answer to a call Warren made to every node, and why (``unavailable``
+    when it did not answer at all). What it holds is missing from the answer."""
+
+    node: str
+    error: ErrorInfo
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NodeFailure:
+        return cls(node=d["node"], error=ErrorInfo(d["error"]["code"], d["error"]["message"]))
+
+
+def unreachable_from_json(d: Mapping[str, Any]) -> List[NodeFailure]:
+    """The ``unreachable`` nodes of an answer gathered from every node (none when absent)."""
+    return [NodeFailure.from_json(f) for f in d.get("unreachable") or []]
+
+
+class Listing(List[T]):
+    """A list gathered from every node: a plain ``list`` of what the nodes that answered hold,
+    and ``unreachable``, the nodes that did not answer (their items are missing)."""
+
+    unreachable: List[NodeFailure]
+
+    def __init__(self, items: Iterable[T] = (), unreachable: Iterable[NodeFailure] = ()) -> None:
+        super().__init__(items)
+        self.unreachable = list(unreachable)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every node answered, so that nothing is missing."""
+        return not self.unreachable
+
+    def __repr__(self) -> str:
+        if self.unreachable:
+            nodes = ", ".join(f.node for f in self.unreachable)
+            return f"Listing({list.__repr__(self)}, unreachable=[{nodes}])"
+        return f"Listing({list.__repr__(self)})"
+
+
+@dataclass(frozen=True)
 class TaskFailure:
     """A sandbox a task-level operation failed on, and why."""
 
@@ -293,11 +335,13 @@ class TaskResult:
     succeeded: int
     """How many sandboxes it succeeded on."""
     failed: List[TaskFailure] = field(default_factory=list)
+    unreachable: List[NodeFailure] = field(default_factory=list)
+    """Nodes that did not answer: their sandboxes of the task were not reached."""
 
     @property
     def ok(self) -> bool:
-        """Whether it succeeded on every sandbox of the task."""
-        return not self.failed
+        """Whether it succeeded on every sandbox of the task, on every node."""
+        return not self.failed and not self.unreachable
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TaskResult:
@@ -309,6 +353,7 @@ class TaskResult:
                 TaskFailure(id=f["id"], error=ErrorInfo(f["error"]["code"], f["error"]["message"]))
                 for f in d.get("failed") or []
             ],
+            unreachable=unreachable_from_json(d),
         )
 
 
