@@ -1,6 +1,9 @@
 //! The OpenAPI document, generated from the handlers' annotations and the types' schemas.
 
+use utoipa::openapi::path::{Operation, ParameterIn};
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::api;
@@ -21,7 +24,7 @@ use crate::api;
         api::images::stats, api::images::commit, api::images::pull,
         api::events::list,
     ),
-    modifiers(&Security),
+    modifiers(&Security, &Contract),
     tags(
         (name = "sandboxes", description = "Create, list, pause, resume and kill sandboxes."),
         (name = "tasks", description = "Pause, resume or stop every sandbox of a training task at once."),
@@ -48,6 +51,115 @@ impl Modify for Security {
             SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
         );
     }
+}
+
+/// The answers every operation of a kind can give, added to each where its own annotation
+/// does not already describe them, so the document names every status the server sends: a
+/// missing or wrong key (401), a malformed parameter or body (400), a body over the limit
+/// (413), a URI too long for the server to read (414), and for requests about a sandbox, an
+/// unknown one (404), one that stopped meanwhile (410) and a node that does not answer (503).
+/// Raw request bodies (files, tar streams, image archives) are bytes, and every `{id}` is a
+/// sandbox id.
+struct Contract;
+
+/// What a sandbox id looks like (`warren_types::id`): its node's 6 characters, then 14.
+const SANDBOX_ID_PATTERN: &str = "^[a-z][a-z0-9]{19}$";
+
+impl Modify for Contract {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let ops = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+            ];
+            for op in ops.into_iter().flatten() {
+                complete(path, op);
+            }
+        }
+    }
+}
+
+fn complete(path: &str, op: &mut Operation) {
+    let mut add = |status: &str, resp: RefOr<Response>| {
+        op.responses
+            .responses
+            .entry(status.to_string())
+            .or_insert(resp);
+    };
+    if op.security.as_ref().is_some_and(|s| !s.is_empty()) {
+        add(
+            "401",
+            error("No API key, or one that is not valid: the message says which."),
+        );
+    }
+    let has_params = op.parameters.as_ref().is_some_and(|p| !p.is_empty());
+    if has_params || op.request_body.is_some() {
+        add(
+            "400",
+            error("A malformed or out-of-range parameter or body: the message says which."),
+        );
+    }
+    if op.request_body.is_some() {
+        add("413", error("The body is larger than allowed."));
+    }
+    if path.starts_with("/v1/sandboxes/{id}") {
+        add(
+            "404",
+            error("No such sandbox (or process, or file: the code says which)."),
+        );
+        add("410", error("The sandbox stopped while the request ran."));
+        add(
+            "503",
+            error("The sandbox's node does not answer: retry after a moment."),
+        );
+    }
+    add(
+        "414",
+        RefOr::T(
+            ResponseBuilder::new()
+                .description("The URI is too long for the server to read (no body).")
+                .build(),
+        ),
+    );
+    for p in op.parameters.iter_mut().flatten() {
+        if p.parameter_in == ParameterIn::Path && p.name == "id" {
+            p.schema = Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(SANDBOX_ID_PATTERN))
+                    .into(),
+            );
+        }
+    }
+    if let Some(body) = op.request_body.as_mut() {
+        for (mime, content) in body.content.iter_mut() {
+            if mime != "application/json" {
+                content.schema = Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+                        .into(),
+                );
+            }
+        }
+    }
+}
+
+/// An answer with the JSON error body.
+fn error(description: &str) -> RefOr<Response> {
+    RefOr::T(
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build(),
+    )
 }
 
 /// The document as pretty JSON.

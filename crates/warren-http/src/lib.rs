@@ -3,10 +3,14 @@
 //! - [`Error`]: the one place where an [`ApiError`] becomes a status code and a JSON body.
 //! - [`Json`]: like axum's extractor, but a malformed body is a Warren `invalid_argument` error
 //!   that says what was wrong, not a plain-text 422.
+//! - [`Path`], [`Query`]: the same for path and query parameters.
+//! - [`drain`]: reading the rest of a body a handler refused unread, so its client gets the
+//!   answer.
 //! - [`ndjson`]: streaming bodies of newline-delimited JSON.
 //! - [`serve`]: serving with header-read and idle timeouts.
 //! - [`token_matches`]: constant-time comparison of presented secrets.
 
+pub mod drain;
 pub mod serve;
 
 /// Whether a presented secret equals the expected one, in time that does not depend on where
@@ -16,7 +20,7 @@ pub fn token_matches(presented: &str, expected: &str) -> bool {
     presented.as_bytes().ct_eq(expected.as_bytes()).into()
 }
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -124,6 +128,30 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
                 ApiError::invalid(format!("bad query parameters: {}", source_text(&e))),
             )),
             Err(other) => Err(Error(ApiError::invalid(other.body_text()))),
+        }
+    }
+}
+
+/// Path parameters whose rejection is a Warren error (a JSON 400 that names the parameter),
+/// not axum's plain text.
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> std::result::Result<Self, Error> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(PathRejection::FailedToDeserializePathParams(e)) => {
+                Err(Error(ApiError::invalid(format!(
+                    "bad path parameter: {}; see /v1/openapi.json for what each path takes",
+                    e.body_text()
+                ))))
+            }
+            Err(other) => Err(Error(ApiError::internal(format!(
+                "path parameters: {}",
+                other.body_text()
+            )))),
         }
     }
 }

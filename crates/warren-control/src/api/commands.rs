@@ -1,10 +1,9 @@
 //! Commands: exec (plain and streaming) and background processes.
 
 use axum::body::Body;
-use axum::extract::Path;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
-use warren_http::{Error, Json};
+use warren_http::{Error, Json, Path};
 use warren_types::api::{
     ExecEvent, ExecRequest, ExecResult, ProcessInfo, ProcessList, SignalRequest,
 };
@@ -27,8 +26,8 @@ use super::{S, pass, pass_json};
     params(("id" = String, Path, description = "Sandbox id.")),
     request_body = ExecRequest,
     responses(
-        (status = 200, description = "The command ran (whatever its exit code).", body = ExecResult),
-        (status = 200, description = "With stream: newline-delimited events.", body = ExecEvent, content_type = "application/x-ndjson"),
+        (status = 200, description = "The command ran (whatever its exit code): its result; with `stream` (or `Accept: application/x-ndjson`), newline-delimited events as it runs.",
+            content((ExecResult = "application/json"), (ExecEvent = "application/x-ndjson"))),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody),
     ),
     security(("api_key" = [])))]

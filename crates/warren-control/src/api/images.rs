@@ -8,12 +8,11 @@
 use std::collections::BTreeSet;
 
 use axum::body::Body;
-use axum::extract::Path;
 use axum::http::StatusCode;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
-use warren_http::{Error, Json, Query};
+use warren_http::{Error, Json, Path, Query};
 use warren_images::ImageError;
 use warren_types::api::{
     CommitRequest, Image, ImageDetail, ImageList, ImageStats, Layer, PullRequest, Sandbox,

@@ -1,10 +1,9 @@
 //! Sandbox lifecycle: create, list, get, pause, resume, kill.
 
 use axum::body::Body;
-use axum::extract::Path;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
-use warren_http::{Error, Json, Query};
+use warren_http::{Error, Json, Path, Query};
 use warren_types::api::{
     BackendKind, CreateSandbox, Sandbox, SandboxList, SandboxState, SetTimeout, TrajectoryEntry,
 };
@@ -85,7 +84,7 @@ pub async fn create(
             Ok(resp) => return Ok(resp),
             Err(e) => {
                 tracing::warn!(node_id = %node.id, "create: {}", e.0.message);
-                last = Some(Err(unavailable(&node, &e.0.message)));
+                last = Some(Err(e));
             }
         }
     }

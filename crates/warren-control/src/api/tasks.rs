@@ -1,8 +1,7 @@
 //! Task-level operations: pause, resume or stop every sandbox of a task, on every node at
 //! once (one request per node, not per sandbox).
 
-use axum::extract::Path;
-use warren_http::{Error, Json};
+use warren_http::{Error, Json, Path};
 use warren_types::api::{TaskAction, TaskInfo, TaskList, TaskResult};
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
@@ -29,7 +28,7 @@ fn action(raw: &str) -> Result<TaskAction, Error> {
 /// sandbox it is known to hold... or, when it cannot be asked at all, as a 503.
 #[utoipa::path(post, path = "/v1/tasks/{task}/{action}", tag = "tasks",
     params(("task" = String, Path, description = "Task name."),
-        ("action" = String, Path, description = "`pause`, `resume` or `stop`.")),
+        ("action" = TaskAction, Path, description = "`pause`, `resume` or `stop`.")),
     responses((status = 200, body = TaskResult), (status = 404, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn act(
