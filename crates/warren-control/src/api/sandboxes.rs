@@ -80,7 +80,8 @@ pub async fn create(
     for node in order {
         let _inflight = InFlight::new(node.clone(), memory);
         match forward_json(&node, Method::POST, "/v1/sandboxes", &headers, &req).await {
-            Ok(resp) if resp.status().as_u16() == 429 => last = Some(Ok(resp)),
+            // Full (429) or too busy to finish now (503): the next candidate may do it.
+            Ok(resp) if matches!(resp.status().as_u16(), 429 | 503) => last = Some(Ok(resp)),
             Ok(resp) => return Ok(resp),
             Err(e) => {
                 tracing::warn!(node_id = %node.id, "create: {}", e.0.message);
