@@ -1,7 +1,10 @@
 //! The OpenAPI document, generated from the handlers' annotations and the types' schemas.
 
 use utoipa::openapi::path::{Operation, ParameterIn};
-use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+use utoipa::openapi::schema::{
+    AdditionalProperties, AllOfBuilder, KnownFormat, ObjectBuilder, OneOfBuilder, Schema,
+    SchemaFormat, Type,
+};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
@@ -58,12 +61,26 @@ impl Modify for Security {
 /// missing or wrong key (401), a malformed parameter or body (400), a body over the limit
 /// (413), a URI too long for the server to read (414), and for requests about a sandbox, an
 /// unknown one (404), one that stopped meanwhile (410) and a node that does not answer (503).
-/// Raw request bodies (files, tar streams, image archives) are bytes, and every `{id}` is a
-/// sandbox id.
+/// Raw request bodies (files, tar streams, image archives) are bytes, every `{id}` is a
+/// sandbox id, and the rules the server checks that the types' schemas cannot say are added
+/// to them (paths, environment and label names, exactly one of `cmd` and `argv`).
 struct Contract;
 
 /// What a sandbox id looks like (`warren_types::id`): its node's 6 characters, then 14.
 const SANDBOX_ID_PATTERN: &str = "^[a-z][a-z0-9]{19}$";
+
+/// A path in a sandbox (`warren_types::path::check_user_path`): no NUL and no `..` component
+/// (a component is empty, `.`, or does not start with `..` unless longer than two).
+const PATH_PATTERN: &str = r"^(|\.|[^/.\u0000][^/\u0000]*|\.[^/.\u0000][^/\u0000]*|\.\.[^/\u0000]+)(/(|\.|[^/.\u0000][^/\u0000]*|\.[^/.\u0000][^/\u0000]*|\.\.[^/\u0000]+))*$";
+
+/// Environment variable names (`warren_node::create::check_env`).
+const ENV_NAME_PATTERN: &str = "^[A-Za-z_][A-Za-z0-9_]*$";
+
+/// Label keys (`warren_node::create::validate`).
+const LABEL_KEY_PATTERN: &str = "^[A-Za-z0-9._:/-]{1,63}$";
+
+/// A string without NUL.
+const NO_NUL_PATTERN: &str = r"^[^\u0000]*$";
 
 impl Modify for Contract {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
@@ -78,7 +95,77 @@ impl Modify for Contract {
                 complete(path, op);
             }
         }
+        if let Some(c) = doc.components.as_mut() {
+            let schemas = &mut c.schemas;
+            for (name, field) in [
+                ("CreateSandbox", "env"),
+                ("ExecRequest", "env"),
+                ("CreateSandbox", "labels"),
+            ] {
+                let names = if field == "env" {
+                    ENV_NAME_PATTERN
+                } else {
+                    LABEL_KEY_PATTERN
+                };
+                if let Some(map) = property(schemas, name, field) {
+                    map.max_properties = Some(if field == "env" { 256 } else { 64 });
+                    map.property_names = Some(Box::new(string(names, None)));
+                    let max = (field == "labels").then_some(256);
+                    map.additional_properties = Some(Box::new(AdditionalProperties::RefOr(
+                        RefOr::T(string(NO_NUL_PATTERN, max)),
+                    )));
+                }
+            }
+            for (name, field) in [
+                ("ExecRequest", "cwd"),
+                ("MkdirRequest", "path"),
+                ("RenameRequest", "from"),
+                ("RenameRequest", "to"),
+            ] {
+                if let Some(p) = property(schemas, name, field) {
+                    p.pattern = Some(PATH_PATTERN.into());
+                    p.min_length = Some(1);
+                    p.max_length = Some(warren_types::path::MAX_PATH_LEN);
+                }
+            }
+            // Exactly one of `cmd` and `argv`.
+            if let Some(RefOr::T(exec)) = schemas.remove("ExecRequest") {
+                let one = |f: &str| ObjectBuilder::new().schema_type(Type::Object).required(f);
+                let both = AllOfBuilder::new()
+                    .item(exec)
+                    .item(OneOfBuilder::new().item(one("cmd")).item(one("argv")))
+                    .build();
+                schemas.insert("ExecRequest".into(), RefOr::T(Schema::AllOf(both)));
+            }
+        }
     }
+}
+
+/// The schema of `field` of the object schema `name`, unwrapping an `Option`'s `oneOf`/`null`
+/// form where it has one.
+fn property<'a>(
+    schemas: &'a mut std::collections::BTreeMap<String, RefOr<Schema>>,
+    name: &str,
+    field: &str,
+) -> Option<&'a mut utoipa::openapi::schema::Object> {
+    let Some(RefOr::T(Schema::Object(o))) = schemas.get_mut(name) else {
+        return None;
+    };
+    match o.properties.get_mut(field)? {
+        RefOr::T(Schema::Object(p)) => Some(p),
+        _ => None,
+    }
+}
+
+/// A string schema with `pattern` and at most `max_length` characters.
+fn string(pattern: &str, max_length: Option<usize>) -> Schema {
+    Schema::Object(
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(pattern))
+            .max_length(max_length)
+            .build(),
+    )
 }
 
 fn complete(path: &str, op: &mut Operation) {
@@ -124,6 +211,16 @@ fn complete(path: &str, op: &mut Operation) {
         ),
     );
     for p in op.parameters.iter_mut().flatten() {
+        if p.parameter_in == ParameterIn::Query && p.name == "path" {
+            p.schema = Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(PATH_PATTERN))
+                    .min_length(Some(1))
+                    .max_length(Some(warren_types::path::MAX_PATH_LEN))
+                    .into(),
+            );
+        }
         if p.parameter_in == ParameterIn::Path && p.name == "id" {
             p.schema = Some(
                 ObjectBuilder::new()

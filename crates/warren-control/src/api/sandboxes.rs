@@ -100,6 +100,7 @@ pub struct ListQuery {
     /// Only this task's sandboxes.
     pub task: Option<String>,
     /// Only sandboxes with all these labels, as `key=value,key2=value2`.
+    #[param(pattern = "^(([^,=]*=[^,]*)?,)*([^,=]*=[^,]*)?$")]
     pub label: Option<String>,
     /// Only sandboxes in this state.
     pub state: Option<SandboxState>,
