@@ -2,8 +2,8 @@
 
 use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::schema::{
-    AdditionalProperties, AllOfBuilder, KnownFormat, ObjectBuilder, OneOfBuilder, Schema,
-    SchemaFormat, Type,
+    AdditionalProperties, AllOfBuilder, ArrayBuilder, KnownFormat, ObjectBuilder, OneOfBuilder,
+    Schema, SchemaFormat, Type,
 };
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
@@ -128,12 +128,28 @@ impl Modify for Contract {
                     p.max_length = Some(warren_types::path::MAX_PATH_LEN);
                 }
             }
-            // Exactly one of `cmd` and `argv`.
+            // Exactly one of `cmd` (a string) and `argv` (a program and its arguments).
             if let Some(RefOr::T(exec)) = schemas.remove("ExecRequest") {
-                let one = |f: &str| ObjectBuilder::new().schema_type(Type::Object).required(f);
+                let one = |f: &str, s: Schema| {
+                    ObjectBuilder::new()
+                        .schema_type(Type::Object)
+                        .required(f)
+                        .property(f, s)
+                };
+                let cmd = string(NO_NUL_PATTERN, None);
+                let argv = Schema::Array(
+                    ArrayBuilder::new()
+                        .items(RefOr::T(string(NO_NUL_PATTERN, None)))
+                        .min_items(Some(1))
+                        .build(),
+                );
                 let both = AllOfBuilder::new()
                     .item(exec)
-                    .item(OneOfBuilder::new().item(one("cmd")).item(one("argv")))
+                    .item(
+                        OneOfBuilder::new()
+                            .item(one("cmd", cmd))
+                            .item(one("argv", argv)),
+                    )
                     .build();
                 schemas.insert("ExecRequest".into(), RefOr::T(Schema::AllOf(both)));
             }
