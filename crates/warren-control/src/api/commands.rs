@@ -103,7 +103,7 @@ pub async fn forget(
 /// Wait for a process to exit, at most `timeout` seconds; returns its state either way.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/wait", tag = "commands",
     params(("id" = String, Path, description = "Sandbox id."), ("pid" = u64, Path, description = "Process id."),
-        ("timeout" = Option<f64>, Query, description = "Seconds to wait at most; default until it exits.")),
+        ("timeout" = Option<f64>, Query, minimum = 0, description = "Seconds to wait at most; default until it exits.")),
     responses((status = 200, body = ProcessInfo), (status = 404, body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn wait(
