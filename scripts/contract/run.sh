@@ -11,6 +11,7 @@
 #
 #   scripts/contract/run.sh            # from anywhere, as root; `make test` runs it last
 #   CONTRACT_EXAMPLES=50 scripts/contract/run.sh   # more cases per operation (default 8)
+#   CONTRACT_SEED=7 scripts/contract/run.sh        # other cases (default seed 1)
 #
 # It starts its own `warren up` (target/debug/warren, or $WARREN_BIN) on a free loopback port
 # with its own data directory, cgroup parent and small node limits (node.toml beside this
@@ -25,6 +26,7 @@ venv=${WARREN_CONTRACT_VENV:-$here/.venv}
 python=${PYTHON:-python3}
 warren=${WARREN_BIN:-$root/target/debug/warren}
 examples=${CONTRACT_EXAMPLES:-8}
+seed=${CONTRACT_SEED:-1}
 schemathesis_version=4.32.5
 
 if [ "$(id -u)" != 0 ]; then
@@ -107,7 +109,7 @@ key=$(cat "$data/admin.key")
 st() {
   (cd "$here" && SCHEMATHESIS_HOOKS=hooks "$venv/bin/schemathesis" --no-color run "$url/v1/openapi.json" \
     --exclude-path /v1/images/pull \
-    --max-examples "$examples" --seed 1 --workers 1 --request-timeout 60 \
+    --max-examples "$examples" --seed "$seed" --workers 1 --request-timeout 60 \
     --generation-database none --suppress-health-check all "$@")
 }
 
