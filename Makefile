@@ -25,6 +25,7 @@ test: deps
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace
 	sdk/python/run-tests.sh
+	scripts/contract/run.sh
 
 bench: build
 	target/release/warren-bench

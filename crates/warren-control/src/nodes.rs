@@ -51,8 +51,11 @@ pub struct NodeClient {
 impl NodeClient {
     /// A client for `endpoint`.
     pub fn new(endpoint: &Endpoint) -> Result<NodeClient, Unreachable> {
+        // Idle connections are dropped before the node closes them (it does after
+        // `HEADER_READ_TIMEOUT`): a request sent on one the node is closing would be lost.
         let builder = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
+            .pool_idle_timeout(warren_http::serve::HEADER_READ_TIMEOUT / 2)
             .tcp_nodelay(true);
         let (builder, base, token, shown) = match endpoint {
             Endpoint::Unix(path) => (

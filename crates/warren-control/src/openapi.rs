@@ -1,6 +1,12 @@
 //! The OpenAPI document, generated from the handlers' annotations and the types' schemas.
 
+use utoipa::openapi::path::{Operation, ParameterIn};
+use utoipa::openapi::schema::{
+    AdditionalProperties, AllOfBuilder, ArrayBuilder, KnownFormat, ObjectBuilder, OneOfBuilder,
+    Schema, SchemaFormat, Type,
+};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, Response, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::api;
@@ -21,7 +27,7 @@ use crate::api;
         api::images::stats, api::images::commit, api::images::pull,
         api::events::list,
     ),
-    modifiers(&Security),
+    modifiers(&Security, &Contract),
     tags(
         (name = "sandboxes", description = "Create, list, pause, resume and kill sandboxes."),
         (name = "tasks", description = "Pause, resume or stop every sandbox of a training task at once."),
@@ -48,6 +54,225 @@ impl Modify for Security {
             SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
         );
     }
+}
+
+/// The answers every operation of a kind can give, added to each where its own annotation
+/// does not already describe them, so the document names every status the server sends: a
+/// missing or wrong key (401), a malformed parameter or body (400), a body over the limit
+/// (413), a URI too long for the server to read (414), and for requests about a sandbox, an
+/// unknown one (404), one that stopped meanwhile (410) and a node that does not answer (503).
+/// Raw request bodies (files, tar streams, image archives) are bytes, every `{id}` is a
+/// sandbox id, and the rules the server checks that the types' schemas cannot say are added
+/// to them (paths, environment and label names, exactly one of `cmd` and `argv`).
+struct Contract;
+
+/// What a sandbox id looks like (`warren_types::id`): its node's 6 characters, then 14.
+const SANDBOX_ID_PATTERN: &str = "^[a-z][a-z0-9]{19}$";
+
+/// A path in a sandbox (`warren_types::path::check_user_path`): no NUL and no `..` component
+/// (a component is empty, `.`, or does not start with `..` unless longer than two).
+const PATH_PATTERN: &str = r"^(|\.|[^/.\u0000][^/\u0000]*|\.[^/.\u0000][^/\u0000]*|\.\.[^/\u0000]+)(/(|\.|[^/.\u0000][^/\u0000]*|\.[^/.\u0000][^/\u0000]*|\.\.[^/\u0000]+))*$";
+
+/// Environment variable names (`warren_node::create::check_env`).
+const ENV_NAME_PATTERN: &str = "^[A-Za-z_][A-Za-z0-9_]*$";
+
+/// Label keys (`warren_node::create::validate`).
+const LABEL_KEY_PATTERN: &str = "^[A-Za-z0-9._:/-]{1,63}$";
+
+/// A string without NUL.
+const NO_NUL_PATTERN: &str = r"^[^\u0000]*$";
+
+impl Modify for Contract {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let ops = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+            ];
+            for op in ops.into_iter().flatten() {
+                complete(path, op);
+            }
+        }
+        if let Some(c) = doc.components.as_mut() {
+            let schemas = &mut c.schemas;
+            for (name, field) in [
+                ("CreateSandbox", "env"),
+                ("ExecRequest", "env"),
+                ("CreateSandbox", "labels"),
+            ] {
+                let names = if field == "env" {
+                    ENV_NAME_PATTERN
+                } else {
+                    LABEL_KEY_PATTERN
+                };
+                if let Some(map) = property(schemas, name, field) {
+                    map.max_properties = Some(if field == "env" { 256 } else { 64 });
+                    map.property_names = Some(Box::new(string(names, None)));
+                    let max = (field == "labels").then_some(256);
+                    map.additional_properties = Some(Box::new(AdditionalProperties::RefOr(
+                        RefOr::T(string(NO_NUL_PATTERN, max)),
+                    )));
+                }
+            }
+            for (name, field) in [
+                ("ExecRequest", "cwd"),
+                ("MkdirRequest", "path"),
+                ("RenameRequest", "from"),
+                ("RenameRequest", "to"),
+            ] {
+                if let Some(p) = property(schemas, name, field) {
+                    p.pattern = Some(PATH_PATTERN.into());
+                    p.min_length = Some(1);
+                    p.max_length = Some(warren_types::path::MAX_PATH_LEN);
+                }
+            }
+            // Exactly one of `cmd` (a string) and `argv` (a program and its arguments).
+            if let Some(RefOr::T(exec)) = schemas.remove("ExecRequest") {
+                let one = |f: &str, s: Schema| {
+                    ObjectBuilder::new()
+                        .schema_type(Type::Object)
+                        .required(f)
+                        .property(f, s)
+                };
+                let cmd = string(NO_NUL_PATTERN, None);
+                let argv = Schema::Array(
+                    ArrayBuilder::new()
+                        .items(RefOr::T(string(NO_NUL_PATTERN, None)))
+                        .min_items(Some(1))
+                        .build(),
+                );
+                let both = AllOfBuilder::new()
+                    .item(exec)
+                    .item(
+                        OneOfBuilder::new()
+                            .item(one("cmd", cmd))
+                            .item(one("argv", argv)),
+                    )
+                    .build();
+                schemas.insert("ExecRequest".into(), RefOr::T(Schema::AllOf(both)));
+            }
+        }
+    }
+}
+
+/// The schema of `field` of the object schema `name`, unwrapping an `Option`'s `oneOf`/`null`
+/// form where it has one.
+fn property<'a>(
+    schemas: &'a mut std::collections::BTreeMap<String, RefOr<Schema>>,
+    name: &str,
+    field: &str,
+) -> Option<&'a mut utoipa::openapi::schema::Object> {
+    let Some(RefOr::T(Schema::Object(o))) = schemas.get_mut(name) else {
+        return None;
+    };
+    match o.properties.get_mut(field)? {
+        RefOr::T(Schema::Object(p)) => Some(p),
+        _ => None,
+    }
+}
+
+/// A string schema with `pattern` and at most `max_length` characters.
+fn string(pattern: &str, max_length: Option<usize>) -> Schema {
+    Schema::Object(
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(pattern))
+            .max_length(max_length)
+            .build(),
+    )
+}
+
+fn complete(path: &str, op: &mut Operation) {
+    let mut add = |status: &str, resp: RefOr<Response>| {
+        op.responses
+            .responses
+            .entry(status.to_string())
+            .or_insert(resp);
+    };
+    if op.security.as_ref().is_some_and(|s| !s.is_empty()) {
+        add(
+            "401",
+            error("No API key, or one that is not valid: the message says which."),
+        );
+    }
+    let has_params = op.parameters.as_ref().is_some_and(|p| !p.is_empty());
+    if has_params || op.request_body.is_some() {
+        add(
+            "400",
+            error("A malformed or out-of-range parameter or body: the message says which."),
+        );
+    }
+    if op.request_body.is_some() {
+        add("413", error("The body is larger than allowed."));
+    }
+    if path.starts_with("/v1/sandboxes/{id}") {
+        add(
+            "404",
+            error("No such sandbox (or process, or file: the code says which)."),
+        );
+        add("410", error("The sandbox stopped while the request ran."));
+        add(
+            "503",
+            error("The sandbox's node does not answer: retry after a moment."),
+        );
+    }
+    add(
+        "414",
+        RefOr::T(
+            ResponseBuilder::new()
+                .description("The URI is too long for the server to read (no body).")
+                .build(),
+        ),
+    );
+    for p in op.parameters.iter_mut().flatten() {
+        if p.parameter_in == ParameterIn::Query && p.name == "path" {
+            p.schema = Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(PATH_PATTERN))
+                    .min_length(Some(1))
+                    .max_length(Some(warren_types::path::MAX_PATH_LEN))
+                    .into(),
+            );
+        }
+        if p.parameter_in == ParameterIn::Path && p.name == "id" {
+            p.schema = Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(SANDBOX_ID_PATTERN))
+                    .into(),
+            );
+        }
+    }
+    if let Some(body) = op.request_body.as_mut() {
+        for (mime, content) in body.content.iter_mut() {
+            if mime != "application/json" {
+                content.schema = Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+                        .into(),
+                );
+            }
+        }
+    }
+}
+
+/// An answer with the JSON error body.
+fn error(description: &str) -> RefOr<Response> {
+    RefOr::T(
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build(),
+    )
 }
 
 /// The document as pretty JSON.

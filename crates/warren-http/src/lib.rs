@@ -3,10 +3,14 @@
 //! - [`Error`]: the one place where an [`ApiError`] becomes a status code and a JSON body.
 //! - [`Json`]: like axum's extractor, but a malformed body is a Warren `invalid_argument` error
 //!   that says what was wrong, not a plain-text 422.
+//! - [`Path`], [`Query`]: the same for path and query parameters.
+//! - [`drain`]: reading the rest of a body a handler refused unread, so its client gets the
+//!   answer.
 //! - [`ndjson`]: streaming bodies of newline-delimited JSON.
 //! - [`serve`]: serving with header-read and idle timeouts.
 //! - [`token_matches`]: constant-time comparison of presented secrets.
 
+pub mod drain;
 pub mod serve;
 
 /// Whether a presented secret equals the expected one, in time that does not depend on where
@@ -16,7 +20,7 @@ pub fn token_matches(presented: &str, expected: &str) -> bool {
     presented.as_bytes().ct_eq(expected.as_bytes()).into()
 }
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -66,10 +70,84 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
     type Rejection = Error;
 
     async fn from_request(req: Request, state: &S) -> std::result::Result<Self, Error> {
-        match axum::Json::<T>::from_request(req, state).await {
+        if !is_json(req.headers()) {
+            return Err(Error(ApiError::invalid(NOT_JSON)));
+        }
+        let bytes = match axum::body::Bytes::from_request(req, state).await {
+            Ok(b) => b,
+            Err(rej) => return Err(Error(json_rejection(JsonRejection::BytesRejection(rej)))),
+        };
+        match axum::Json::<T>::from_bytes(&bytes) {
             Ok(axum::Json(v)) => Ok(Json(v)),
+            // JSON has one number type: 3.0 is the integer 3 to JSON Schema (and to Python,
+            // which sends it so), so an integer field takes it.
+            Err(rej @ JsonRejection::JsonDataError(_)) => {
+                let retried = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .ok()
+                    .and_then(|mut v| integral_floats_to_integers(&mut v).then_some(v))
+                    .and_then(|v| serde_json::from_value(v).ok());
+                retried.map(Json).ok_or_else(|| Error(json_rejection(rej)))
+            }
             Err(rej) => Err(Error(json_rejection(rej))),
         }
+    }
+}
+
+/// Whether the request says its body is JSON (`application/json` or `application/*+json`).
+fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    let Some(ct) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = ct.split(';').next().unwrap_or("").trim();
+    let Some((kind, sub)) = essence.split_once('/') else {
+        return false;
+    };
+    kind.eq_ignore_ascii_case("application")
+        && (sub.eq_ignore_ascii_case("json") || sub.to_ascii_lowercase().ends_with("+json"))
+}
+
+/// Turns every float in `v` without a fraction (and in range) into an integer; whether it
+/// changed any.
+fn integral_floats_to_integers(v: &mut serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            let int = if f.fract() != 0.0 {
+                None
+            } else if (0.0..=u64::MAX as f64).contains(&f) && f < u64::MAX as f64 {
+                Some(Value::from(f as u64))
+            } else if (i64::MIN as f64..0.0).contains(&f) {
+                Some(Value::from(f as i64))
+            } else {
+                None
+            };
+            match int {
+                Some(i) => {
+                    *v = i;
+                    true
+                }
+                None => false,
+            }
+        }
+        Value::Array(items) => {
+            let mut changed = false;
+            for item in items {
+                changed |= integral_floats_to_integers(item);
+            }
+            changed
+        }
+        Value::Object(map) => {
+            let mut changed = false;
+            for item in map.values_mut() {
+                changed |= integral_floats_to_integers(item);
+            }
+            changed
+        }
+        _ => false,
     }
 }
 
@@ -79,11 +157,11 @@ impl<T: Serialize> IntoResponse for Json<T> {
     }
 }
 
+const NOT_JSON: &str = "the body must be JSON: send the header Content-Type: application/json";
+
 fn json_rejection(rej: JsonRejection) -> ApiError {
     match rej {
-        JsonRejection::MissingJsonContentType(_) => ApiError::invalid(
-            "the body must be JSON: send the header Content-Type: application/json",
-        ),
+        JsonRejection::MissingJsonContentType(_) => ApiError::invalid(NOT_JSON),
         JsonRejection::JsonSyntaxError(e) => {
             ApiError::invalid(format!("the body is not valid JSON: {}", source_text(&e)))
         }
@@ -125,6 +203,90 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
             )),
             Err(other) => Err(Error(ApiError::invalid(other.body_text()))),
         }
+    }
+}
+
+/// Path parameters whose rejection is a Warren error (a JSON 400 that names the parameter),
+/// not axum's plain text.
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> std::result::Result<Self, Error> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(PathRejection::FailedToDeserializePathParams(e)) => {
+                Err(Error(ApiError::invalid(format!(
+                    "bad path parameter: {}; see /v1/openapi.json for what each path takes",
+                    e.body_text()
+                ))))
+            }
+            Err(other) => Err(Error(ApiError::internal(format!(
+                "path parameters: {}",
+                other.body_text()
+            )))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    struct T {
+        pids: u32,
+        timeout: Option<f64>,
+        offset: i64,
+    }
+
+    async fn parse(ct: &str, body: &str) -> std::result::Result<T, ApiError> {
+        let req = Request::builder()
+            .header(header::CONTENT_TYPE, ct)
+            .body(axum::body::Body::from(body.to_string()))
+            .unwrap();
+        Json::<T>::from_request(req, &())
+            .await
+            .map(|j| j.0)
+            .map_err(|e| e.0)
+    }
+
+    #[tokio::test]
+    async fn integral_floats_are_integers_and_nothing_else_changes() {
+        let t = parse(
+            "application/json",
+            r#"{"pids": 3273.0, "timeout": 2.0, "offset": -4.0}"#,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            t,
+            T {
+                pids: 3273,
+                timeout: Some(2.0),
+                offset: -4
+            }
+        );
+        let e = parse("application/json", r#"{"pids": 3.5, "offset": 0}"#)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidArgument);
+        assert!(e.message.contains("pids"), "{}", e.message);
+        let e = parse("text/plain", r#"{"pids": 1, "offset": 0}"#)
+            .await
+            .unwrap_err();
+        assert!(
+            e.message.contains("Content-Type: application/json"),
+            "{}",
+            e.message
+        );
+        let t = parse(
+            "application/json; charset=utf-8",
+            r#"{"pids": 1, "offset": 0}"#,
+        )
+        .await;
+        assert!(t.is_ok(), "{t:?}");
     }
 }
 

@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
-use warren_http::{Error, Json, Query};
+use warren_http::{Error, Json, Path, Query};
 use warren_types::api::{
     CreateSandbox, ExecRequest, FileList, ImageStats, Layer, MkdirRequest, NodeInfo, ProcessInfo,
     ProcessList, RenameRequest, Sandbox as SandboxView, SandboxList, SandboxState, SetTimeout,
@@ -72,7 +72,7 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         // in a create's body); uploads stream and have their own (max_upload).
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
         .with_state(node);
-    match token {
+    let r = match token {
         Some(t) => r.layer(axum::middleware::from_fn(
             move |req: Request, next: Next| {
                 let t = t.clone();
@@ -96,7 +96,9 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
             },
         )),
         None => r,
-    }
+    };
+    // A request refused before its body was read still gets its answer (not a broken pipe).
+    r.layer(axum::middleware::from_fn(warren_http::drain::unread_body))
 }
 
 /// Parses a sandbox id from a path and checks it is this node's.

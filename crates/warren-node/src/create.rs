@@ -257,6 +257,10 @@ impl Node {
                 Ok(())
             })
             .await;
+            // A guest too slow to greet under load: undone, and retryable as it is.
+            if matches!(e, NodeError::Busy { .. }) {
+                return Err(e);
+            }
             let tail: String = log
                 .lines()
                 .rev()
@@ -293,12 +297,21 @@ async fn wait_ready(sb: &Sandbox) -> Result<(), NodeError> {
         let mut conn = GuestConn::open(&sb.socket, Op::Ping).await?;
         conn.reply().await
     };
+    // A guest that does not answer in time is a node too busy to start it now, not a fault:
+    // a retryable 503 (the create is undone), never a 500.
+    let busy = |what: &str| NodeError::Busy {
+        message: format!(
+            "the new sandbox's guest agent did not answer in time ({what}): the node is busy; retry shortly"
+        ),
+        retry_after: 2,
+    };
     tokio::select! {
         r = tokio::time::timeout(READY_TIMEOUT, ping) => match r {
             Ok(Ok(Reply::Pong { .. })) => Ok(()),
             Ok(Ok(other)) => Err(NodeError::host("guest hello", std::io::Error::other(format!("unexpected reply {other:?}")))),
+            Ok(Err(e @ crate::guest_client::GuestError::NoHello(_))) => Err(busy(&e.to_string())),
             Ok(Err(e)) => Err(NodeError::host("guest hello", std::io::Error::other(e.to_string()))),
-            Err(_) => Err(NodeError::host("guest hello", std::io::Error::other("no answer within 20 s"))),
+            Err(_) => Err(busy("no answer within 20 s")),
         },
         _ = exited => Err(NodeError::host("guest hello", std::io::Error::other("the sandbox's init exited during set-up"))),
     }

@@ -27,6 +27,15 @@ pub enum NodeError {
         /// Seconds after which a retry may succeed.
         retry_after: u32,
     },
+    /// The node is too busy to finish this now (a new sandbox's guest did not answer in
+    /// time under load); a retry may succeed.
+    #[error("{message}")]
+    Busy {
+        /// What did not happen in time, and what to do.
+        message: String,
+        /// Seconds after which a retry may succeed.
+        retry_after: u32,
+    },
     /// The sandbox ended while the request ran.
     #[error("sandbox {0} stopped while the request ran (killed, timed out, or its init died)")]
     Gone(SandboxId),
@@ -77,6 +86,16 @@ impl NodeError {
             } => {
                 return ApiError::capacity(message.clone(), *retry_after);
             }
+            NodeError::Busy {
+                message,
+                retry_after,
+            } => {
+                return ApiError {
+                    code: ErrorCode::Unavailable,
+                    message: message.clone(),
+                    retry_after_secs: Some(*retry_after),
+                };
+            }
             NodeError::Gone(_) => ErrorCode::SandboxGone,
             NodeError::Guest { code, .. } => *code,
             NodeError::TooLarge(_) => ErrorCode::PayloadTooLarge,
@@ -90,5 +109,24 @@ impl NodeError {
 impl From<warren_images::ImageError> for NodeError {
     fn from(e: warren_images::ImageError) -> Self {
         NodeError::Image(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node too busy to finish a create answers a retryable 503, not a 500.
+    #[test]
+    fn busy_is_a_retryable_unavailable() {
+        let e = NodeError::Busy {
+            message: "the guest did not answer in time".into(),
+            retry_after: 2,
+        }
+        .to_api();
+        assert_eq!(e.code, ErrorCode::Unavailable);
+        assert_eq!(e.code.http_status(), 503);
+        assert_eq!(e.retry_after_secs, Some(2));
+        assert!(e.message.contains("in time"), "{}", e.message);
     }
 }

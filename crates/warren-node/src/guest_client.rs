@@ -33,6 +33,9 @@ pub enum GuestError {
     /// The connection ended early.
     #[error("the guest agent closed the connection")]
     Closed,
+    /// The guest did not greet in time (a node under load, or a guest starved of CPU).
+    #[error("no hello from the guest agent within {0} s")]
+    NoHello(u64),
 }
 
 /// An open operation on a guest.
@@ -65,9 +68,7 @@ impl GuestConn {
         };
         let hello = tokio::time::timeout(HELLO_TIMEOUT, conn.frame())
             .await
-            .map_err(|_| {
-                GuestError::Protocol("no hello from the guest agent within 10 s".into())
-            })??;
+            .map_err(|_| GuestError::NoHello(10))??;
         match hello {
             Some((FrameKind::Message, payload)) => {
                 let h: Hello = serde_json::from_slice(&payload)

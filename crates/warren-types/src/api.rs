@@ -48,38 +48,54 @@ pub struct CreateSandbox {
     /// first, as a JSON array or a comma-separated string (`base/python:3.12,tk/agent:v3`).
     /// Upper layers win where they hold the same path.
     #[serde(deserialize_with = "image_list")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*([:@][A-Za-z0-9._-]{1,128})?(,[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*([:@][A-Za-z0-9._-]{1,128})?)*$"
+        )
+    )]
     pub image: String,
     /// The backend to run it in; default `container`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend: Option<BackendKind>,
     /// The training task this sandbox belongs to; task-level operations act on all of a task.
+    /// 1 to 128 letters, digits and `. _ - : /`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._:/-]{1,128}$"))]
     pub task: Option<String>,
-    /// CPU limit in millicores (1000 = one core). Default 1000.
+    /// CPU limit in millicores (1000 = one core): 10 to 1000 × the node's cores. Default 1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 10))]
     pub cpu: Option<u32>,
     /// Memory limit, e.g. `512Mi` or a number of bytes. Default 512Mi.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<ByteSize>,
-    /// Most processes and threads the sandbox may hold. Default 1024.
+    /// Most processes and threads the sandbox may hold: 16 to the node's `max_pids`. Default
+    /// 1024.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 16))]
     pub pids: Option<u32>,
     /// Disk quota of the sandbox's writable layer, e.g. `10Gi`: writes past it fail with
     /// "Disk quota exceeded" inside the sandbox. Default: the node's `default_disk` (10Gi).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<ByteSize>,
-    /// Absolute lifetime in seconds; the sandbox is killed when it passes. Default 3600.
+    /// Absolute lifetime in seconds, 1 to the node's `max_timeout`; the sandbox is killed when
+    /// it passes. Default 3600.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub timeout: Option<u64>,
-    /// Free-form labels, filterable in list.
+    /// Free-form labels, filterable in list: at most 64, keys of 1 to 63 letters, digits and
+    /// `. _ - : /`, values of at most 256 bytes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-    /// Environment variables for every command run in the sandbox.
+    /// Environment variables for every command run in the sandbox: at most 256, names of
+    /// letters, digits and `_` not starting with a digit, no NUL, 32 KiB in all.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Seconds without API activity (commands, files, processes) after which `on_idle`
-    /// happens. None: never idle.
+    /// happens, 1 to the node's `max_timeout`. None: never idle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub idle_timeout: Option<u64>,
     /// What idleness does: `pause` (default; the next operation resumes it) or `stop`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -210,7 +226,8 @@ pub struct Sandbox {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SetTimeout {
-    /// Seconds from now until the sandbox is killed.
+    /// Seconds from now until the sandbox is killed: 1 to the node's `max_timeout`.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub timeout: u64,
 }
 
@@ -823,6 +840,13 @@ pub struct ImageDetail {
 #[serde(deny_unknown_fields)]
 pub struct CommitRequest {
     /// Name of the new image: the sandbox's layers plus the new one on top.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*([:@][A-Za-z0-9._-]{1,128})?$",
+            max_length = 255
+        )
+    )]
     pub name: String,
 }
 

@@ -106,7 +106,8 @@ pub struct ApiError {
     pub code: ErrorCode,
     /// What was wrong and what to do about it.
     pub message: String,
-    /// For `capacity`: seconds after which a retry may succeed.
+    /// For `capacity` and `unavailable`: seconds after which a retry may succeed (also sent
+    /// as `Retry-After`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_secs: Option<u32>,
 }

@@ -445,6 +445,34 @@ async fn bad_input_gets_clear_4xx_errors_and_harms_nothing() {
             "conflict",
             "/tmp",
         ),
+        // Path parameters that do not parse are the same JSON 400, not axum's plain text.
+        (
+            "GET",
+            format!("/v1/sandboxes/{sid}/processes/abc"),
+            k,
+            None,
+            400,
+            "invalid_argument",
+            "bad path parameter",
+        ),
+        (
+            "POST",
+            format!("/v1/sandboxes/{sid}/processes/-1/wait"),
+            k,
+            None,
+            400,
+            "invalid_argument",
+            "bad path parameter",
+        ),
+        (
+            "GET",
+            "/v1/images".into(),
+            Some("wrn_wrong"),
+            None,
+            401,
+            "unauthenticated",
+            "not valid",
+        ),
         (
             "POST",
             "/v1/tasks/t/explode".into(),
@@ -493,6 +521,117 @@ async fn bad_input_gets_clear_4xx_errors_and_harms_nothing() {
     let (s, v) = raw(&p, "GET", "/v1/openapi.json", None, None).await;
     assert_eq!(s, 200);
     assert!(v["paths"]["/v1/sandboxes/{id}/exec"].is_object());
+}
+
+/// Requests whose bodies are refused before they are read (a bad query, no key) get their 4xx
+/// every time: never a 503 "node does not answer" or a reset connection because the server
+/// answered while the body was still on its way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_refused_unread_get_their_answer_every_time() {
+    require_root!();
+    let p = Platform::start();
+    let sb = p.client().create(&host()).await.unwrap();
+    let sid = sb.id().to_string();
+    let big = vec![b'x'; 3 << 20];
+    let exec_body =
+        json!({"cmd": "true", "argv": ["true"], "stdin": "y".repeat(3 << 20)}).to_string();
+    let http = p.http();
+    // (what, method, path, key, body, content type, status, code)
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        String,
+        Option<&'a str>,
+        Vec<u8>,
+        &'a str,
+        u16,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "upload to an empty path",
+            "PUT",
+            format!("/v1/sandboxes/{sid}/files?path="),
+            Some(&p.key),
+            big.clone(),
+            "application/octet-stream",
+            400,
+            "invalid_argument",
+        ),
+        (
+            "upload with a bad mode",
+            "PUT",
+            format!("/v1/sandboxes/{sid}/files?path=/tmp/a&mode=999"),
+            Some(&p.key),
+            big.clone(),
+            "application/octet-stream",
+            400,
+            "invalid_argument",
+        ),
+        (
+            "tar upload to an empty path",
+            "PUT",
+            format!("/v1/sandboxes/{sid}/files/tar?path="),
+            Some(&p.key),
+            big.clone(),
+            "application/x-tar",
+            400,
+            "invalid_argument",
+        ),
+        (
+            "exec with cmd and argv",
+            "POST",
+            format!("/v1/sandboxes/{sid}/exec"),
+            Some(&p.key),
+            exec_body.clone().into_bytes(),
+            "application/json",
+            400,
+            "invalid_argument",
+        ),
+        (
+            "upload without a key",
+            "PUT",
+            format!("/v1/sandboxes/{sid}/files?path=/tmp/b"),
+            None,
+            big.clone(),
+            "application/octet-stream",
+            401,
+            "unauthenticated",
+        ),
+    ];
+    for (what, method, path, key, body, ctype, status, code) in cases {
+        let mut seen = BTreeMap::new();
+        for _ in 0..25 {
+            let mut rb = http
+                .request(method.parse().unwrap(), format!("{}{path}", p.url))
+                .header("content-type", ctype)
+                .body(body.clone());
+            if let Some(k) = key {
+                rb = rb.bearer_auth(k);
+            }
+            let got = match rb.send().await {
+                Ok(resp) => {
+                    let s = resp.status().as_u16();
+                    let v: Value = resp.json().await.unwrap_or(Value::Null);
+                    format!(
+                        "{s} {}",
+                        v["error"]["code"].as_str().unwrap_or("(no JSON error)")
+                    )
+                }
+                Err(e) => format!("transport error: {e}"),
+            };
+            *seen.entry(got).or_insert(0) += 1;
+        }
+        let want = format!("{status} {code}");
+        assert_eq!(
+            seen.keys().collect::<Vec<_>>(),
+            vec![&want],
+            "{what}: answers {seen:?}"
+        );
+    }
+    assert!(!p.log().contains("ERROR"), "errors logged:\n{}", p.log());
+    sb.kill().await.unwrap();
+    p.assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

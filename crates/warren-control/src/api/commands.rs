@@ -1,10 +1,9 @@
 //! Commands: exec (plain and streaming) and background processes.
 
 use axum::body::Body;
-use axum::extract::Path;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
-use warren_http::{Error, Json};
+use warren_http::{Error, Json, Path};
 use warren_types::api::{
     ExecEvent, ExecRequest, ExecResult, ProcessInfo, ProcessList, SignalRequest,
 };
@@ -27,8 +26,8 @@ use super::{S, pass, pass_json};
     params(("id" = String, Path, description = "Sandbox id.")),
     request_body = ExecRequest,
     responses(
-        (status = 200, description = "The command ran (whatever its exit code).", body = ExecResult),
-        (status = 200, description = "With stream: newline-delimited events.", body = ExecEvent, content_type = "application/x-ndjson"),
+        (status = 200, description = "The command ran (whatever its exit code): its result; with `stream` (or `Accept: application/x-ndjson`), newline-delimited events as it runs.",
+            content((ExecResult = "application/json"), (ExecEvent = "application/x-ndjson"))),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody),
     ),
     security(("api_key" = [])))]
@@ -104,7 +103,7 @@ pub async fn forget(
 /// Wait for a process to exit, at most `timeout` seconds; returns its state either way.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/wait", tag = "commands",
     params(("id" = String, Path, description = "Sandbox id."), ("pid" = u64, Path, description = "Process id."),
-        ("timeout" = Option<f64>, Query, description = "Seconds to wait at most; default until it exits.")),
+        ("timeout" = Option<f64>, Query, minimum = 0, description = "Seconds to wait at most; default until it exits.")),
     responses((status = 200, body = ProcessInfo), (status = 404, body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn wait(

@@ -16,14 +16,19 @@ use crate::node_api::EventFilter;
 #[into_params(parameter_in = Query)]
 pub struct EventQuery {
     /// Only this sandbox's events (it may be gone: events outlive their sandboxes).
+    #[param(pattern = "^[a-z][a-z0-9]{19}$")]
     pub sandbox: Option<String>,
     /// Only events of sandboxes of this task.
     pub task: Option<String>,
     /// Only this kind: `seccomp`, `management`, `disk_quota`, `output_truncated`,
     /// `pids_limit` or `oom_kill`.
+    #[param(value_type = Option<EventKind>)]
     pub kind: Option<String>,
     /// Only events that happened since then: an RFC 3339 time (`2026-12-01T10:00:00Z`) or a
     /// duration back from now (`10m`, `2h`, `1d`).
+    #[param(
+        pattern = "^(0|[0-9]{1,6}(s|m|h|d)|(19[7-9][0-9]|2[0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]Z)$"
+    )]
     pub since: Option<String>,
 }
 

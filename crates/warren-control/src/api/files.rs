@@ -5,10 +5,9 @@
 //! paths with `..` are refused.
 
 use axum::body::Body;
-use axum::extract::Path;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
-use warren_http::{Error, Json};
+use warren_http::{Error, Json, Path};
 use warren_types::api::{FileEntry, FileList, MkdirRequest, RenameRequest};
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
@@ -134,9 +133,9 @@ pub async fn rename(
     pass_json(&c, &id, &uri, &headers, &req).await
 }
 
-/// Refuses an upload the node would refuse, before sending a byte of it to the node. The body
-/// is read and dropped first (up to [`DRAIN_LIMIT`]), so that a client still sending it reads
-/// the 413 rather than a broken connection.
+/// Refuses an upload the node would refuse, before sending a byte of it to the node. (The
+/// refused body is read and dropped by `warren_http::drain`, so a client still sending it reads
+/// the 413 rather than a broken connection.)
 async fn refuse_oversized(
     c: &crate::Control,
     id: &str,
@@ -149,21 +148,14 @@ async fn refuse_oversized(
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let Some(len) = declared.filter(|len| *len > limit.bytes()) else {
-        return Ok(body);
-    };
-    if len <= DRAIN_LIMIT {
-        let mut stream = body.into_data_stream();
-        while let Some(Ok(_)) = futures_util::StreamExt::next(&mut stream).await {}
+    if declared.is_some_and(|len| len > limit.bytes()) {
+        return Err(Error(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("the upload is larger than the {limit} allowed (max_upload)"),
+        )));
     }
-    Err(Error(ApiError::new(
-        ErrorCode::PayloadTooLarge,
-        format!("the upload is larger than the {limit} allowed (max_upload)"),
-    )))
+    Ok(body)
 }
-
-/// Most bytes of a refused upload read (and dropped) before answering.
-const DRAIN_LIMIT: u64 = 64 << 20;
 
 /// Download a directory's contents as a tar stream (symlinks as symlinks).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/tar", tag = "files",

@@ -8,12 +8,11 @@
 use std::collections::BTreeSet;
 
 use axum::body::Body;
-use axum::extract::Path;
 use axum::http::StatusCode;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use tokio::io::AsyncWriteExt;
-use warren_http::{Error, Json, Query};
+use warren_http::{Error, Json, Path, Query};
 use warren_images::ImageError;
 use warren_types::api::{
     CommitRequest, Gathered, Image, ImageDetail, ImageList, ImageStats, PullRequest, Sandbox,
@@ -59,6 +58,10 @@ async fn blocking<T: Send + 'static>(
 #[into_params(parameter_in = Query)]
 pub struct ImportQuery {
     /// Name for the image, e.g. `base/python:3.12`.
+    #[param(
+        pattern = "^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*([:@][A-Za-z0-9._-]{1,128})?$",
+        max_length = 255
+    )]
     pub name: String,
     /// What the upload was made from, when the client knows better than the content shows
     /// (`directory` for a directory the client packed as tar).
@@ -184,7 +187,7 @@ pub async fn list(axum::extract::State(c): S) -> Result<Json<ImageList>, Error> 
 
 /// An image with its layers.
 #[utoipa::path(get, path = "/v1/images/{name}", tag = "images",
-    params(("name" = String, Path, description = "Image name (may contain `/`).")),
+    params(("name" = String, Path, description = "Image name (may contain `/`).", pattern = "^[a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*([:@][A-Za-z0-9._-]{1,128})?$", max_length = 255)),
     responses((status = 200, body = ImageDetail), (status = 404, body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn get(
@@ -215,7 +218,7 @@ async fn all_sandboxes(c: &Control, what: &str) -> Result<Vec<Sandbox>, Error> {
 /// sandboxes were made from, or a layer that a sandbox or another image uses, is refused with
 /// the list of users. Removing a name also deletes its layers that nothing else uses.
 #[utoipa::path(delete, path = "/v1/images/{name}", tag = "images",
-    params(("name" = String, Path, description = "Image name, or a layer digest.")),
+    params(("name" = String, Path, description = "Image name, or a layer digest.", pattern = "^([a-z0-9][a-z0-9._-]*(/[a-z0-9][a-z0-9._-]*)*([:@][A-Za-z0-9._-]{1,128})?|sha256:[0-9a-f]{64})$", max_length = 255)),
     responses((status = 204, description = "Removed."), (status = 404, body = ErrorBody),
         (status = 409, description = "In use: the message lists the users.", body = ErrorBody)),
     security(("api_key" = [])))]

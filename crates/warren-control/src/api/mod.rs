@@ -107,6 +107,9 @@ pub fn router(c: Arc<Control>) -> Router {
         .merge(uploads)
         .merge(authed)
         .fallback(warren_http::not_found)
+        // A request refused before its body was read (no key, a bad path) still gets its
+        // answer, not a reset connection.
+        .layer(middleware::from_fn(warren_http::drain::unread_body))
         .with_state(c)
 }
 

@@ -1,17 +1,16 @@
 //! Sandbox lifecycle: create, list, get, pause, resume, kill.
 
 use axum::body::Body;
-use axum::extract::Path;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
-use warren_http::{Error, Json, Query};
+use warren_http::{Error, Json, Path, Query};
 use warren_types::api::{
     BackendKind, CreateSandbox, Gathered, Sandbox, SandboxList, SandboxState, SetTimeout,
     TrajectoryEntry,
 };
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
-use super::forward::{forward_json, unavailable};
+use super::forward::forward_json;
 use super::{S, pass};
 use crate::fanout::{self, Policy};
 use crate::node_api::SandboxFilter;
@@ -84,11 +83,12 @@ pub async fn create(
     for node in order {
         let _inflight = InFlight::new(node.clone(), memory);
         match forward_json(&node, Method::POST, "/v1/sandboxes", &headers, &req).await {
-            Ok(resp) if resp.status().as_u16() == 429 => last = Some(Ok(resp)),
+            // Full (429) or too busy to finish now (503): the next candidate may do it.
+            Ok(resp) if matches!(resp.status().as_u16(), 429 | 503) => last = Some(Ok(resp)),
             Ok(resp) => return Ok(resp),
             Err(e) => {
                 tracing::warn!(node_id = %node.id, "create: {}", e.0.message);
-                last = Some(Err(unavailable(&node, &e.0.message)));
+                last = Some(Err(e));
             }
         }
     }
@@ -103,6 +103,7 @@ pub struct ListQuery {
     /// Only this task's sandboxes.
     pub task: Option<String>,
     /// Only sandboxes with all these labels, as `key=value,key2=value2`.
+    #[param(pattern = "^(([^,=]*=[^,]*)?,)*([^,=]*=[^,]*)?$")]
     pub label: Option<String>,
     /// Only sandboxes in this state.
     pub state: Option<SandboxState>,

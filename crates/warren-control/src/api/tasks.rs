@@ -1,8 +1,7 @@
 //! Task-level operations: pause, resume or stop every sandbox of a task, on every node at
 //! once (one request per node, not per sandbox, through [`crate::fanout`]).
 
-use axum::extract::Path;
-use warren_http::{Error, Json};
+use warren_http::{Error, Json, Path};
 use warren_types::api::{Gathered, TaskAction, TaskInfo, TaskList, TaskResult};
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
@@ -29,7 +28,7 @@ fn action(raw: &str) -> Result<TaskAction, Error> {
 /// were not reached), and when no node answers the call fails with 503.
 #[utoipa::path(post, path = "/v1/tasks/{task}/{action}", tag = "tasks",
     params(("task" = String, Path, description = "Task name."),
-        ("action" = String, Path, description = "`pause`, `resume` or `stop`.")),
+        ("action" = TaskAction, Path, description = "`pause`, `resume` or `stop`.")),
     responses((status = 200, body = Gathered<TaskResult>), (status = 404, body = ErrorBody),
         (status = 503, description = "No node answered.", body = ErrorBody)),
     security(("api_key" = [])))]
