@@ -294,7 +294,7 @@ impl Node {
 async fn wait_ready(sb: &Sandbox) -> Result<(), NodeError> {
     let exited = sb.instance.exited();
     let ping = async {
-        let mut conn = GuestConn::open(&sb.socket, Op::Ping).await?;
+        let mut conn = GuestConn::open(sb.socket(), Op::Ping).await?;
         conn.reply().await
     };
     // A guest that does not answer in time is a node too busy to start it now, not a fault:

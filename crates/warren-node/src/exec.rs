@@ -228,7 +228,7 @@ impl Node {
         // Busy first: a sandbox resumed for this operation must not look idle meanwhile.
         let busy = Busy::new(&sb);
         self.ensure_running(&sb).await?;
-        let conn = GuestConn::open(&sb.socket, op)
+        let conn = GuestConn::open(sb.socket(), op)
             .await
             .map_err(|e| guest_failure(&sb, e))?;
         Ok((sb, conn.hold(busy)))

@@ -15,7 +15,7 @@ impl Node {
         use warren_types::guest::{Op, Reply};
         let node = Arc::downgrade(self);
         let weak = Arc::downgrade(sb);
-        let socket = sb.socket.clone();
+        let socket = sb.socket().to_path_buf();
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(200);
             loop {
@@ -67,7 +67,7 @@ impl Node {
             return; // nothing was ever reported: nothing to catch up on
         }
         let read = async {
-            let mut conn = GuestConn::open(&sb.socket, Op::Incidents { after })
+            let mut conn = GuestConn::open(sb.socket(), Op::Incidents { after })
                 .await
                 .ok()?;
             match conn.reply().await.ok()? {

@@ -77,8 +77,6 @@ pub struct Sandbox {
     /// Its directory: `state.json`, the guest's log, the trajectory (and, for containers, the
     /// writable layer).
     pub dir: PathBuf,
-    /// Its guest agent's control socket.
-    pub socket: PathBuf,
     /// What runs it.
     pub(crate) instance: Box<dyn Instance>,
     pub(crate) phase: Mutex<Phase>,
@@ -147,7 +145,6 @@ impl Sandbox {
             }),
             incident_seq: AtomicU64::new(0),
             seen: Mutex::new(Seen::default()),
-            socket: instance.transport().socket().to_path_buf(),
             record,
             dir,
             instance,
@@ -155,6 +152,11 @@ impl Sandbox {
             lifecycle: tokio::sync::Mutex::new(()),
             tasks: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Its guest agent's control socket (the instance's transport).
+    pub fn socket(&self) -> &std::path::Path {
+        self.instance.transport().socket()
     }
 
     /// The record as it should be saved now (the deadline moves).
