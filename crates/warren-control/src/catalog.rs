@@ -38,6 +38,11 @@ const MAX_LAYERS: usize = 128;
 #[derive(Debug, Clone)]
 pub struct Catalog {
     db: SqlitePool,
+    /// Held shared by whatever writes layers it will name (an import, a pull, a commit) until
+    /// they are named, and exclusively by whatever deletes layers no name uses: a layer
+    /// written but not yet named is never taken for an orphan. (One control plane process;
+    /// replicas sharing a store would need this in the database.)
+    gate: std::sync::Arc<tokio::sync::RwLock<()>>,
 }
 
 fn db_err(e: sqlx::Error) -> ImageError {
@@ -83,7 +88,20 @@ macro_rules! columns {
 impl Catalog {
     /// The catalog in `db` (migrated by [`crate::Control::start`]).
     pub fn new(db: SqlitePool) -> Catalog {
-        Catalog { db }
+        Catalog {
+            db,
+            gate: Default::default(),
+        }
+    }
+
+    /// Held while layers are written and named (see the field).
+    pub async fn writing(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.gate.read().await
+    }
+
+    /// Held while unnamed layers are deleted.
+    pub async fn removing(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.gate.write().await
     }
 
     /// Names `new.layers` (replacing an image of the same name). Every layer must be in

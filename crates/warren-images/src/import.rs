@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use warren_types::api::Layer;
 
 use crate::ImageError;
-use crate::store::{Store, is_erofs};
+use crate::store::{Owner, Store, is_erofs};
 use crate::unpack::{Budget, Limits, Mode, unpack};
 
 /// What an import produced.
@@ -50,11 +50,16 @@ impl Imported {
 /// Imports a directory: an OCI image layout when it has an `oci-layout` file, else a root
 /// file system taken as it is.
 pub fn import_dir(store: &Store, dir: &Path, creator: &str) -> Result<Imported, ImageError> {
+    let w = Writer {
+        store,
+        creator,
+        owner: None,
+    };
     let root = Beneath::open(dir).map_err(|e| ImageError::io("opening the directory", e))?;
     if is_file(&root, "oci-layout") {
-        return import_oci(store, &root, creator, &mut Budget::new(Limits::default()));
+        return import_oci(&w, &root, &mut Budget::new(Limits::default()));
     }
-    let layer = store.add_layer_dir(dir, "directory", creator)?;
+    let layer = w.layer_dir(dir, "directory")?;
     Ok(Imported::plain(vec![layer], "directory"))
 }
 
@@ -105,6 +110,37 @@ pub fn import_file(
     creator: &str,
     limits: Limits,
 ) -> Result<Imported, ImageError> {
+    import_file_owned(store, file, creator, limits, None)
+}
+
+/// Who writes an import's layers, and as whose.
+struct Writer<'a> {
+    store: &'a Store,
+    creator: &'a str,
+    owner: Option<Owner>,
+}
+
+impl Writer<'_> {
+    fn layer_dir(&self, dir: &Path, source: &str) -> Result<Layer, ImageError> {
+        self.store
+            .add_layer_dir_owned(dir, source, self.creator, self.owner)
+    }
+}
+
+/// [`import_file`], every entry of every layer owned by `owner` when one is given (a workspace
+/// for the sandbox's user, say). An EROFS file is taken as it is, so it cannot have one.
+pub fn import_file_owned(
+    store: &Store,
+    file: &Path,
+    creator: &str,
+    limits: Limits,
+    owner: Option<Owner>,
+) -> Result<Imported, ImageError> {
+    let w = Writer {
+        store,
+        creator,
+        owner,
+    };
     let mut f = fs::File::open(file).map_err(|e| ImageError::io("opening the upload", e))?;
     let mut head = vec![0u8; 2048];
     let mut n = 0;
@@ -119,6 +155,13 @@ pub fn import_file(
     }
     head.truncate(n);
     if is_erofs(&head) {
+        if owner.is_some() {
+            return Err(ImageError::Invalid(
+                "an EROFS file is stored as it is, so it cannot be given an owner; import a tar \
+                 archive or a directory to set one"
+                    .into(),
+            ));
+        }
         let tmp = store.tmp()?;
         let copy = tmp.path().join("layer.erofs");
         fs::copy(file, &copy).map_err(|e| ImageError::io("copying the layer", e))?;
@@ -144,16 +187,16 @@ pub fn import_file(
     let tree =
         Beneath::open(&root).map_err(|e| ImageError::io("opening the staging directory", e))?;
     if is_file(&tree, "oci-layout") && is_file(&tree, "index.json") {
-        return import_oci(store, &tree, creator, &mut budget);
+        return import_oci(&w, &tree, &mut budget);
     }
     if is_file(&tree, "manifest.json") && !exists(&tree, "etc") {
-        return import_docker(store, &tree, creator, &mut budget);
+        return import_docker(&w, &tree, &mut budget);
     }
     let source = match comp {
         Some(c) => format!("tar+{c}"),
         None => "tar".into(),
     };
-    let layer = store.add_layer_dir(&root, &source, creator)?;
+    let layer = w.layer_dir(&root, &source)?;
     Ok(Imported::plain(vec![layer], &source))
 }
 
@@ -216,13 +259,13 @@ fn open_in(
 
 /// Unpacks one layer blob (any compression) into a staging directory and stores it.
 fn layer_from_blob(
-    store: &Store,
+    w: &Writer<'_>,
     f: fs::File,
     expect: Option<&str>,
     source: &str,
-    creator: &str,
     budget: &mut Budget,
 ) -> Result<Layer, ImageError> {
+    let store = w.store;
     let mut hashing = Hashing {
         inner: BufReader::with_capacity(1 << 20, f),
         hash: Sha256::new(),
@@ -246,7 +289,7 @@ fn layer_from_blob(
             )));
         }
     }
-    store.add_layer_dir(&root, source, creator)
+    w.layer_dir(&root, source)
 }
 
 #[derive(Deserialize)]
@@ -366,12 +409,7 @@ fn apply_config(out: &mut Imported, cfg: ConfigFile) {
 }
 
 /// Imports an OCI image layout (unpacked at `root`).
-fn import_oci(
-    store: &Store,
-    root: &Beneath,
-    creator: &str,
-    budget: &mut Budget,
-) -> Result<Imported, ImageError> {
+fn import_oci(w: &Writer<'_>, root: &Beneath, budget: &mut Budget) -> Result<Imported, ImageError> {
     let index: Index = read_json(root, "index.json", "index.json")?;
     let mut desc = pick(index.manifests)?;
     for _ in 0..2 {
@@ -384,11 +422,10 @@ fn import_oci(
     let mut out = Imported::plain(Vec::new(), "oci");
     for l in &manifest.layers {
         out.layers.push(layer_from_blob(
-            store,
+            w,
             blob(root, &l.digest)?,
             Some(&l.digest),
             "oci",
-            creator,
             budget,
         )?);
     }
@@ -410,9 +447,8 @@ struct DockerManifest {
 
 /// Imports a `docker save` archive (unpacked at `root`).
 fn import_docker(
-    store: &Store,
+    w: &Writer<'_>,
     root: &Beneath,
-    creator: &str,
     budget: &mut Budget,
 ) -> Result<Imported, ImageError> {
     let manifests: Vec<DockerManifest> = read_json(root, "manifest.json", "manifest.json")?;
@@ -423,11 +459,10 @@ fn import_docker(
     let inside = warren_fs::Links::InsideRoot;
     for rel in &m.layers {
         out.layers.push(layer_from_blob(
-            store,
+            w,
             open_in(root, rel, "layer", inside)?,
             None,
             "docker-save",
-            creator,
             budget,
         )?);
     }
@@ -544,6 +579,67 @@ mod tests {
         let t = s.tmp().unwrap();
         fs::write(t.path().join("upload"), bytes).unwrap();
         import_file(s, &t.path().join("upload"), "test", Limits::default())
+    }
+
+    #[test]
+    fn the_same_content_is_the_same_layer_and_an_owner_owns_every_entry() {
+        let (_d, s) = store();
+        let t = tar_files(&[("work/a", b"a"), ("work/sub/b", b"b")]);
+        let first = upload(&s, &t).unwrap().layers[0].digest.clone();
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        // A second import a second later, and the same archive compressed: one layer.
+        assert_eq!(upload(&s, &t).unwrap().layers[0].digest, first);
+        assert_eq!(upload(&s, &gzip(&t)).unwrap().layers[0].digest, first);
+        assert_eq!(s.layers().len(), 1);
+
+        let up = s.tmp().unwrap();
+        fs::write(up.path().join("upload"), &t).unwrap();
+        let owned = |o: &str| {
+            import_file_owned(
+                &s,
+                &up.path().join("upload"),
+                "test",
+                Limits::default(),
+                Some(Owner::parse(o).unwrap()),
+            )
+            .unwrap()
+            .layers[0]
+                .digest
+                .clone()
+        };
+        let as_root = owned("root");
+        assert_ne!(as_root, first, "the owner is part of the content");
+        let x = extract(&s, &owned("4242:77"));
+        use std::os::unix::fs::MetadataExt;
+        for rel in ["x/work", "x/work/a", "x/work/sub/b"] {
+            let md = fs::metadata(x.path().join(rel)).unwrap();
+            assert_eq!((md.uid(), md.gid()), (4242, 77), "{rel}");
+        }
+        let x = extract(&s, &as_root);
+        assert_eq!(fs::metadata(x.path().join("x/work/a")).unwrap().uid(), 0);
+        for bad in ["", "nobody", "1000", "1000:", "a:b", "-1:0", "4294967295:0"] {
+            let e = Owner::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("UID:GID"), "{bad}: {e}");
+        }
+        assert_eq!(
+            Owner::parse("user").unwrap(),
+            Owner {
+                uid: 1000,
+                gid: 1000
+            }
+        );
+        // An EROFS file is stored as it is: it cannot take an owner.
+        let erofs = s.tmp().unwrap();
+        fs::copy(s.layer_path(&first).unwrap(), erofs.path().join("upload")).unwrap();
+        let e = import_file_owned(
+            &s,
+            &erofs.path().join("upload"),
+            "test",
+            Limits::default(),
+            Some(Owner::parse("user").unwrap()),
+        )
+        .unwrap_err();
+        assert!(matches!(e, ImageError::Invalid(_)), "{e}");
     }
 
     #[test]

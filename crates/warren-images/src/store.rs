@@ -107,16 +107,28 @@ impl Store {
         Ok(self.root.join(format!("layers/sha256-{hex}.erofs")))
     }
 
-    /// Writes the directory `dir` as a new EROFS layer (or finds the identical one there is).
+    /// Writes the staging directory `dir` as a new EROFS layer (or finds the identical one
+    /// there is). The same content always gives the same layer (see [`mkfs`]).
     pub fn add_layer_dir(
         &self,
         dir: &Path,
         source: &str,
         creator: &str,
     ) -> Result<Layer, ImageError> {
+        self.add_layer_dir_owned(dir, source, creator, None)
+    }
+
+    /// [`Store::add_layer_dir`], every entry owned by `owner` when one is given.
+    pub fn add_layer_dir_owned(
+        &self,
+        dir: &Path,
+        source: &str,
+        creator: &str,
+        owner: Option<Owner>,
+    ) -> Result<Layer, ImageError> {
         let tmp = self.tmp()?;
         let out = tmp.path().join("layer.erofs");
-        mkfs(dir, &out)?;
+        mkfs(dir, &out, owner)?;
         self.add_layer_file(&out, source, creator)
     }
 
@@ -148,6 +160,9 @@ impl Store {
                 .map_err(|e| ImageError::io("syncing the layer", e))?;
             fs::rename(file, &dest)
                 .map_err(|e| ImageError::io(format!("storing layer {digest}"), e))?;
+            // Writing and hashing the layer left it in the page cache; dropped, the read
+            // statistics count what sandboxes read, not what the import wrote.
+            forget_pages(&f);
         }
         self.layer(&digest)
     }
@@ -222,14 +237,84 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
     Ok(())
 }
 
-/// Runs `mkfs.erofs` over `dir`, writing `out`.
-pub fn mkfs(dir: &Path, out: &Path) -> Result<(), ImageError> {
-    let r = Command::new("mkfs.erofs")
+/// Who owns every entry of a layer written with an owner: `user` (1000:1000), `root` (0:0), or
+/// `UID:GID`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    /// The user id.
+    pub uid: u32,
+    /// The group id.
+    pub gid: u32,
+}
+
+impl Owner {
+    /// Parses `user`, `root` or `UID:GID`.
+    pub fn parse(s: &str) -> Result<Owner, ImageError> {
+        match s {
+            "user" => Ok(Owner {
+                uid: 1000,
+                gid: 1000,
+            }),
+            "root" => Ok(Owner { uid: 0, gid: 0 }),
+            _ => {
+                let parsed = s
+                    .split_once(':')
+                    .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
+                match parsed {
+                    Some((uid, gid)) if uid < u32::MAX && gid < u32::MAX => Ok(Owner { uid, gid }),
+                    _ => Err(ImageError::Invalid(format!(
+                        "owner {s:?} is not valid: use `user` (uid 1000, the sandbox's default \
+                         user), `root`, or numeric `UID:GID` such as `1000:1000`"
+                    ))),
+                }
+            }
+        }
+    }
+}
+
+/// The time every layer's super block records, and the latest modification time a layer
+/// keeps (later ones are clamped to it): 2100-01-01. A fixed build time and UUID make a layer
+/// a function of its content, so the same content is the same digest and is stored once.
+const LAYER_EPOCH: &str = "4102444800";
+const LAYER_UUID: &str = "00000000-0000-0000-0000-000000000000";
+
+/// Drops a file's pages from the page cache (advice only: nothing is lost if it fails).
+fn forget_pages(f: &fs::File) {
+    let _ = rustix::fs::fadvise(f, 0, None, rustix::fs::Advice::DontNeed);
+}
+
+/// Runs `mkfs.erofs` over the staging directory `dir`, writing `out`: deterministically (fixed
+/// build time and UUID; `mkfs.erofs` writes entries in name order), each entry owned by
+/// `owner` when one is given. The staging root's own mode and time (a temporary directory's)
+/// are set to `0755` and the epoch first, so they do not differ from one import to the next.
+pub fn mkfs(dir: &Path, out: &Path, owner: Option<Owner>) -> Result<(), ImageError> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))
+        .map_err(|e| ImageError::io("preparing the staging directory", e))?;
+    let epoch = rustix::fs::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        dir,
+        &rustix::fs::Timestamps {
+            last_access: epoch,
+            last_modification: epoch,
+        },
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| ImageError::io("preparing the staging directory", e.into()))?;
+    let mut cmd = Command::new("mkfs.erofs");
+    cmd.env("SOURCE_DATE_EPOCH", LAYER_EPOCH)
+        .arg(format!("-U{LAYER_UUID}"))
         .arg("-zlz4hc")
-        .arg("--quiet")
-        .arg(out)
-        .arg(dir)
-        .output();
+        .arg("--quiet");
+    if let Some(o) = owner {
+        cmd.arg(format!("--force-uid={}", o.uid))
+            .arg(format!("--force-gid={}", o.gid));
+    }
+    let r = cmd.arg(out).arg(dir).output();
     match r {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ImageError::io(
             "running mkfs.erofs",

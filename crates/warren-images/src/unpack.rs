@@ -219,6 +219,23 @@ pub fn unpack(
         if rel.as_os_str().is_empty() {
             continue; // the archive's root directory
         }
+        // Directories the archive does not list are made on the way (mode 0755); they get the
+        // epoch as their time at the end, so that when they were unpacked does not change the
+        // layer. Each is registered once: the walk up stops at the first one known.
+        for a in rel.ancestors().skip(1) {
+            if a.as_os_str().is_empty() || dirs.contains_key(a) {
+                break;
+            }
+            dirs.insert(
+                a.to_path_buf(),
+                DirMeta {
+                    meta: Meta {
+                        mtime: Some(0),
+                        ..Meta::default()
+                    },
+                },
+            );
+        }
         let kind = entry.header().entry_type();
         if matches!(
             kind,

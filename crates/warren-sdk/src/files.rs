@@ -173,6 +173,57 @@ impl Sandbox {
         self.client().empty(rb).await
     }
 
+    /// Copies a local directory's contents into the directory `path` in the sandbox (made if
+    /// missing), as one tar stream: modes, links, times; the files belong to the acting user.
+    /// Sockets, device nodes and FIFOs are not copied into a sandbox.
+    pub async fn upload_dir(&self, local: impl AsRef<Path>, path: &str) -> Result<()> {
+        let local = local.as_ref();
+        let md = std::fs::metadata(local).map_err(|e| local_error("read", local, e))?;
+        if !md.is_dir() {
+            return Err(Error::Invalid(format!(
+                "{} is not a directory: use upload_file for a file",
+                local.display()
+            )));
+        }
+        let tar = crate::tarball::tar_dir(local);
+        self.upload_tar(path, reqwest::Body::wrap_stream(tar)).await
+    }
+
+    /// Copies the sandbox directory `path`'s contents into the local directory `local` (made
+    /// if missing), as one tar stream; returns the bytes of file data written. The archive
+    /// comes from the sandbox, so it is unpacked with care: only files, directories and links
+    /// are made, none outside `local`, none through a link, without owners or set-id bits.
+    pub async fn download_dir(&self, path: &str, local: impl AsRef<Path>) -> Result<u64> {
+        let local = local.as_ref().to_path_buf();
+        let resp = self.file_request(Method::GET, "/tar", path, &[]).await?;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Bytes>(8);
+        let dest = local.clone();
+        let unpacking = tokio::task::spawn_blocking(move || {
+            crate::tarball::unpack_local(ChanReader::new(rx), &dest)
+        });
+        let mut stream = resp.bytes_stream();
+        let mut fed: Result<()> = Ok(());
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(c) => {
+                    if tx.send(c).is_err() {
+                        break; // the unpacking stopped: its error says why
+                    }
+                }
+                Err(e) => {
+                    fed = Err(Error::Transport(e));
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let unpacked = unpacking
+            .await
+            .map_err(|e| Error::Invalid(format!("unpacking into {}: {e}", local.display())))?;
+        fed?;
+        unpacked.map_err(|e| local_error("unpack into", &local, e))
+    }
+
     /// What a directory holds (`GET .../files/list`), sorted by name.
     pub async fn list_dir(&self, path: &str) -> Result<Vec<FileEntry>> {
         let resp = self.file_request(Method::GET, "/list", path, &[]).await?;
@@ -272,6 +323,36 @@ impl Sandbox {
         }
         query.extend_from_slice(extra);
         self.endpoint(&format!("/files{rest}"), &query)
+    }
+}
+
+/// Reads what a channel of chunks brings, until it closes.
+struct ChanReader {
+    rx: std::sync::mpsc::Receiver<Bytes>,
+    cur: Bytes,
+}
+
+impl ChanReader {
+    fn new(rx: std::sync::mpsc::Receiver<Bytes>) -> ChanReader {
+        ChanReader {
+            rx,
+            cur: Bytes::new(),
+        }
+    }
+}
+
+impl std::io::Read for ChanReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.recv() {
+                Ok(c) => self.cur = c,
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        bytes::Buf::advance(&mut self.cur, n);
+        Ok(n)
     }
 }
 

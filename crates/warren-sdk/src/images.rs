@@ -2,7 +2,8 @@
 
 use reqwest::Method;
 use warren_types::api::{
-    CommitRequest, Gathered, Image, ImageDetail, ImageList, ImageStats, PullRequest,
+    CommitRequest, Gathered, Image, ImageDetail, ImageList, ImageStats, LayerList, LayerUse,
+    PruneResult, PullRequest,
 };
 
 use crate::error::{Error, Result};
@@ -35,14 +36,45 @@ impl Client {
         body: reqwest::Body,
         source: Option<&str>,
     ) -> Result<ImageDetail> {
+        self.import_image_owned(name, body, source, None).await
+    }
+
+    /// [`Client::import_image`], every file of the new layers owned by `owner`: `user` (uid
+    /// 1000, the sandbox's default user: a workspace an agent edits), `root`, or `UID:GID`.
+    /// Without it the archive's owners are kept.
+    pub async fn import_image_owned(
+        &self,
+        name: &str,
+        body: reqwest::Body,
+        source: Option<&str>,
+        owner: Option<&str>,
+    ) -> Result<ImageDetail> {
         let mut query = vec![("name", name)];
         if let Some(s) = source {
             query.push(("source", s));
+        }
+        if let Some(o) = owner {
+            query.push(("owner", o));
         }
         let rb = self
             .request(Method::POST, self.endpoint("/v1/images", &query)?)
             .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
             .body(body);
+        self.json(rb).await
+    }
+
+    /// Layers in the store with the images that name them (`GET /v1/layers`); with `orphans`
+    /// only those no image names.
+    pub async fn layers(&self, orphans: bool) -> Result<Vec<LayerUse>> {
+        let q: &[(&str, &str)] = if orphans { &[("orphans", "true")] } else { &[] };
+        let rb = self.request(Method::GET, self.endpoint("/v1/layers", q)?);
+        let list: LayerList = self.json(rb).await?;
+        Ok(list.layers)
+    }
+
+    /// Deletes every layer no image names and no sandbox runs on (`POST /v1/layers/prune`).
+    pub async fn prune_layers(&self) -> Result<PruneResult> {
+        let rb = self.request(Method::POST, self.endpoint("/v1/layers/prune", &[])?);
         self.json(rb).await
     }
 

@@ -815,6 +815,37 @@ pub struct Layer {
     pub source: String,
 }
 
+/// A layer with the images that name it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LayerUse {
+    /// The layer.
+    pub layer: Layer,
+    /// The images whose layer lists name it, by name; empty for an orphan (a layer that only
+    /// a running sandbox, or nothing, still uses).
+    pub images: Vec<String>,
+}
+
+/// `GET /v1/layers`: layers in the store, by digest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LayerList {
+    /// The layers.
+    pub layers: Vec<LayerUse>,
+}
+
+/// `POST /v1/layers/prune`: what was removed and what was kept.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PruneResult {
+    /// The orphan layers deleted.
+    pub removed: Vec<Layer>,
+    /// Bytes of layer files freed.
+    pub freed: u64,
+    /// Orphans kept because a sandbox still runs on them, as `digest (sandbox id, …)`.
+    pub kept: Vec<String>,
+}
+
 /// `GET /v1/images`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

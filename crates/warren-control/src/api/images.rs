@@ -15,7 +15,8 @@ use tokio::io::AsyncWriteExt;
 use warren_http::{Error, Json, Path, Query};
 use warren_images::ImageError;
 use warren_types::api::{
-    CommitRequest, Gathered, Image, ImageDetail, ImageList, ImageStats, PullRequest, Sandbox,
+    CommitRequest, Gathered, Image, ImageDetail, ImageList, ImageStats, LayerList, LayerUse,
+    PruneResult, PullRequest, Sandbox,
 };
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
@@ -66,6 +67,11 @@ pub struct ImportQuery {
     /// What the upload was made from, when the client knows better than the content shows
     /// (`directory` for a directory the client packed as tar).
     pub source: Option<String>,
+    /// Who owns every file of the imported layers: `user` (uid and gid 1000, the sandbox's
+    /// default user: for a workspace an agent edits), `root`, or `UID:GID`. Without it the
+    /// archive's owners are kept (what a root file system needs). Not for an EROFS file.
+    #[param(pattern = "^(user|root|[0-9]{1,10}:[0-9]{1,10})$", max_length = 21)]
+    pub owner: Option<String>,
 }
 
 /// Import an image. The body is a tar archive (plain, gzip or zstd) of a root file system, an
@@ -85,7 +91,14 @@ pub async fn import(
     body: Body,
 ) -> Result<(StatusCode, Json<ImageDetail>), Error> {
     warren_images::names::check_name(&q.name).map_err(image_error)?;
+    let owner = q
+        .owner
+        .as_deref()
+        .map(warren_images::store::Owner::parse)
+        .transpose()
+        .map_err(image_error)?;
     let st = store(&c)?.clone();
+    let gate = c.catalog.writing().await;
     let tmp = st.tmp().map_err(image_error)?;
     let path = tmp.path().join("upload");
     let max = c.cfg.max_image_upload.bytes();
@@ -128,11 +141,12 @@ pub async fn import(
     let name = q.name.clone();
     let source_hint = q.source.clone();
     let imported = blocking(move || {
-        let imported = warren_images::import::import_file(
+        let imported = warren_images::import::import_file_owned(
             &st,
             &path,
             "admin",
             warren_images::unpack::Limits::default(),
+            owner,
         )?;
         drop(tmp);
         Ok(imported)
@@ -142,39 +156,100 @@ pub async fn import(
         (Some("directory"), "tar") => "directory".to_string(),
         (_, s) => s.to_string(),
     };
-    let detail = name_imported(&c, name, imported, source).await?;
+    let (detail, replaced) = name_imported(&c, name, imported, source).await?;
+    drop(gate);
+    drop_unused(&c, replaced).await;
     tracing::info!(image = %detail.image.name, layers = detail.layer_info.len(), bytes = n, "image imported");
     Ok((StatusCode::CREATED, Json(detail)))
 }
 
-/// Names the layers an import or a pull made, in the catalog.
+/// Names an image (replacing one of the same name); returns it with the layers the name
+/// pointed at before that it does not now, for [`drop_unused`].
+async fn put_name(
+    c: &Control,
+    new: crate::catalog::NewImage,
+) -> Result<(Image, Vec<String>), Error> {
+    let old = c.catalog.get(&new.name).await.ok();
+    let image = c.catalog.put(store(c)?, new).await.map_err(image_error)?;
+    let replaced = old
+        .map(|o| o.layers)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|d| !image.layers.contains(d))
+        .collect();
+    Ok((image, replaced))
+}
+
+/// Deletes those of `digests` that no image names and no sandbox runs on: what re-importing
+/// or re-committing a name left behind. Best effort: when a node does not answer (so who
+/// uses them is unknown) they stay, orphans that `GET /v1/layers?orphans=true` lists and
+/// `POST /v1/layers/prune` removes.
+async fn drop_unused(c: &Control, digests: Vec<String>) {
+    if digests.is_empty() {
+        return;
+    }
+    let Ok(st) = store(c).cloned() else {
+        return;
+    };
+    let _removing = c.catalog.removing().await;
+    let sandboxes = match all_sandboxes(c, "removing layers a new image replaced").await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("replaced layers kept as orphans: {}", e.0.message);
+            return;
+        }
+    };
+    let Ok(images) = c.catalog.list().await else {
+        return;
+    };
+    let used: BTreeSet<String> = images
+        .into_iter()
+        .flat_map(|i| i.layers)
+        .chain(sandboxes.into_iter().flat_map(|s| s.layers))
+        .collect();
+    let gone: Vec<String> = digests.into_iter().filter(|d| !used.contains(d)).collect();
+    let r = blocking(move || {
+        for d in &gone {
+            st.remove_layer(d)?;
+            tracing::info!(layer = %d, "removed a layer its image no longer names");
+        }
+        Ok(())
+    })
+    .await;
+    if let Err(e) = r {
+        tracing::warn!("removing replaced layers: {}", e.0.message);
+    }
+}
+
+/// Names the layers an import or a pull made, in the catalog; also returns the layers the
+/// name pointed at before that it does not now.
 async fn name_imported(
     c: &Control,
     name: String,
     imported: warren_images::import::Imported,
     source: String,
-) -> Result<ImageDetail, Error> {
-    let image = c
-        .catalog
-        .put(
-            store(c)?,
-            crate::catalog::NewImage {
-                name,
-                layers: imported.layers.iter().map(|l| l.digest.clone()).collect(),
-                creator: "admin".into(),
-                parents: Vec::new(),
-                source,
-                env: imported.env,
-                user: imported.user,
-                workdir: imported.workdir,
-            },
-        )
-        .await
-        .map_err(image_error)?;
-    Ok(ImageDetail {
-        image,
-        layer_info: imported.layers,
-    })
+) -> Result<(ImageDetail, Vec<String>), Error> {
+    let (image, replaced) = put_name(
+        c,
+        crate::catalog::NewImage {
+            name,
+            layers: imported.layers.iter().map(|l| l.digest.clone()).collect(),
+            creator: "admin".into(),
+            parents: Vec::new(),
+            source,
+            env: imported.env,
+            user: imported.user,
+            workdir: imported.workdir,
+        },
+    )
+    .await?;
+    Ok((
+        ImageDetail {
+            image,
+            layer_info: imported.layers,
+        },
+        replaced,
+    ))
 }
 
 /// List named images.
@@ -227,6 +302,7 @@ pub async fn remove(
     Path(name): Path<String>,
 ) -> Result<StatusCode, Error> {
     let st = store(&c)?.clone();
+    let _removing = c.catalog.removing().await;
     // The nodes' view of who uses which layer; a node that does not answer makes the answer
     // unknowable, so the removal is refused rather than risked.
     let sandboxes =
@@ -287,6 +363,98 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `GET /v1/layers` query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LayersQuery {
+    /// Only orphans: layers no image names (a sandbox may still run on one).
+    #[serde(default)]
+    pub orphans: bool,
+}
+
+/// Every layer in the store with the images that name it; `orphans=true` keeps only those no
+/// image names (left by an interrupted import, or by a name replaced while a node was away).
+#[utoipa::path(get, path = "/v1/layers", tag = "images", params(LayersQuery),
+    responses((status = 200, body = LayerList), (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn layers(
+    axum::extract::State(c): S,
+    Query(q): Query<LayersQuery>,
+) -> Result<Json<LayerList>, Error> {
+    let st = store(&c)?.clone();
+    let images = c.catalog.list().await.map_err(image_error)?;
+    let all = blocking(move || Ok(st.layers())).await?;
+    let layers = all
+        .into_iter()
+        .map(|layer| LayerUse {
+            images: images
+                .iter()
+                .filter(|i| i.layers.contains(&layer.digest))
+                .map(|i| i.name.clone())
+                .collect(),
+            layer,
+        })
+        .filter(|u| !q.orphans || u.images.is_empty())
+        .collect();
+    Ok(Json(LayerList { layers }))
+}
+
+/// Delete every orphan layer (one no image names) that no sandbox runs on. Every node must
+/// answer, so that no layer in use is deleted; imports, pulls and commits in progress finish
+/// first, so their layers are named before this looks.
+#[utoipa::path(post, path = "/v1/layers/prune", tag = "images",
+    responses((status = 200, body = PruneResult),
+        (status = 503, description = "A node did not answer, or the store is unusable.", body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn prune(axum::extract::State(c): S) -> Result<Json<PruneResult>, Error> {
+    let st = store(&c)?.clone();
+    let _removing = c.catalog.removing().await;
+    let sandboxes = all_sandboxes(&c, "pruning layers (to know no sandbox uses them)").await?;
+    let named: BTreeSet<String> = c
+        .catalog
+        .list()
+        .await
+        .map_err(image_error)?
+        .into_iter()
+        .flat_map(|i| i.layers)
+        .collect();
+    let r = blocking(move || {
+        let mut out = PruneResult {
+            removed: Vec::new(),
+            freed: 0,
+            kept: Vec::new(),
+        };
+        for l in st
+            .layers()
+            .into_iter()
+            .filter(|l| !named.contains(&l.digest))
+        {
+            let users: Vec<&str> = sandboxes
+                .iter()
+                .filter(|s| s.layers.contains(&l.digest))
+                .map(|s| s.id.as_str())
+                .collect();
+            if users.is_empty() {
+                st.remove_layer(&l.digest)?;
+                out.freed += l.size;
+                out.removed.push(l);
+            } else {
+                out.kept
+                    .push(format!("{} ({})", l.digest, users.join(", ")));
+            }
+        }
+        Ok(out)
+    })
+    .await?;
+    tracing::info!(
+        removed = r.removed.len(),
+        freed = r.freed,
+        "pruned orphan layers"
+    );
+    Ok(Json(r))
+}
+
 /// How much of each mounted layer has been read, per node, and how much each sandbox made from
 /// layered images has read: the share of an image a sandbox really uses. A node that does not
 /// answer is named in `unreachable`, and when no node answers the call fails with 503.
@@ -331,28 +499,28 @@ pub async fn commit(
     warren_images::names::check_name(&req.name).map_err(image_error)?;
     let (id, node) = super::forward::route(&c, &id)?;
     let sb = node.api().sandbox(&id).await.map_err(|e| one(&node, e))?;
+    let gate = c.catalog.writing().await;
     let layer = node.api().commit(&id).await.map_err(|e| one(&node, e))?;
     // The new image keeps the defaults of the images it was built on.
     let base = c.catalog.resolve(&sb.image).await.unwrap_or_default();
     let mut layers = sb.layers.clone();
     layers.push(layer.digest);
-    let image = c
-        .catalog
-        .put(
-            store(&c)?,
-            crate::catalog::NewImage {
-                name: req.name,
-                layers,
-                creator: "admin".into(),
-                parents: sb.image.split(',').map(|s| s.trim().to_string()).collect(),
-                source: "build".into(),
-                env: base.env,
-                user: base.user,
-                workdir: base.workdir,
-            },
-        )
-        .await
-        .map_err(image_error)?;
+    let (image, replaced) = put_name(
+        &c,
+        crate::catalog::NewImage {
+            name: req.name,
+            layers,
+            creator: "admin".into(),
+            parents: sb.image.split(',').map(|s| s.trim().to_string()).collect(),
+            source: "build".into(),
+            env: base.env,
+            user: base.user,
+            workdir: base.workdir,
+        },
+    )
+    .await?;
+    drop(gate);
+    drop_unused(&c, replaced).await;
     Ok((StatusCode::CREATED, Json(image)))
 }
 
@@ -432,6 +600,7 @@ pub async fn pull(
 
     // Lay the image out as an OCI image layout in the store's tmp, then import that.
     let st = store(&c)?.clone();
+    let gate = c.catalog.writing().await;
     let tmp = st.tmp().map_err(image_error)?;
     let blobs = tmp.path().join("blobs/sha256");
     let io = |e: std::io::Error| image_error(ImageError::io("writing the pulled image", e));
@@ -515,7 +684,9 @@ pub async fn pull(
         Ok(imported)
     })
     .await?;
-    let detail = name_imported(&c, name, imported, format!("pull {source}")).await?;
+    let (detail, replaced) = name_imported(&c, name, imported, format!("pull {source}")).await?;
+    drop(gate);
+    drop_unused(&c, replaced).await;
     tracing::info!(image = %detail.image.name, reference = %req.reference, "image pulled");
     Ok((StatusCode::CREATED, Json(detail)))
 }

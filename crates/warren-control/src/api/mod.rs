@@ -45,6 +45,8 @@ pub fn router(c: Arc<Control>) -> Router {
         .route("/v1/images", get(images::list))
         .route("/v1/images/stats", get(images::stats))
         .route("/v1/images/pull", post(images::pull))
+        .route("/v1/layers", get(images::layers))
+        .route("/v1/layers/prune", post(images::prune))
         .route(
             "/v1/images/{*name}",
             get(images::get).delete(images::remove),

@@ -1,4 +1,5 @@
-//! `warren cp`: copy one file into a sandbox (`cp SRC ID:DST`) or out of one (`cp ID:SRC DST`).
+//! `warren cp`: copy a file or a directory into a sandbox (`cp SRC ID:DST`) or out of one
+//! (`cp ID:SRC DST`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -18,13 +19,16 @@ use super::output;
     warren cp ./train.py $id:/tmp/                  # into a directory, keeping the name\n  \
     warren cp $id:/tmp/out.json ./out.json          # download\n  \
     warren cp $id:/var/log/app.log - | tail         # download to standard output\n  \
-    tar -czf - src | warren cp - $id:/tmp/src.tgz   # upload standard input\n\n\
+    tar -czf - src | warren cp - $id:/tmp/src.tgz   # upload standard input\n  \
+    warren cp ./src $id:/home/user/src              # a directory, as cp -r\n  \
+    warren cp $id:/home/user/out ./out              # a directory out\n\n\
     One side is ID:PATH (ID is the sandbox's 20-character id), the other a local path or -.\n\
     A relative sandbox PATH is relative to the user's home. A local path that looks like\n\
     ID:PATH can be written ./ID:PATH. Uploads keep the local file's permission bits.\n\
-    Directories are not supported yet: copy files one at a time, or tar them.")]
+    A directory is copied with its contents, as cp -r: into DST under its own name when DST\n\
+    is an existing directory, else as DST.")]
 pub struct CpArgs {
-    /// What to copy: a local file, - for standard input, or ID:PATH in a sandbox.
+    /// What to copy: a local file or directory, - for standard input, or ID:PATH in a sandbox.
     #[arg(value_name = "SRC")]
     src: String,
     /// Where to: ID:PATH in a sandbox, or a local path, - for standard output.
@@ -115,16 +119,20 @@ async fn upload(sb: &Sandbox, src: &str, dst: &str) -> anyhow::Result<warren_sdk
         return Ok(sb.write_file(dst, data).await?);
     }
     let meta = std::fs::metadata(src).with_context(|| format!("cannot read {src}"))?;
-    if meta.is_dir() {
-        bail!(
-            "{src} is a directory: copying directories is not supported yet; copy its files one \
-             at a time, or pack it first (tar -czf dir.tgz {src}) and copy the archive"
-        );
-    }
     let name = Path::new(src)
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    if meta.is_dir() {
+        // As `cp -r`: into an existing directory under the source's name, else as `dst`.
+        let target = if is_remote_dir(sb, dst).await && !name.is_empty() && name != ".." {
+            format!("{}/{name}", dst.trim_end_matches('/'))
+        } else {
+            dst.to_string()
+        };
+        sb.upload_dir(src, &target).await?;
+        return Ok(sb.stat(&target).await?);
+    }
     let target = if dst.ends_with('/') || is_remote_dir(sb, dst).await {
         format!("{}/{name}", dst.trim_end_matches('/'))
     } else {
@@ -177,6 +185,21 @@ async fn download(sb: &Sandbox, src: &str, dst: &str) -> anyhow::Result<(String,
         return Ok(("-".into(), n));
     }
     let mut target = PathBuf::from(dst);
+    if is_remote_dir(sb, src).await {
+        // As `cp -r`: into an existing directory under the source's name, else as `dst`.
+        if target.is_dir() {
+            let name = src
+                .trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or_default();
+            if !name.is_empty() && name != "." && name != ".." {
+                target.push(name);
+            }
+        }
+        let n = sb.download_dir(src, &target).await?;
+        return Ok((target.display().to_string(), n));
+    }
     if dst.ends_with('/') || target.is_dir() {
         let name = src
             .trim_end_matches('/')

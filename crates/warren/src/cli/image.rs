@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use warren_sdk::build::BuildProgress;
-use warren_sdk::tarball::tar_dir;
+use warren_sdk::tarball::tar_dir_with;
 use warren_sdk::{BuildSpec, BuildStep, ByteSize, Client, ExecResultExt};
 
 use super::output;
@@ -25,10 +25,14 @@ pub enum ImageCommand {
         warren image import ./rootfs --name base/debian:12\n  \
         warren image import python.tar.zst --name base/python:3.12\n  \
         docker save python:3.12 -o py.tar && warren image import py.tar --name base/python:3.12\n  \
-        warren image import ./oci-layout-dir --name tk/agent:v3\n\n\
+        warren image import ./oci-layout-dir --name tk/agent:v3\n  \
+        warren image import ./repo --name ws/repo@4f2a1c --owner user\n\n\
         The format is found from the content. Each layer of an OCI or docker image becomes a\n\
         layer in the store, so images that share a base share its layers. Directories are\n\
-        sent as tar with owners, modes, links, device files and extended attributes.")]
+        sent as tar with owners, modes, times, hard and symbolic links, device files, FIFOs\n\
+        and extended attributes (sockets are left out with a note). The same content always\n\
+        makes the same layer. --owner gives every file to one owner (for a workspace the\n\
+        sandbox's user edits); without it the owners are kept, as a root file system needs.")]
     Import(ImportArgs),
     /// Build a new layer: run steps in a builder sandbox, keep what they changed.
     #[command(after_help = "Examples:\n  \
@@ -46,12 +50,21 @@ pub enum ImageCommand {
         The control plane fetches the manifest for this machine's platform and the layers\n\
         (digests checked) into the layer store, one layer per image layer.")]
     Pull(PullArgs),
-    /// List images.
+    /// List images, or with --orphans the layers no image names.
     #[command(
         visible_alias = "list",
-        after_help = "Examples:\n  warren image ls\n  warren image ls --json"
+        after_help = "Examples:\n  warren image ls\n  warren image ls --json\n  warren image ls --orphans\n\n\
+        An orphan is a layer no image names: left by an interrupted import, or by a name that\n\
+        was imported again while a node did not answer. `warren image prune` removes them."
     )]
-    Ls,
+    Ls {
+        /// List the layers no image names instead.
+        #[arg(long)]
+        orphans: bool,
+    },
+    /// Remove every layer no image names and no sandbox runs on.
+    #[command(after_help = "Examples:\n  warren image prune\n  warren image prune --json")]
+    Prune,
     /// Show an image and its layers.
     #[command(after_help = "Examples:\n  warren image inspect base/python:3.12")]
     Inspect {
@@ -85,6 +98,11 @@ pub struct ImportArgs {
     /// Name for the image, e.g. `base/python:3.12`.
     #[arg(long)]
     pub name: String,
+    /// Who owns every file of the new layers: `user` (uid 1000, the sandbox's default user;
+    /// use it for a workspace an agent edits), `root`, or `UID:GID`. Without it the owners
+    /// in the directory or archive are kept, as a root file system needs.
+    #[arg(long, value_name = "user|root|UID:GID")]
+    pub owner: Option<String>,
 }
 
 /// `warren image pull`.
@@ -193,7 +211,44 @@ pub async fn run(client: &Client, json: bool, cmd: ImageCommand) -> anyhow::Resu
             }
             Ok(ExitCode::SUCCESS)
         }
-        ImageCommand::Ls => {
+        ImageCommand::Ls { orphans: true } => {
+            let layers = client.layers(true).await?;
+            if json {
+                output::json(&layers)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut t = output::table(&["LAYER", "SIZE", "SOURCE", "CREATED"]);
+            for u in &layers {
+                t.add_row([
+                    u.layer.digest.clone(),
+                    size(u.layer.size),
+                    u.layer.source.clone(),
+                    u.layer.created_at.clone(),
+                ]);
+            }
+            output::print(&t);
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Prune => {
+            let r = client.prune_layers().await?;
+            if json {
+                output::json(&r)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            for l in &r.removed {
+                println!("{}", l.digest);
+            }
+            for k in &r.kept {
+                eprintln!("kept {k}: a sandbox still runs on it");
+            }
+            println!(
+                "{} layer(s) removed, {} freed",
+                r.removed.len(),
+                size(r.freed)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Ls { orphans: false } => {
             let images = client.images().await?;
             if json {
                 output::json(&images)?;
@@ -381,8 +436,11 @@ async fn import(client: &Client, json: bool, a: ImportArgs) -> anyhow::Result<Ex
         std::fs::metadata(&a.path).with_context(|| format!("cannot read {}", a.path.display()))?;
     let (stream, len, source): (ByteStream, Option<u64>, Option<&str>) = if md.is_dir() {
         let oci = a.path.join("oci-layout").is_file();
+        let note = |rel: &std::path::Path, why: &str| {
+            eprintln!("note: {} is left out: it is {why}", rel.display());
+        };
         (
-            Box::pin(tar_dir(&a.path)),
+            Box::pin(tar_dir_with(&a.path, note)),
             None,
             (!oci).then_some("directory"),
         )
@@ -407,7 +465,12 @@ async fn import(client: &Client, json: bool, a: ImportArgs) -> anyhow::Result<Ex
         }
     });
     let result = client
-        .import_image(&a.name, reqwest::Body::wrap_stream(counted), source)
+        .import_image_owned(
+            &a.name,
+            reqwest::Body::wrap_stream(counted),
+            source,
+            a.owner.as_deref(),
+        )
         .await;
     pb.finish_and_clear();
     let d = result.with_context(|| format!("importing {} as {}", a.path.display(), a.name))?;
