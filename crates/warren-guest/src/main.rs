@@ -16,6 +16,7 @@ mod confine;
 mod files;
 mod grader;
 mod incidents;
+mod linger;
 mod procs;
 mod server;
 mod setup;
