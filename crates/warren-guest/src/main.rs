@@ -13,6 +13,7 @@
 //! log (stderr, a host file).
 
 mod confine;
+mod default_user;
 mod files;
 mod grader;
 mod incidents;
