@@ -13,9 +13,11 @@
 //! log (stderr, a host file).
 
 mod confine;
+mod default_user;
 mod files;
 mod grader;
 mod incidents;
+mod linger;
 mod procs;
 mod server;
 mod setup;

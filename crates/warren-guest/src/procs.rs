@@ -3,6 +3,13 @@
 //! The guest, not the node, owns running commands. Each keeps its output (up to a cap per
 //! stream) so that a client or node that reconnects can re-attach by process id and read what
 //! it missed; the exit status is kept until someone collects it.
+//!
+//! A command's status is final when its main process has exited and its output pipes reached
+//! end of file, or [`DRAIN_GRACE`] after the exit if something else (a background child) still
+//! holds them: the exec returns then, whatever its children do. Those pipes are not closed (a
+//! background server would then die of `SIGPIPE` at its next log line): they go on to
+//! [`crate::linger`], which drains them until their last writer exits. Output written after
+//! the status is final belongs to no result and is discarded.
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsFd;
@@ -15,18 +22,19 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use warren_sys::process::Exit;
 use warren_types::api::{ExitStatus, ProcessInfo};
 use warren_types::error::ErrorCode;
 use warren_types::guest::{ExecSpec, FrameKind, StdinMode};
 
+use crate::linger::Lingering;
 use crate::spawner::Spawner;
 use crate::users::User;
 use crate::wire::OpError;
 
 /// After the main process exits, how long to keep reading output that its descendants still
-/// write to the inherited pipes before the status is final.
+/// write to the inherited pipes before the status is final (and the pipes are drained by
+/// [`Lingering`]).
 const DRAIN_GRACE: Duration = Duration::from_millis(100);
 
 /// Finished processes kept for collection; the oldest are forgotten past this.
@@ -43,6 +51,8 @@ pub struct Proc {
     started: Instant,
     state: Mutex<State>,
     changed: watch::Sender<()>,
+    /// Set once the status is final: the output pumps then hand their pipes over.
+    ended: watch::Sender<bool>,
 }
 
 #[derive(Default)]
@@ -57,7 +67,6 @@ struct State {
     ended_at: Option<Instant>,
     timed_out: bool,
     status: Option<ExitStatus>,
-    pumps: Vec<AbortHandle>,
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -71,6 +80,7 @@ fn stream_index(kind: FrameKind) -> usize {
 impl Proc {
     fn new(id: u64, pid: i32, spec: &ExecSpec, user: &User) -> Arc<Proc> {
         let (changed, _) = watch::channel(());
+        let (ended, _) = watch::channel(false);
         Arc::new(Proc {
             id,
             pid,
@@ -82,6 +92,7 @@ impl Proc {
                 ..State::default()
             }),
             changed,
+            ended,
         })
     }
 
@@ -160,7 +171,7 @@ impl Proc {
         }
     }
 
-    /// Makes the status final and stops reading output.
+    /// Makes the status final; output still coming is no longer kept.
     fn finish(&self) {
         let mut st = lock(&self.state);
         if st.status.is_some() {
@@ -182,10 +193,8 @@ impl Proc {
             stderr_truncated: st.truncated[1],
             duration_ms: ended.duration_since(self.started).as_millis() as u64,
         });
-        for p in st.pumps.drain(..) {
-            p.abort();
-        }
         drop(st);
+        self.ended.send_replace(true);
         self.changed.send_replace(());
     }
 }
@@ -194,6 +203,8 @@ impl Proc {
 #[derive(Default)]
 pub struct Table {
     inner: Mutex<Inner>,
+    /// Output pipes of finished commands that something still holds open.
+    lingering: Arc<Lingering>,
 }
 
 #[derive(Default)]
@@ -378,19 +389,17 @@ impl Table {
                     .map(pipe::Sender::from_owned_fd)
                     .transpose()
                     .map_err(|e| OpError::io(&e, "stdin pipe of", program))?;
-                let mut pumps = Vec::new();
                 for (fd, kind) in [
                     (st.stdout, FrameKind::Stdout),
                     (st.stderr, FrameKind::Stderr),
                 ] {
                     match fd.map(pipe::Receiver::from_owned_fd) {
                         Some(Ok(rx)) => {
-                            pumps.push(tokio::spawn(pump(proc.clone(), rx, kind)).abort_handle())
+                            tokio::spawn(pump(proc.clone(), rx, kind, self.lingering.clone()));
                         }
                         _ => proc.stream_ended(kind),
                     }
                 }
-                lock(&proc.state).pumps = pumps;
                 if let Some(ms) = spec.timeout_ms {
                     tokio::spawn(enforce_timeout(proc.clone(), Duration::from_millis(ms)));
                 }
@@ -576,15 +585,33 @@ fn spawn_via(
     })
 }
 
-async fn pump(proc: Arc<Proc>, mut rx: pipe::Receiver, kind: FrameKind) {
+/// Keeps one output stream of `proc` until end of file, or until its status is final while
+/// something still holds the pipe: then the pipe is drained by `lingering` (without the
+/// process, whose kept output is freed once it is collected).
+async fn pump(proc: Arc<Proc>, mut rx: pipe::Receiver, kind: FrameKind, lingering: Arc<Lingering>) {
+    if follow(&proc, &mut rx, kind).await {
+        proc.stream_ended(kind);
+        return;
+    }
+    drop(proc);
+    lingering.drain(rx).await;
+}
+
+/// Reads `rx` into `proc`; true at end of file, false once the status is final first.
+async fn follow(proc: &Proc, rx: &mut pipe::Receiver, kind: FrameKind) -> bool {
     let mut buf = vec![0u8; READ_CHUNK];
+    let mut ended = proc.ended.subscribe();
     loop {
-        match rx.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => proc.append(kind, &buf[..n]),
+        tokio::select! {
+            // The end first: a writer that never pauses must not keep the pump here.
+            biased;
+            _ = ended.wait_for(|e| *e) => return false,
+            read = rx.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return true,
+                Ok(n) => proc.append(kind, &buf[..n]),
+            },
         }
     }
-    proc.stream_ended(kind);
 }
 
 async fn enforce_timeout(proc: Arc<Proc>, after: Duration) {

@@ -119,6 +119,8 @@ pub fn rootfs(cfg: &InitConfig) -> io::Result<()> {
     mask()?;
 
     mount::pivot_root_here()?;
+    // Still root with every capability: the last change to the sandbox's own files.
+    crate::default_user::provide(Path::new("/"));
     mount::set_hostname(&cfg.hostname).map_err(|e| ctx(e, "sethostname"))?;
     warren_sys::net::loopback_up().map_err(|e| ctx(e, "bringing up lo"))?;
     Ok(())

@@ -19,8 +19,6 @@ pub struct User {
 /// Largest `/etc/passwd` read.
 const MAX_PASSWD: u64 = 4 << 20;
 
-/// Looks `who` (a name or a numeric uid) up in `/etc/passwd`. The sandbox owns that file: a
-/// FIFO or device planted there is refused without a read, and at most 4 MiB is read.
 /// Ids of the platform's own (the grader's, the spawner's): no agent command or file
 /// operation runs as one, whatever the sandbox's `/etc/passwd` says (the sandbox writes it).
 static RESERVED: OnceLock<Vec<u32>> = OnceLock::new();
@@ -38,16 +36,40 @@ fn reserved(id: u32) -> bool {
 
 /// Looks `who` (a name or a numeric uid) up in `/etc/passwd`. The sandbox owns that file: a
 /// FIFO or device planted there is refused without a read, and at most 4 MiB is read.
+///
+/// The name `user` (the default) resolves to the entry of that name, else to the image's
+/// uid 1000 whatever it is called ([`crate::default_user`] makes sure there is one).
 pub fn lookup(who: &str) -> Result<User, OpError> {
-    let passwd = crate::files::read_small("/etc/passwd", MAX_PASSWD).unwrap_or_default();
-    let user = find(&passwd, who).ok_or_else(|| {
-        OpError::new(
-            ErrorCode::InvalidArgument,
-            format!("user {who:?} does not exist in the sandbox's /etc/passwd; use \"user\" (uid 1000), \"root\", or a numeric uid"),
-        )
-    })?;
+    let (passwd, unreadable) = match crate::files::read_small("/etc/passwd", MAX_PASSWD) {
+        Ok(text) => (text, None),
+        Err(e) => (String::new(), Some(e.message)),
+    };
+    let user = find(&passwd, who).ok_or_else(|| not_found(who, unreadable.as_deref()))?;
     check_not_reserved(&user)?;
     Ok(user)
+}
+
+/// What a user who is not there is told: what was looked up, where, and what to run as instead.
+fn not_found(who: &str, unreadable: Option<&str>) -> OpError {
+    let looked = match unreadable {
+        Some(why) => format!(
+            "the sandbox's /etc/passwd cannot be read ({why}), so no account {who:?} is known"
+        ),
+        None if who == crate::default_user::NAME => format!(
+            "the sandbox's /etc/passwd has no account {who:?} and none with uid {} (the \
+             runtime adds one at start unless the file is unusable; something removed it)",
+            crate::default_user::UID
+        ),
+        None => {
+            format!("the image defines no account {who:?}: it is not in the sandbox's /etc/passwd")
+        }
+    };
+    OpError::new(
+        ErrorCode::InvalidArgument,
+        format!(
+            "{looked}; run as \"root\" or as a numeric uid (such as \"1000\"), or add the account to the image"
+        ),
+    )
 }
 
 fn check_not_reserved(user: &User) -> Result<(), OpError> {
@@ -86,6 +108,17 @@ fn find(passwd: &str, who: &str) -> Option<User> {
             });
         }
     }
+    if who == crate::default_user::NAME {
+        return crate::default_user::find_default(passwd).map(|(name, uid, gid, home, shell)| {
+            User {
+                name,
+                uid,
+                gid,
+                home,
+                shell,
+            }
+        });
+    }
     // A numeric uid without an entry still works, as in any container runtime.
     by_uid.map(|uid| User {
         name: uid.to_string(),
@@ -110,6 +143,31 @@ mod tests {
         assert_eq!(find(PASSWD, "1000").unwrap().home, "/home/user");
         assert_eq!(find(PASSWD, "4242").unwrap().gid, 4242);
         assert!(find(PASSWD, "nobody").is_none());
+    }
+
+    #[test]
+    fn the_default_name_resolves_to_uid_1000_whatever_it_is_called() {
+        let passwd = "root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n";
+        let u = find(passwd, "user").unwrap();
+        assert_eq!(
+            (u.name.as_str(), u.uid, u.home.as_str()),
+            ("alice", 1000, "/home/alice")
+        );
+        assert_eq!(find(passwd, "alice").unwrap().uid, 1000);
+        assert!(find("root:x:0:0::/root:/bin/sh\n", "user").is_none());
+    }
+
+    #[test]
+    fn a_missing_account_is_named_with_what_to_do() {
+        let e = not_found("bob", None);
+        assert!(e.message.contains("no account \"bob\""), "{}", e.message);
+        assert!(e.message.contains("\"root\"") && e.message.contains("numeric uid"));
+        // The default user's message does not suggest the default user.
+        let e = not_found("user", None);
+        assert!(e.message.contains("uid 1000"), "{}", e.message);
+        assert!(!e.message.contains("use \"user\""), "{}", e.message);
+        let e = not_found("user", Some("/etc/passwd is a FIFO, not a regular file"));
+        assert!(e.message.contains("cannot be read"), "{}", e.message);
     }
 
     #[test]

@@ -225,3 +225,180 @@ async fn streaming_exec_and_background_processes() {
     sb.forget_process(bg.process_id).await.unwrap();
     assert!(sb.process(bg.process_id).await.is_err());
 }
+
+/// The guest agent of `sb` on the host (the parent of a background command of the sandbox).
+async fn guest_pid(p: &Platform, sb: &warren_sdk::Sandbox) -> i32 {
+    let marker = format!("{}", 7_000_000 + std::process::id());
+    sb.start_process(&argv(["sleep", marker.as_str()]))
+        .await
+        .unwrap();
+    let want = format!("sleep\0{marker}\0");
+    for _ in 0..100 {
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let dir = e.path();
+            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
+            let cgroup = std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default();
+            if cmdline == want.as_bytes() && cgroup.contains(&p.cgroup_parent) {
+                return status_field(&dir.join("status"), "PPid:") as i32;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the background command sleep {marker} is not on the host");
+}
+
+/// A number from a /proc status file (the first word after `field`).
+fn status_field(path: &std::path::Path, field: &str) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in {}", path.display()))
+}
+
+fn open_fds(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// Runs `cmd` until it prints `want`, for up to `secs` seconds; returns what it printed last.
+async fn until_prints(sb: &warren_sdk::Sandbox, cmd: &str, want: &str, secs: u64) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let r = sb.exec(&shell(cmd)).await.unwrap();
+        let out = format!("{}{}", r.stdout, r.stderr);
+        if r.stdout.trim() == want || std::time::Instant::now() > deadline {
+            return out.trim().to_string();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// A server started in the background by one exec keeps answering in later ones: the exec
+/// returns as soon as its shell exits, and the pipes the server inherited stay open after it
+/// (a server whose log writes fail drops the request: `RemoteDisconnected` in the client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_server_outlives_its_exec() {
+    require_root!();
+    let p = Platform::start();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let r = sb
+        .exec(&shell("python3 -m http.server 8000 --bind 127.0.0.1 &"))
+        .await
+        .unwrap();
+    assert_eq!(r.status.exit_code, 0, "{r:?}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "the exec waited for its background child: {:?}",
+        t0.elapsed()
+    );
+    let ask = |n: usize| {
+        format!(
+            "python3 -c '
+import urllib.request
+ok = 0
+for _ in range({n}):
+    ok += urllib.request.urlopen(\"http://127.0.0.1:8000/\", timeout=5).status == 200
+print(ok)' 2>&1"
+        )
+    };
+    // Up once it answers one request (python takes a moment to start).
+    let first = until_prints(&sb, &ask(1), "1", 20).await;
+    assert_eq!(first, "1", "the server never answered");
+    // Each request is logged to the server's stderr: the pipe of the exec that started it.
+    for round in 0..3 {
+        let r = sb.exec(&shell(ask(5))).await.unwrap();
+        assert_eq!(r.stdout.trim(), "5", "round {round}: {r:?}");
+    }
+}
+
+/// A background command that writes much after its exec returned keeps running to its end
+/// (it is not killed by SIGPIPE), the guest discards that output instead of keeping it, and
+/// the pipes are closed once their last writer exits. Past the bound of pipes drained at
+/// once, the oldest are closed: the guest's descriptors stay bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_output_after_the_exec_is_drained_within_bounds() {
+    require_root!();
+    let p = Platform::start();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let guest = guest_pid(&p, &sb).await;
+    let fds_before = open_fds(guest);
+
+    // 512 MiB to stdout and 64 MiB to stderr, all after the exec has returned.
+    let t0 = std::time::Instant::now();
+    let r = sb
+        .exec(&shell(
+            "(sleep 1; head -c 536870912 /dev/zero && echo ok > /tmp/out-done) &
+             (sleep 1; head -c 67108864 /dev/zero >&2 && echo ok > /tmp/err-done) &
+             echo started",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "started\n", "{r:?}");
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "the exec waited for its background children: {:?}",
+        t0.elapsed()
+    );
+    let done = until_prints(
+        &sb,
+        "cat /tmp/out-done /tmp/err-done 2>/dev/null | tr -d '\\n'",
+        "okok",
+        120,
+    )
+    .await;
+    assert_eq!(done, "okok", "a background writer did not get to its end");
+    let peak_kib = status_field(
+        std::path::Path::new(&format!("/proc/{guest}/status")),
+        "VmHWM:",
+    );
+    assert!(
+        peak_kib < 64 * 1024,
+        "the guest's resident memory peaked at {peak_kib} KiB while 576 MiB passed through"
+    );
+    // Their pipes are closed once the writers are gone.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while open_fds(guest) > fds_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the guest holds {} descriptors, {fds_before} before the writers",
+            open_fds(guest)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    // 150 execs that each leave a sleeper holding both pipes: 300 pipes, more than the 256
+    // drained at once, so the oldest are closed and the guest's descriptors stay bounded.
+    for _ in 0..150 {
+        let r = sb.exec(&shell("sleep 600 &")).await.unwrap();
+        assert_eq!(r.status.exit_code, 0, "{r:?}");
+    }
+    let fds = open_fds(guest);
+    assert!(
+        fds <= fds_before + 256 + 8,
+        "the guest holds {fds} descriptors ({fds_before} before): lingering pipes are not bounded"
+    );
+    assert!(
+        fds >= fds_before + 200,
+        "the guest holds {fds} descriptors ({fds_before} before): the sleepers' pipes were closed"
+    );
+    // The sandbox still works.
+    assert_eq!(sb.exec(&argv(["true"])).await.unwrap().status.exit_code, 0);
+}

@@ -911,3 +911,96 @@ async fn layered_creates_take_warm_inits_of_their_image() {
     p.assert_clean();
     assert_eq!(warm_inits(), 0);
 }
+
+/// A root file system like a real distribution's: busybox, and an `/etc/passwd` of `passwd`.
+fn distro_rootfs(root: &Path, passwd: &str) {
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::copy(busybox(), root.join("bin/busybox")).unwrap();
+    for a in ["sh", "id", "pwd", "touch", "echo", "cat", "grep", "stat"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(a)).unwrap();
+    }
+    write(root, "etc/passwd", passwd);
+    write(root, "etc/group", "root:x:0:\n");
+}
+
+/// An image whose `/etc/passwd` has only root gets the default user (uid 1000, home
+/// `/home/user`, its working directory, writable) when a sandbox starts; one that has uid 1000
+/// under another name keeps it, and `user` means that account.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runtime_provides_the_default_user_an_image_lacks() {
+    require_root!();
+    let p = Platform::start_with(Some(CONFIG));
+    let c = p.client();
+    let work = tempfile::tempdir().unwrap();
+
+    let plain = work.path().join("plain");
+    distro_rootfs(&plain, "root:x:0:0:root:/root:/bin/sh\n");
+    import(&p, &plain, "t/plain");
+    let sb = create(&c, "t/plain").await;
+    let (code, out) = sh(
+        &sb,
+        "id -u; id -un; echo $HOME; pwd; touch here && echo writable",
+    )
+    .await;
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "1000\nuser\n/home/user\n/home/user\nwritable\n")
+    );
+    let (_, passwd) = sh(&sb, "cat /etc/passwd").await;
+    assert_eq!(
+        passwd,
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:Warren sandbox user:/home/user:/bin/sh\n"
+    );
+    let (_, group) = sh(&sb, "cat /etc/group").await;
+    assert_eq!(group, "root:x:0:\nuser:x:1000:\n");
+    let (_, home) = sh(&sb, "stat -c '%u:%g %a' /home/user").await;
+    assert_eq!(home, "1000:1000 755\n");
+    // A user the image does not have: the error says what was looked up and what to run as.
+    let e = sb
+        .exec(&warren_sdk::ExecRequest {
+            user: Some("bob".into()),
+            ..argv(["/bin/busybox", "true"])
+        })
+        .await
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains("no account \"bob\""), "{msg}");
+    assert!(
+        msg.contains("\"root\"") && msg.contains("numeric uid"),
+        "{msg}"
+    );
+    sb.kill().await.unwrap();
+
+    // uid 1000 under another name, whose home the image lacks: kept, and its home made.
+    let alice = work.path().join("alice");
+    distro_rootfs(
+        &alice,
+        "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\n",
+    );
+    import(&p, &alice, "t/alice");
+    let sb = create(&c, "t/alice").await;
+    let (code, out) = sh(&sb, "id -un; echo $HOME; pwd; touch here && echo writable").await;
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "alice\n/home/alice\n/home/alice\nwritable\n")
+    );
+    let r = sb
+        .exec(&warren_sdk::ExecRequest {
+            user: Some("user".into()),
+            ..argv(["/bin/busybox", "id", "-un"])
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "alice\n", "{r:?}");
+    let (_, passwd) = sh(&sb, "cat /etc/passwd; cat /etc/group").await;
+    assert_eq!(
+        passwd,
+        "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/sh\nroot:x:0:\n",
+        "nothing is added to an image that has uid 1000"
+    );
+    sb.kill().await.unwrap();
+    for n in ["t/plain", "t/alice"] {
+        c.remove_image(n).await.unwrap();
+    }
+    p.assert_clean();
+}
