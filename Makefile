@@ -10,11 +10,14 @@ deps:
 
 # Release build. The guest agent is then rebuilt small (profile `guest`: opt-level z, LTO,
 # panic=abort, stripped) and static, so it runs in any image and costs little per sandbox, and
-# put beside `warren`, where the node looks for it.
+# put beside `warren`, where the node looks for it. It is installed as a new file renamed over
+# the old one, never written in place: a running node's inits may be executing the old one
+# (`cp` onto it fails with "Text file busy"), and a rename leaves them their file.
 build: deps
 	$(CARGO) build --release --workspace
 	$(CARGO) rustc --profile guest -q -p warren-guest --bin warren-guest -- -C target-feature=+crt-static
-	cp target/guest/warren-guest target/release/warren-guest
+	cp target/guest/warren-guest target/release/.warren-guest.tmp
+	mv -f target/release/.warren-guest.tmp target/release/warren-guest
 
 up: build
 	target/release/warren up

@@ -177,6 +177,8 @@ impl Node {
             layers: image.layers,
             default_user: image.user,
             default_cwd: image.workdir,
+            // Every init of this node, warm or not, runs this copy.
+            guest: Some(self.guest.digest.clone()),
         };
         // The launch runs to its end in a task of its own, even when this request is dropped
         // (a client that gives up mid-create): a started sandbox is then registered, with its

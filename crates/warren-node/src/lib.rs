@@ -33,6 +33,7 @@ pub mod config;
 pub mod disk;
 pub mod error;
 pub mod events;
+pub mod guest_bin;
 pub mod images;
 pub mod layers;
 pub mod phase;
@@ -70,11 +71,9 @@ pub enum StartError {
     /// The backend cannot run here (for containers: cgroups missing or not writable).
     #[error("the container backend: {0}")]
     Backend(#[source] std::io::Error),
-    /// The guest agent binary is missing.
-    #[error(
-        "guest agent binary {0} not found: build it (cargo build -p warren-guest) or set guest_binary"
-    )]
-    Guest(PathBuf),
+    /// The guest agent binary is missing, or the node's copy of it cannot be made.
+    #[error(transparent)]
+    Guest(#[from] crate::guest_bin::GuestBinError),
     /// A setting that cannot work.
     #[error("configuration: {0}")]
     Config(String),
@@ -155,9 +154,8 @@ impl Node {
                 .and_then(|e| e.parent().map(|d| d.join("warren-guest")))
                 .unwrap_or_else(|| PathBuf::from("warren-guest")),
         };
-        if !guest_bin.is_file() {
-            return Err(StartError::Guest(guest_bin));
-        }
+        // Inits run the node's own copy, so the configured file stays free to be rebuilt.
+        let guest = crate::guest_bin::install(&guest_bin, &root.join("guest"))?;
         let backend = ContainerBackend::new(
             ContainerConfig {
                 cgroup_parent: cfg.cgroup_parent.clone(),
@@ -165,7 +163,7 @@ impl Node {
                 sockets: dirs.sockets.clone(),
                 warm: dirs.warm.clone(),
                 trash: dirs.trash.clone(),
-                guest_bin,
+                guest_bin: guest.path.clone(),
                 guest_limits: cfg.guest_limits(),
                 grader: cfg.grader(),
                 warm_host: cfg.warm_pool as usize,
@@ -187,11 +185,13 @@ impl Node {
             images,
             layers,
             dirs,
+            guest,
             sandboxes: RwLock::new(HashMap::new()),
             admission: Admission::default(),
             idempotency: Mutex::new(HashMap::new()),
         });
         let report = node.adopt().await;
+        node.collect_guest_copies();
         backend.prewarm();
         node.start_timers();
         tracing::info!(
@@ -203,6 +203,26 @@ impl Node {
             "node started"
         );
         Ok((node, report))
+    }
+
+    /// Removes the copies of the guest binary that neither this start nor an adopted sandbox
+    /// runs (see the `guest_bin` module). Blocking (a few files).
+    fn collect_guest_copies(&self) {
+        let mut keep: std::collections::HashSet<String> = self
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter_map(|s| s.record.guest.clone())
+            .collect();
+        keep.insert(self.guest.digest.clone());
+        let removed = crate::guest_bin::collect(&self.cfg.state_dir.join("guest"), &keep);
+        tracing::info!(
+            guest = %self.guest.digest,
+            path = %self.guest.path.display(),
+            unused_copies_removed = removed,
+            "guest agent"
+        );
     }
 
     /// Stops the node's own work (the warm pool); sandboxes keep running.

@@ -53,6 +53,8 @@ pub struct Node {
     /// Image layers mounted here.
     pub(crate) layers: Arc<LayerMounts>,
     pub(crate) dirs: Dirs,
+    /// The guest agent binary its inits run (its own copy, by digest).
+    pub(crate) guest: crate::guest_bin::GuestBinary,
     pub(crate) sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
     pub(crate) admission: Admission,
     pub(crate) idempotency: Mutex<HashMap<String, IdemSlot>>,
@@ -197,6 +199,7 @@ impl Sandbox {
             idle_timeout: r.idle_timeout,
             on_idle: r.on_idle,
             trajectory: r.trajectory,
+            guest: r.guest.clone(),
         }
     }
 }
@@ -279,6 +282,7 @@ impl Node {
             disk_pool: self.dirs.disk.as_ref().map(|p| ByteSize(p.capacity)),
             disk_reserved: ByteSize(usage.disk),
             backends: self.backends(),
+            guest: Some(self.guest.digest.clone()),
         }
     }
 }

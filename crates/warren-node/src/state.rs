@@ -9,6 +9,7 @@
 //!   sandboxes/<id>/guest.log       the guest agent's stderr (host-only)
 //!   sandboxes/<id>/trajectory.jsonl its recorded operations, when asked for
 //!   sockets/<id>.sock              the guest's control socket (host-only)
+//!   guest/<hex>/warren-guest       the node's copies of the guest agent, by digest (guest_bin)
 //!   images/                        built-in image skeletons (host, runtime)
 //!   layers/<hex>                   mount points of image layers (see the layers module)
 //!   trash/                         directories of killed sandboxes being deleted
@@ -75,6 +76,10 @@ pub struct Record {
     /// The image's default working directory for commands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_cwd: Option<String>,
+    /// The digest (`sha256:<hex>`) of the guest agent binary its init runs; unknown for
+    /// records from before it was recorded. Keeps that copy on the node while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<String>,
 }
 
 /// Writes `record` to `dir/state.json` atomically (temp file, rename).
@@ -139,10 +144,42 @@ mod tests {
             layers: vec![format!("sha256:{}", "a".repeat(64))],
             default_user: Some("root".into()),
             default_cwd: None,
+            guest: Some(format!("sha256:{}", "b".repeat(64))),
         };
         save(dir.path(), &r).unwrap();
         assert_eq!(load(dir.path()).unwrap(), r);
         assert!(!dir.path().join("state.json.tmp").exists());
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn records_from_before_the_guest_digest_load_with_it_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        // As an earlier node wrote it: no backend, layers, defaults or guest.
+        let old = serde_json::json!({
+            "version": 1,
+            "id": "abcdef0123456789wxyz",
+            "image": "host",
+            "task": null,
+            "labels": {},
+            "env": {},
+            "resources": {"cpu": 1000, "memory": 536870912, "pids": 64},
+            "created_ms": 1,
+            "expires_ms": 2,
+            "pid": 42,
+            "start_time": 7,
+            "idempotency_key": null
+        });
+        fs::write(dir.path().join("state.json"), old.to_string()).unwrap();
+        let r = load(dir.path()).unwrap();
+        assert_eq!(r.guest, None);
+        assert_eq!(r.backend, BackendKind::Container);
+        // And saved again, it stays without one.
+        save(dir.path(), &r).unwrap();
+        assert!(
+            !fs::read_to_string(dir.path().join("state.json"))
+                .unwrap()
+                .contains("guest")
+        );
     }
 }

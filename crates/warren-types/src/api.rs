@@ -219,6 +219,10 @@ pub struct Sandbox {
     /// Whether its trajectory is recorded.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trajectory: bool,
+    /// The digest (`sha256:<hex>`) of the guest agent binary it runs; absent where the node
+    /// does not know (sandboxes started before nodes recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/timeout`: a new absolute lifetime, counted from now.
@@ -723,6 +727,10 @@ pub struct NodeInfo {
     /// The backends it can run sandboxes in.
     #[serde(default)]
     pub backends: Vec<BackendKind>,
+    /// The digest (`sha256:<hex>`) of the guest agent binary its new sandboxes run (the
+    /// node's own copy of its `guest_binary`, made when it started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<String>,
 }
 
 /// `GET /v1/nodes`.

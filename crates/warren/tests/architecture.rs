@@ -236,6 +236,7 @@ fn node_modules_stand_in_layers_without_loops() {
             "disk",
             "error",
             "events",
+            "guest_bin",
             "images",
             "layers",
             "phase",

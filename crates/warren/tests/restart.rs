@@ -1,5 +1,6 @@
 //! Sandboxes outlive the daemon: kill -9 of `warren up` with 50 running sandboxes, restart,
-//! all 50 re-adopted and answering exec; and nothing left behind once they are killed.
+//! all 50 re-adopted and answering exec; and nothing left behind once they are killed. Inits
+//! run the node's own copy of the guest binary, so the configured one can be rebuilt meanwhile.
 
 mod common;
 
@@ -184,5 +185,123 @@ async fn a_slow_guest_is_adopted_not_torn_down() {
     let sb = c.sandbox(sb.id().as_str()).unwrap();
     assert_eq!(&sb.read_file("/tmp/kept").await.unwrap()[..], b"still here");
     sb.kill().await.unwrap();
+    p.assert_clean();
+}
+
+/// The identity (device, inode) of a file, or of what `/proc/<pid>/exe` is.
+fn inode(path: &std::path::Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (m.dev(), m.ino())
+}
+
+/// The guest binary `warren up` is configured with is written in place (as `cp` of a rebuild
+/// does) while a sandbox and the warm pool's inits run: the write succeeds, because they run the
+/// node's own copy, named by digest, and the sandbox keeps working. After a restart the new
+/// binary gets a copy of its own, which new sandboxes run, while the adopted sandbox's record
+/// still names the old one; the old copy goes at the start after its last sandbox has gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configured_guest_binary_can_be_rewritten_while_sandboxes_run() {
+    require_root!();
+    let bin = tempfile::tempdir().unwrap();
+    let source = bin.path().join("warren-guest");
+    std::fs::copy(common::warren_bin().with_file_name("warren-guest"), &source).unwrap();
+    let original = std::fs::read(&source).unwrap();
+    let config = format!("[node]\nguest_binary = \"{}\"\n", source.display());
+    let mut p = Platform::start_with(Some(&config));
+    let c = p.client();
+    let record_of = |p: &Platform, id: &str| {
+        warren_node::state::load(&p.state_dir().join("sandboxes").join(id)).unwrap()
+    };
+    let copy_of = |p: &Platform, digest: &str| {
+        let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+        p.state_dir().join("guest").join(hex).join("warren-guest")
+    };
+    let node_guest = |nodes: warren_sdk::Listing<warren_sdk::NodeInfo>| {
+        assert_eq!(nodes.items.len(), 1);
+        nodes.items[0]
+            .guest
+            .clone()
+            .expect("the node reports its guest")
+    };
+
+    let old = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let rec = record_of(&p, old.id().as_str());
+    let d1 = rec.guest.clone().expect("the record names its guest");
+    assert_eq!(
+        old.info().await.unwrap().guest.as_deref(),
+        Some(d1.as_str())
+    );
+    assert_eq!(node_guest(c.nodes().await.unwrap()), d1);
+    let copy1 = copy_of(&p, &d1);
+    assert_eq!(std::fs::read(&copy1).unwrap(), original);
+    let exe = |pid: i32| inode(std::path::Path::new(&format!("/proc/{pid}/exe")));
+    assert_eq!(exe(rec.pid), inode(&copy1), "the init runs the node's copy");
+    assert_ne!(inode(&copy1), inode(&source));
+
+    // A rebuild's `cp` onto the configured file: opened for writing, truncated, rewritten
+    // (here: the same program with bytes appended, which an ELF ignores).
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&source)
+            .expect("the configured guest binary is not busy: no init executes it");
+        f.write_all(&original).unwrap();
+        f.write_all(b"\nrebuilt\n").unwrap();
+    }
+    assert_eq!(old.exec(&argv(["true"])).await.unwrap().status.exit_code, 0);
+    // The kernel names a process after the file it executes: still `warren-guest`.
+    let comm = std::fs::read_to_string(format!("/proc/{}/comm", rec.pid)).unwrap();
+    assert_eq!(comm.trim(), "warren-guest");
+
+    p.restart();
+    assert!(p.log().contains("1 sandboxes re-adopted"), "{}", p.log());
+    let c = p.client();
+    let d2 = node_guest(c.nodes().await.unwrap());
+    assert_ne!(d2, d1, "the changed binary has a new digest");
+    let copy2 = copy_of(&p, &d2);
+    assert_eq!(
+        std::fs::read(&copy2).unwrap(),
+        std::fs::read(&source).unwrap()
+    );
+    let new = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let rec2 = record_of(&p, new.id().as_str());
+    assert_eq!(rec2.guest.as_deref(), Some(d2.as_str()));
+    assert_eq!(
+        exe(rec2.pid),
+        inode(&copy2),
+        "a new sandbox runs the new copy"
+    );
+    assert_eq!(new.exec(&argv(["true"])).await.unwrap().status.exit_code, 0);
+    // The adopted one still names, and runs, the old copy, which is kept for it.
+    assert_eq!(record_of(&p, old.id().as_str()).guest, Some(d1.clone()));
+    assert_eq!(old.info().await.unwrap().guest, Some(d1.clone()));
+    assert_eq!(exe(rec.pid), inode(&copy1));
+    assert_eq!(old.exec(&argv(["true"])).await.unwrap().status.exit_code, 0);
+
+    // Its last sandbox gone, the old copy goes at the next start; the current one stays.
+    old.kill().await.unwrap();
+    p.restart();
+    assert!(p.log().contains("1 sandboxes re-adopted"), "{}", p.log());
+    assert!(!copy1.exists() && !copy1.parent().unwrap().exists());
+    assert!(copy2.exists());
+    let c = p.client();
+    let new = c.sandbox(new.id().as_str()).unwrap();
+    assert_eq!(new.exec(&argv(["true"])).await.unwrap().status.exit_code, 0);
+    new.kill().await.unwrap();
     p.assert_clean();
 }

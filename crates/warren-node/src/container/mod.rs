@@ -112,7 +112,7 @@ pub struct ContainerConfig {
     pub warm: PathBuf,
     /// Where directories of killed sandboxes are deleted.
     pub trash: PathBuf,
-    /// The guest agent binary.
+    /// The guest agent binary every init executes (the node's own copy; see `guest_bin`).
     pub guest_bin: PathBuf,
     /// Limits the guest applies to itself.
     pub guest_limits: GuestLimits,
