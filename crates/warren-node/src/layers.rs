@@ -121,6 +121,8 @@ pub struct LayerMounts {
     dir: PathBuf,
     mode: LayerMount,
     idle: Duration,
+    /// Readahead of each loop device, KiB.
+    readahead_kb: u32,
     mounted: Mutex<HashMap<String, Mounted>>,
 }
 
@@ -177,7 +179,12 @@ fn loop_number(source: &str) -> Option<u32> {
 impl LayerMounts {
     /// Takes over the layer mounts a previous daemon left under `dir` (unused until adopted
     /// sandboxes claim them) and removes empty mount points.
-    pub fn new(dir: &Path, mode: LayerMount, idle: Duration) -> io::Result<LayerMounts> {
+    pub fn new(
+        dir: &Path,
+        mode: LayerMount,
+        idle: Duration,
+        readahead_kb: u32,
+    ) -> io::Result<LayerMounts> {
         std::fs::create_dir_all(dir)?;
         let mut mounted = HashMap::new();
         let found = mounts_under(dir);
@@ -217,6 +224,7 @@ impl LayerMounts {
             dir: dir.to_path_buf(),
             mode,
             idle,
+            readahead_kb,
             mounted: Mutex::new(mounted),
         })
     }
@@ -297,7 +305,7 @@ impl LayerMounts {
         let t0 = Instant::now();
         let mut held = None;
         let device = match self.mode {
-            LayerMount::Loop => Some(mount_loop(&file, &path)?),
+            LayerMount::Loop => Some(mount_loop(&file, &path, self.readahead_kb)?),
             LayerMount::File => {
                 held = Some(std::fs::File::open(&file)?);
                 match warren_sys::blockdev::mount_erofs(&file, &path) {
@@ -310,7 +318,7 @@ impl LayerMounts {
                             "EROFS from a file failed ({e}); using a loop device"
                         );
                         held = None;
-                        Some(mount_loop(&file, &path)?)
+                        Some(mount_loop(&file, &path, self.readahead_kb)?)
                     }
                 }
             }
@@ -389,10 +397,17 @@ impl LayerMounts {
     }
 }
 
-/// Mounts `file` at `path` through a new loop device; returns the device's number. The open
-/// device is dropped after the mount: auto-clear then ties the device's life to the mount's.
-fn mount_loop(file: &Path, path: &Path) -> io::Result<u32> {
+/// Mounts `file` at `path` through a new loop device with `readahead_kb` of readahead; returns
+/// the device's number. The open device is dropped after the mount: auto-clear then ties the
+/// device's life to the mount's.
+fn mount_loop(file: &Path, path: &Path, readahead_kb: u32) -> io::Result<u32> {
     let (dev, _open) = warren_sys::blockdev::attach_loop(file)?;
+    // The device is ours (made for this mount); set before the mount, so its files start
+    // with it. Advice: a kernel that refuses it keeps its own.
+    let ra = format!("/sys/block/loop{}/queue/read_ahead_kb", dev.number);
+    if let Err(e) = std::fs::write(&ra, readahead_kb.to_string()) {
+        tracing::warn!("setting {ra}: {e}");
+    }
     warren_sys::blockdev::mount_erofs(&dev.path, path).inspect_err(|_| {
         let _ = std::fs::remove_dir(path);
     })?;

@@ -144,6 +144,7 @@ impl Node {
                 &root.join("layers"),
                 cfg.layer_mount,
                 std::time::Duration::from_secs(cfg.layer_idle_unmount),
+                cfg.layer_readahead_kb,
             )
             .map_err(state_err(root.join("layers")))?,
         );
