@@ -73,7 +73,7 @@ fn init() -> Result<(), String> {
         confine::prepare(limits).map_err(|e| format!("preparing the sandbox policy: {e}"))?;
     // While the guest has one thread and its capabilities: the spawner (a process that starts
     // every agent command, confined once), then the grader's thread (keeps the few it needs).
-    let spawner = spawner::Spawner::start(confinement.0.clone())
+    let spawner = spawner::Spawner::start(confinement.0.clone(), cfg.builder)
         .map_err(|e| format!("starting the spawner: {e}"))?;
     let grader =
         grader::Grader::start(&cfg).map_err(|e| format!("starting the grader thread: {e}"))?;

@@ -333,6 +333,9 @@ impl Table {
         let launch = match (grader, spawner) {
             (Some(g), _) => Launch::Grader(g),
             (None, Some(s)) if s.alive() => Launch::Spawner(s),
+            // A builder's root commands get their capabilities from the spawner alone: started
+            // here they would run without them, and a build could go on to a different result.
+            (None, Some(s)) if s.builder => Launch::Refused,
             (None, _) => Launch::Direct,
         };
         let mut inner = self.inner();
@@ -343,6 +346,9 @@ impl Table {
                 Ok(started) => started,
                 // The spawner never had it (it is gone: an agent cannot kill it, but the
                 // kernel's OOM killer can): start it here, confined in the child.
+                Err(SpawnVia::Lost(crate::spawner::Lost::NotSent(_))) if sp.builder => {
+                    Err(builder_lost())
+                }
                 Err(SpawnVia::Lost(crate::spawner::Lost::NotSent(e))) => {
                     eprintln!(
                         "warren-guest: the spawner is gone ({e}); starting commands directly"
@@ -375,6 +381,7 @@ impl Table {
                 .spawn()
                 .map(Started::from)
                 .map_err(Failed::from),
+            Launch::Refused => Err(builder_lost()),
         };
         match started {
             Ok(st) => {
@@ -442,8 +449,10 @@ enum Launch<'a> {
     Spawner(&'a Spawner),
     /// The grader thread, in a fresh view, confined in the child.
     Grader(&'a crate::grader::Grader),
-    /// This process, confined in the child (development `serve` mode).
+    /// This process, confined in the child (development `serve` mode, or the spawner gone).
     Direct,
+    /// Not at all: a builder sandbox's spawner is gone.
+    Refused,
 }
 
 /// A started command's pid and our ends of its pipes.
@@ -465,6 +474,16 @@ impl From<std::process::Child> for Started {
         // The reaper collects the child; dropping the std handle neither waits nor kills.
         drop(c);
         s
+    }
+}
+
+/// A builder sandbox whose spawner is gone (a build step killed it): its commands are refused.
+fn builder_lost() -> Failed {
+    Failed {
+        code: 126,
+        why: "this builder sandbox's spawner is gone (a step killed it), so commands could no \
+              longer run with the build capabilities; start the build again"
+            .into(),
     }
 }
 

@@ -103,11 +103,17 @@ pub struct Spawner {
     pid: i32,
     /// Cleared when it is gone (killed: the guest then starts commands itself, confining each).
     alive: AtomicBool,
+    /// A builder sandbox's: without it commands cannot get the build capabilities, so none
+    /// starts once it is gone.
+    pub builder: bool,
 }
 
 impl Spawner {
     /// Forks the spawner. Call while the guest has one thread and all its capabilities.
-    pub fn start(confinement: Arc<Confinement>) -> io::Result<Spawner> {
+    /// In a `builder` sandbox it starts the commands it runs as root with
+    /// [`warren_sys::creds::build_capabilities`] in their ambient set; in any other, no
+    /// command it starts holds a capability.
+    pub fn start(confinement: Arc<Confinement>, builder: bool) -> io::Result<Spawner> {
         let (mine, theirs) = rustix::net::socketpair(
             rustix::net::AddressFamily::UNIX,
             rustix::net::SocketType::SEQPACKET,
@@ -127,7 +133,7 @@ impl Spawner {
         match warren_sys::unix::fork_single_threaded()? {
             None => {
                 drop(mine);
-                let code = match serve(theirs, &confinement) {
+                let code = match serve(theirs, &confinement, builder) {
                     Ok(()) => 0,
                     Err(e) => {
                         eprintln!("warren-guest spawner: {e}");
@@ -142,6 +148,7 @@ impl Spawner {
                     sock: Mutex::new(mine),
                     pid,
                     alive: AtomicBool::new(true),
+                    builder,
                 })
             }
         }
@@ -253,7 +260,7 @@ fn request_file(body: &[u8]) -> io::Result<OwnedFd> {
 
 /// The spawner's life: lock itself down, confine itself, then start commands until the guest
 /// hangs up.
-fn serve(sock: OwnedFd, c: &Confinement) -> io::Result<()> {
+fn serve(sock: OwnedFd, c: &Confinement, builder: bool) -> io::Result<()> {
     // Nothing of the guest's but what this needs (not its control socket, not its end of the
     // listener channel).
     {
@@ -264,12 +271,30 @@ fn serve(sock: OwnedFd, c: &Confinement) -> io::Result<()> {
         warren_sys::unix::close_all_except(&keep)?;
     }
     rustix::thread::set_name(c"warren-spawner")?;
-    warren_sys::creds::lock_out_exec_capabilities()?;
-    warren_sys::creds::become_spawner(SPAWNER_UID, SPAWNER_UID)?;
+    // A builder's spawner keeps the build set inheritable (set while the bounding set still
+    // has it) and permitted, to raise into the ambient set of its root commands; the bounding
+    // set is emptied either way, so no file capability and no set-user-id program adds any.
+    let extra = if builder {
+        warren_sys::creds::build_capabilities()
+    } else {
+        rustix::thread::CapabilitySet::empty()
+    };
+    if builder {
+        warren_sys::creds::set_inheritable(extra)?;
+    }
+    warren_sys::creds::lock_out_exec_capabilities_but_ambient(builder)?;
+    warren_sys::creds::become_spawner(SPAWNER_UID, SPAWNER_UID, extra)?;
     // Dumpable, so that its /proc entries are its uid's, not root's (an agent's root would own
     // them otherwise); no agent process has its uid (the guest refuses it), and none has
-    // CAP_SYS_PTRACE. No core is ever written (RLIMIT_CORE is 0).
-    warren_sys::creds::set_dumpable()?;
+    // CAP_SYS_PTRACE. No core is ever written (RLIMIT_CORE is 0). Not in a builder: there root
+    // holds CAP_SETUID (it could take the spawner's uid with setfsuid) and CAP_DAC_OVERRIDE
+    // (its /proc files are open to it anyway), and a process that is not dumpable is open
+    // to CAP_SYS_PTRACE alone (its /proc/<pid>/fd: the host's log file), which no one has.
+    if builder {
+        warren_sys::creds::set_not_dumpable()?;
+    } else {
+        warren_sys::creds::set_dumpable()?;
+    }
     warren_sys::creds::set_no_new_privs()?;
     c.apply_to_self()?;
     // Confined: the ruleset and the listener channel have done their work. (Closed behind the
@@ -286,7 +311,7 @@ fn serve(sock: OwnedFd, c: &Confinement) -> io::Result<()> {
             return Ok(());
         }
         let answer = match read_request(&mut fds) {
-            Ok(req) => start(&req, &fds, null.as_fd()),
+            Ok(req) => start(&req, &fds, null.as_fd(), extra.bits()),
             Err(e) => Answer::Failed {
                 exec: false,
                 errno: 22,
@@ -332,7 +357,9 @@ fn candidates(program: &str, env: &[(String, String)]) -> Vec<PathBuf> {
         .collect()
 }
 
-fn start(req: &Request, fds: &[OwnedFd], null: BorrowedFd<'_>) -> Answer {
+/// Starts one command; one run as root gets `root_ambient` (capability bits) in its ambient
+/// set, so it holds them after its exec.
+fn start(req: &Request, fds: &[OwnedFd], null: BorrowedFd<'_>, root_ambient: u64) -> Answer {
     let fail = |exec: bool, errno: i32, message: String| Answer::Failed {
         exec,
         errno,
@@ -369,6 +396,7 @@ fn start(req: &Request, fds: &[OwnedFd], null: BorrowedFd<'_>) -> Answer {
         search: &search,
         sibling: true,
         credentials: Some((req.uid, req.gid)),
+        ambient: if req.uid == 0 { root_ambient } else { 0 },
         cwd: Some(Path::new(&req.cwd)),
         fork_exec_wait: Some(EXEC_WAIT),
         ..warren_sys::spawn::SpawnSpec::new(&progs[0], &args, &env)

@@ -621,6 +621,10 @@ mod tests {
             let e = Owner::parse(bad).unwrap_err().to_string();
             assert!(e.contains("UID:GID"), "{bad}: {e}");
         }
+        for reserved in ["61001:61001", "1000:61000"] {
+            let e = Owner::parse(reserved).unwrap_err().to_string();
+            assert!(e.contains("reserves"), "{reserved}: {e}");
+        }
         assert_eq!(
             Owner::parse("user").unwrap(),
             Owner {

@@ -260,7 +260,19 @@ impl Owner {
                 let parsed = s
                     .split_once(':')
                     .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
+                let reserved = |id: u32| {
+                    id == warren_types::guest::SPAWNER_UID
+                        || id == warren_types::guest::GraderSpec::default().uid
+                };
                 match parsed {
+                    Some((uid, gid)) if reserved(uid) || reserved(gid) => {
+                        Err(ImageError::Invalid(format!(
+                            "owner {s:?} names an id the sandbox reserves for its own processes \
+                             (the spawner's {}, the grader's {}): choose another",
+                            warren_types::guest::SPAWNER_UID,
+                            warren_types::guest::GraderSpec::default().uid
+                        )))
+                    }
                     Some((uid, gid)) if uid < u32::MAX && gid < u32::MAX => Ok(Owner { uid, gid }),
                     _ => Err(ImageError::Invalid(format!(
                         "owner {s:?} is not valid: use `user` (uid 1000, the sandbox's default \

@@ -139,6 +139,14 @@ impl Node {
             )));
         }
         let resolved = self.images.resolve(&req.image, req.resolved.as_ref())?;
+        if req.builder && matches!(resolved, crate::images::Resolved::Host(_)) {
+            // The host image shows the host's own files: no capability is given over them.
+            return Err(NodeError::Invalid(
+                "a builder sandbox needs layered images (it cannot use `host`): import a base \
+                 image, e.g. `warren image import ./rootfs --name base/debian:12`"
+                    .into(),
+            ));
+        }
         let ask = crate::admission::Ask::of(&resources);
         let disk = self.dirs.disk.as_ref().map(|p| (p.capacity, p.free()));
         self.admission.reserve(&self.cfg, &load, disk, ask)?;
@@ -179,6 +187,7 @@ impl Node {
             default_cwd: image.workdir,
             // Every init of this node, warm or not, runs this copy.
             guest: Some(self.guest.digest.clone()),
+            builder: req.builder,
         };
         // The launch runs to its end in a task of its own, even when this request is dropped
         // (a client that gives up mid-create): a started sandbox is then registered, with its

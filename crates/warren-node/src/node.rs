@@ -200,6 +200,7 @@ impl Sandbox {
             on_idle: r.on_idle,
             trajectory: r.trajectory,
             guest: r.guest.clone(),
+            builder: r.builder,
         }
     }
 }

@@ -80,6 +80,9 @@ pub struct Record {
     /// records from before it was recorded. Keeps that copy on the node while it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<String>,
+    /// A builder sandbox: its root commands hold the build capabilities.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub builder: bool,
 }
 
 /// Writes `record` to `dir/state.json` atomically (temp file, rename).
@@ -145,6 +148,7 @@ mod tests {
             default_user: Some("root".into()),
             default_cwd: None,
             guest: Some(format!("sha256:{}", "b".repeat(64))),
+            builder: true,
         };
         save(dir.path(), &r).unwrap();
         assert_eq!(load(dir.path()).unwrap(), r);

@@ -30,13 +30,16 @@ pub const BUILD_LABEL: &str = "warren.build";
 pub enum BuildStep {
     /// A shell command line, run as root with `/bin/sh -c`; a non-zero exit fails the build.
     Run(String),
-    /// A local file or directory copied into the image (a directory with its owners, modes,
-    /// links and extended attributes).
+    /// A local file or directory copied into the image (a directory with its modes, links
+    /// and extended attributes), owned by root unless `owner` says otherwise.
     Copy {
         /// The local path.
         src: PathBuf,
         /// Where in the image.
         dst: String,
+        /// Who owns what was copied: `user` (uid and gid 1000, the sandbox's default user),
+        /// `root`, or `UID:GID`. Default root.
+        owner: Option<String>,
     },
 }
 
@@ -46,11 +49,26 @@ impl BuildStep {
         BuildStep::Run(cmd.into())
     }
 
-    /// A [`BuildStep::Copy`].
+    /// A [`BuildStep::Copy`] owned by root.
     pub fn copy(src: impl Into<PathBuf>, dst: impl Into<String>) -> Self {
         BuildStep::Copy {
             src: src.into(),
             dst: dst.into(),
+            owner: None,
+        }
+    }
+
+    /// A [`BuildStep::Copy`] owned by `owner`: `user` (uid 1000, the sandbox's default user:
+    /// a workspace the agent edits), `root`, or `UID:GID`.
+    pub fn copy_owned(
+        src: impl Into<PathBuf>,
+        dst: impl Into<String>,
+        owner: impl Into<String>,
+    ) -> Self {
+        BuildStep::Copy {
+            src: src.into(),
+            dst: dst.into(),
+            owner: Some(owner.into()),
         }
     }
 }
@@ -59,7 +77,16 @@ impl std::fmt::Display for BuildStep {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             BuildStep::Run(cmd) => write!(f, "run {cmd}"),
-            BuildStep::Copy { src, dst } => write!(f, "copy {} {dst}", src.display()),
+            BuildStep::Copy {
+                src,
+                dst,
+                owner: None,
+            } => write!(f, "copy {} {dst}", src.display()),
+            BuildStep::Copy {
+                src,
+                dst,
+                owner: Some(o),
+            } => write!(f, "copy {} {dst} (owner {o})", src.display()),
         }
     }
 }
@@ -117,6 +144,11 @@ impl BuildSpec {
                 "nothing to build: give at least one run or copy step".into(),
             ));
         }
+        for s in &self.steps {
+            if let BuildStep::Copy { owner: Some(o), .. } = s {
+                owner_ids(o)?;
+            }
+        }
         Ok(())
     }
 }
@@ -172,6 +204,7 @@ impl Client {
                 memory: Some(spec.memory),
                 timeout: Some(24 * 3600),
                 labels: [(BUILD_LABEL.to_string(), spec.name.clone())].into(),
+                builder: true,
                 ..CreateSandbox::default()
             })
             .await?;
@@ -191,9 +224,12 @@ impl Client {
                         }
                         Some(out)
                     }
-                    BuildStep::Copy { src, dst } => {
+                    BuildStep::Copy { src, dst, owner } => {
                         copy_in(&root, src, dst).await?;
-                        None
+                        match owner {
+                            Some(o) => Some(give_to(&sb, index, dst, o).await?),
+                            None => None,
+                        }
                     }
                 };
                 progress(BuildProgress::StepDone {
@@ -226,6 +262,47 @@ fn step_failed(index: usize, cmd: &str, out: &ExecResult) -> Error {
         stdout: out.stdout_data().unwrap_or_default(),
         stderr: out.stderr_data().unwrap_or_default(),
     }
+}
+
+/// `UID:GID` of an owner given as `user`, `root` or `UID:GID`.
+fn owner_ids(owner: &str) -> Result<(u32, u32)> {
+    match owner {
+        "user" => Ok((1000, 1000)),
+        "root" => Ok((0, 0)),
+        _ => owner
+            .split_once(':')
+            .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)))
+            .filter(|(u, g): &(u32, u32)| {
+                // The ids the sandbox reserves for its spawner and grader.
+                ![*u, *g].iter().any(|i| {
+                    *i == warren_types::guest::SPAWNER_UID || *i == 61000 || *i == u32::MAX
+                })
+            })
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "owner {owner:?} is not valid: use `user` (uid 1000, the sandbox's default \
+                     user), `root`, or numeric `UID:GID` such as `1000:1000` (not 61000 or \
+                     61001, which the sandbox reserves)"
+                ))
+            }),
+    }
+}
+
+/// Gives what a copy step put at `dst` to `owner`: `chown -R` in the builder, as root (a
+/// builder's root may). Needs `chown` in the image.
+async fn give_to(sb: &crate::Sandbox, index: usize, dst: &str, owner: &str) -> Result<ExecResult> {
+    let (uid, gid) = owner_ids(owner)?;
+    let mut req = crate::argv(["chown", "-R", "-h", &format!("{uid}:{gid}"), "--", dst]);
+    req.user = Some("root".into());
+    let out = sb.exec(&req).await?;
+    if out.status.exit_code != 0 {
+        return Err(step_failed(
+            index,
+            &format!("chown -R {uid}:{gid} {dst}"),
+            &out,
+        ));
+    }
+    Ok(out)
 }
 
 /// Copies a local file or directory to `dst` in the sandbox.

@@ -18,12 +18,20 @@ const CAP_SETPCAP: i32 = 8;
 ///
 /// Needs `CAP_SETPCAP`, which it drops from the bounding set last.
 pub fn lock_out_exec_capabilities() -> io::Result<()> {
-    rustix::thread::set_capabilities_secure_bits(
-        CapabilitiesSecureBits::NO_ROOT
-            | CapabilitiesSecureBits::NO_ROOT_LOCKED
-            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE
-            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE_LOCKED,
-    )?;
+    lock_out_exec_capabilities_but_ambient(false)
+}
+
+/// [`lock_out_exec_capabilities`], except that with `ambient` the ambient set stays open to
+/// raising: a builder sandbox's spawner raises [`build_capabilities`] into it for the
+/// commands it starts as root, which is the only way they get any (the bounding set is
+/// still emptied, so no file capability or set-user-id root program grants one).
+pub fn lock_out_exec_capabilities_but_ambient(ambient: bool) -> io::Result<()> {
+    let mut bits = CapabilitiesSecureBits::NO_ROOT | CapabilitiesSecureBits::NO_ROOT_LOCKED;
+    if !ambient {
+        bits |= CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE
+            | CapabilitiesSecureBits::NO_CAP_AMBIENT_RAISE_LOCKED;
+    }
+    rustix::thread::set_capabilities_secure_bits(bits)?;
     rustix::thread::clear_ambient_capability_set()?;
     for cap in (0..=LAST_CAP).filter(|c| *c != CAP_SETPCAP) {
         drop_bounding(cap)?;
@@ -41,6 +49,41 @@ fn drop_bounding(cap: i32) -> io::Result<()> {
         }
         return Err(e);
     }
+    Ok(())
+}
+
+/// What the commands of an image build run as root hold, in a builder sandbox only (never an
+/// agent's): what `useradd`, `chown`, `chmod u+s`, package installers and their maintainer
+/// scripts need, which is the usual container runtimes' default set less what reaches past the
+/// sandbox's own files: no `CAP_MKNOD` (device nodes), `CAP_NET_RAW`, `CAP_SETPCAP`,
+/// `CAP_DAC_READ_SEARCH` (`open_by_handle_at` reaches files by handle, past any mount) or
+/// `CAP_SYS_*` beyond `chroot`.
+pub fn build_capabilities() -> CapabilitySet {
+    CapabilitySet::CHOWN
+        | CapabilitySet::DAC_OVERRIDE
+        | CapabilitySet::FOWNER
+        | CapabilitySet::FSETID
+        | CapabilitySet::KILL
+        | CapabilitySet::SETGID
+        | CapabilitySet::SETUID
+        | CapabilitySet::SETFCAP
+        | CapabilitySet::NET_BIND_SERVICE
+        | CapabilitySet::SYS_CHROOT
+        | CapabilitySet::AUDIT_WRITE
+}
+
+/// Sets this thread's inheritable capabilities to `set` (each must be permitted, and in the
+/// bounding set: call before [`lock_out_exec_capabilities`]). Its other sets stay.
+pub fn set_inheritable(set: CapabilitySet) -> io::Result<()> {
+    let now = rustix::thread::capabilities(None)?;
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: now.effective,
+            permitted: now.permitted,
+            inheritable: set,
+        },
+    )?;
     Ok(())
 }
 
@@ -91,8 +134,11 @@ pub fn keep_only_grader_capabilities() -> io::Result<()> {
 
 /// Becomes `uid`/`gid` (no supplementary groups) while keeping `CAP_SETUID` and `CAP_SETGID`
 /// only, so that the caller can start processes as any user but no process of another uid can
-/// signal or trace it. For a single-threaded process (the guest's spawner).
-pub fn become_spawner(uid: u32, gid: u32) -> io::Result<()> {
+/// signal or trace it. For a single-threaded process (the guest's spawner). `extra` stays
+/// permitted and inheritable (not effective), to be raised into its children's ambient sets:
+/// empty but for a builder sandbox ([`build_capabilities`], made inheritable beforehand with
+/// [`set_inheritable`]).
+pub fn become_spawner(uid: u32, gid: u32, extra: CapabilitySet) -> io::Result<()> {
     use rustix::process::{Gid, Uid};
     rustix::thread::set_keep_capabilities(true)?;
     rustix::thread::set_thread_groups(&[])?;
@@ -104,8 +150,8 @@ pub fn become_spawner(uid: u32, gid: u32) -> io::Result<()> {
         None,
         CapabilitySets {
             effective: keep,
-            permitted: keep,
-            inheritable: CapabilitySet::empty(),
+            permitted: keep | extra,
+            inheritable: extra,
         },
     )?;
     rustix::thread::set_keep_capabilities(false)?;

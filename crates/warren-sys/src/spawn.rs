@@ -86,6 +86,10 @@ pub struct SpawnSpec<'a> {
     pub sibling: bool,
     /// `(uid, gid)` to switch to (no supplementary groups) before the exec.
     pub credentials: Option<(u32, u32)>,
+    /// Capabilities (a bit per capability number) raised into the ambient set after the
+    /// switch, so the exec'd program holds them: each must be in the caller's permitted and
+    /// inheritable sets, and ambient raising must not be locked out. Empty: none.
+    pub ambient: u64,
     /// Working directory to change to before the exec.
     pub cwd: Option<&'a Path>,
     /// Clone fork-style (the child gets a copy of this address space instead of borrowing it)
@@ -112,6 +116,7 @@ impl<'a> SpawnSpec<'a> {
             search: &[],
             sibling: false,
             credentials: None,
+            ambient: 0,
             cwd: None,
             fork_exec_wait: None,
         }
@@ -135,7 +140,7 @@ const HIGH_FD: RawFd = 64;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// Stage codes the child reports on failure (first byte of the error message).
-const STAGE_NAMES: [&str; 8] = [
+const STAGE_NAMES: [&str; 9] = [
     "setsid",
     "join cgroup",
     "dup2",
@@ -143,6 +148,7 @@ const STAGE_NAMES: [&str; 8] = [
     "execve",
     "chdir",
     "switching user",
+    "setting capabilities",
     "unknown",
 ];
 
@@ -238,6 +244,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
         err_fd: err_w_raw,
         cwd: cwd.as_deref(),
         credentials: spec.credentials,
+        ambient: spec.ambient,
     };
     let sibling = if spec.sibling {
         libc::CLONE_PARENT as u64
@@ -352,6 +359,25 @@ struct ChildArgs<'a> {
     err_fd: RawFd,
     cwd: Option<&'a CStr>,
     credentials: Option<(u32, u32)>,
+    ambient: u64,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3` (linux/capability.h): two data words of 32 capabilities.
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`.
+#[repr(C)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
 }
 
 /// Stack for the vfork-style child: it runs a few raw system calls and execs.
@@ -529,6 +555,7 @@ fn child_after_clone(a: &ChildArgs<'_>) -> ! {
         err_fd,
         cwd,
         credentials,
+        ambient,
     } = *a;
     let fail = |stage: u8| -> ! {
         // SAFETY: errno location is thread-local and valid; write and exit_group are raw
@@ -582,6 +609,48 @@ fn child_after_clone(a: &ChildArgs<'_>) -> ! {
                 || libc::syscall(libc::SYS_setresuid, uid, uid, uid) < 0
             {
                 fail(6);
+            }
+        }
+        let mut cap = 0;
+        while cap < 64 {
+            if ambient & (1u64 << cap) != 0
+                && libc::syscall(
+                    libc::SYS_prctl,
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_RAISE,
+                    cap as libc::c_ulong,
+                    0usize,
+                    0usize,
+                ) < 0
+            {
+                fail(7);
+            }
+            cap += 1;
+        }
+        if credentials.is_some() {
+            // A child switched to a user keeps nothing but its ambient set: permitted,
+            // effective and inheritable cut to it. (A switch between two non-zero uids clears
+            // nothing by itself, and an inheritable capability would meet a file's
+            // inheritable ones at the exec.)
+            let header = CapHeader {
+                version: LINUX_CAPABILITY_VERSION_3,
+                pid: 0,
+            };
+            let (lo, hi) = (ambient as u32, (ambient >> 32) as u32);
+            let data = [
+                CapData {
+                    effective: lo,
+                    permitted: lo,
+                    inheritable: lo,
+                },
+                CapData {
+                    effective: hi,
+                    permitted: hi,
+                    inheritable: hi,
+                },
+            ];
+            if libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) < 0 {
+                fail(7);
             }
         }
         // After the switch: the directory must be the user's to enter.
@@ -670,6 +739,7 @@ mod tests {
             search: &[],
             sibling: false,
             credentials: None,
+            ambient: 0,
             cwd: None,
             fork_exec_wait: None,
         }
@@ -814,6 +884,7 @@ mod v2_tests {
             search: &[],
             sibling: false,
             credentials: None,
+            ambient: 0,
             cwd: None,
             fork_exec_wait: None,
         };

@@ -104,6 +104,14 @@ pub struct CreateSandbox {
     /// (`GET /v1/sandboxes/{id}/trajectory`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub trajectory: bool,
+    /// A builder sandbox, for an image build (`warren image build` makes one): commands run
+    /// as root hold what builds need (`useradd`, `chown`, package installs: `CAP_CHOWN`,
+    /// `CAP_DAC_OVERRIDE`, `CAP_FOWNER`, `CAP_FSETID`, `CAP_KILL`, `CAP_SETUID`, `CAP_SETGID`,
+    /// `CAP_SETFCAP`, `CAP_NET_BIND_SERVICE`, `CAP_SYS_CHROOT`, `CAP_AUDIT_WRITE`), within
+    /// the sandbox's namespaces. Never make an agent's sandbox a builder: in every other
+    /// sandbox root holds no capability. Layered images only (not `host`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub builder: bool,
     /// A trajectory log to replay: the new sandbox re-applies it to rebuild its state, then
     /// answers the same leading operations with the recorded results (see
     /// [`TrajectoryEntry`]). Implies `trajectory`.
@@ -223,6 +231,10 @@ pub struct Sandbox {
     /// does not know (sandboxes started before nodes recorded it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<String>,
+    /// A builder sandbox (see `CreateSandbox.builder`): its root commands hold the build
+    /// capabilities.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub builder: bool,
 }
 
 /// `POST /v1/sandboxes/{id}/timeout`: a new absolute lifetime, counted from now.

@@ -359,6 +359,10 @@ pub struct InitConfig {
     /// The grader role.
     #[serde(default)]
     pub grader: GraderSpec,
+    /// A builder sandbox (an image build's): commands run as root get the build capabilities
+    /// (`warren_sys::creds::build_capabilities`). Never set for an agent's sandbox.
+    #[serde(default)]
+    pub builder: bool,
 }
 
 /// The uid (and gid) of the guest's spawner, the process that starts every agent command: no

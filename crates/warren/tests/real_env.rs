@@ -661,3 +661,237 @@ async fn cp_copies_directories_both_ways() {
     assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0);
     sb.kill().await.unwrap();
 }
+
+/// Copies the host's `program` and the shared libraries it loads (as `ldd` lists them) into
+/// the root file system `root`, at the same paths.
+fn with_program(root: &Path, program: &Path) {
+    let out = Command::new("ldd").arg(program).output().unwrap();
+    assert!(out.status.success(), "ldd {}", program.display());
+    let mut files = vec![program.to_path_buf()];
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let path = match line.split_once("=>") {
+            Some((_, r)) => r.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            files.push(PathBuf::from(p));
+        }
+    }
+    for f in files {
+        let to = root.join(f.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(std::fs::canonicalize(&f).unwrap(), &to).unwrap();
+    }
+}
+
+/// The capability sets and `NoNewPrivs` of a command, from its /proc/self/status.
+async fn caps(sb: &warren_sdk::Sandbox) -> String {
+    let r = sb
+        .exec(&argv([
+            "/bin/busybox",
+            "sh",
+            "-c",
+            "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status | tr -s '\\t ' ' '",
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(r.status.exit_code, 0, "{}", r.stderr);
+    r.stdout
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn build_steps_hold_build_capabilities_and_agent_sandboxes_never_do() {
+    require_root!();
+    // Warm inits of layered images on: a builder must not take one.
+    let p = Platform::start_with(Some(
+        "[node]\nlayer_idle_unmount = 1\nwarm_pool = 0\nwarm_per_image = 2\n",
+    ));
+    let c = p.client();
+    let work = tempfile::tempdir().unwrap();
+    let base = work.path().join("base");
+    std::fs::create_dir_all(base.join("bin")).unwrap();
+    std::fs::create_dir_all(base.join("etc")).unwrap();
+    std::fs::copy("/bin/busybox", base.join("bin/busybox")).unwrap();
+    for a in ["sh", "chown", "mkdir", "id", "stat", "ls", "cat", "chmod"] {
+        std::os::unix::fs::symlink("busybox", base.join("bin").join(a)).unwrap();
+    }
+    std::fs::write(base.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(base.join("etc/group"), "root:x:0:\n").unwrap();
+    std::fs::write(base.join("etc/shadow"), "root:*:19000:0:99999:7:::\n").unwrap();
+    std::fs::set_permissions(
+        base.join("etc/shadow"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    with_program(&base, Path::new("/usr/sbin/useradd"));
+    std::fs::copy("/etc/login.defs", base.join("etc/login.defs")).unwrap();
+    cli_ok(
+        &p,
+        &[
+            "image",
+            "import",
+            base.to_str().unwrap(),
+            "--name",
+            "b/base",
+        ],
+    );
+
+    // An agent sandbox first (it warms the pool for this image): root holds nothing.
+    let agent = c
+        .create(&CreateSandbox {
+            image: "b/base".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let none = "CapInh: 0000000000000000\nCapPrm: 0000000000000000\nCapEff: 0000000000000000\n\
+                CapBnd: 0000000000000000\nCapAmb: 0000000000000000\nNoNewPrivs: 1\n";
+    assert_eq!(caps(&agent.as_user("root")).await, none);
+    let r = agent
+        .as_user("root")
+        .exec(&argv(["/bin/busybox", "chown", "1234", "/etc/passwd"]))
+        .await
+        .unwrap();
+    assert_ne!(
+        r.status.exit_code, 0,
+        "root in an agent sandbox could chown"
+    );
+
+    // A builder: root's commands hold the build set, and nothing else; other users nothing.
+    let builder = c
+        .create(&CreateSandbox {
+            image: "b/base".into(),
+            builder: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(builder.info().await.unwrap().builder);
+    assert_eq!(
+        caps(&builder.as_user("root")).await,
+        "CapInh: 00000000a00404fb\nCapPrm: 00000000a00404fb\nCapEff: 00000000a00404fb\n\
+         CapBnd: 0000000000000000\nCapAmb: 00000000a00404fb\nNoNewPrivs: 1\n"
+    );
+    assert_eq!(caps(&builder).await, none, "the default user holds nothing");
+    // A step that kills the spawner: later commands fail rather than run without the set.
+    let _ = builder
+        .as_user("root")
+        .exec(&argv([
+            "/bin/busybox",
+            "sh",
+            "-c",
+            "for p in /proc/[0-9]*; do grep -q '^Name:.warren-spawner' $p/status && kill -9 ${p#/proc/}; done",
+        ]))
+        .await;
+    let r = builder
+        .as_user("root")
+        .exec(&argv(["/bin/busybox", "true"]))
+        .await;
+    let refused = match r {
+        Ok(r) => format!("{} {}", r.status.exit_code, r.stderr),
+        Err(e) => e.to_string(),
+    };
+    assert!(refused.contains("spawner is gone"), "{refused}");
+    builder.kill().await.unwrap();
+    // Not over the host's own files.
+    let e = c
+        .create(&CreateSandbox {
+            image: "host".into(),
+            builder: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("layered images"), "{e}");
+
+    // `image build`: useradd-style account changes, chown, and --owner on a copy.
+    let ws = work.path().join("ws");
+    std::fs::create_dir_all(ws.join("src")).unwrap();
+    std::fs::write(ws.join("src/a.py"), "a = 1\n").unwrap();
+    std::os::unix::fs::chown(ws.join("src/a.py"), Some(1001), Some(127)).unwrap();
+    cli_ok(
+        &p,
+        &[
+            "image",
+            "build",
+            "--from",
+            "b/base",
+            "--copy",
+            ws.to_str().unwrap(),
+            "/work",
+            "--owner",
+            "user",
+            "--run",
+            "useradd -u 1234 -U alice && mkdir -p /srv/data && chown alice:alice /srv/data && chmod 2775 /srv/data",
+            "--name",
+            "b/built",
+        ],
+    );
+    let sb = c
+        .create(&CreateSandbox {
+            image: "b/built".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let r = sb
+        .exec(&argv([
+            "/bin/busybox",
+            "sh",
+            "-c",
+            "id -u alice; stat -c '%u:%g %a' /srv/data /work /work/src/a.py; echo more >> /work/src/a.py && echo edited",
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.stdout, "1234\n1234:1234 2775\n1000:1000 755\n1000:1000 644\nedited\n",
+        "{}",
+        r.stderr
+    );
+    // The built image's agent sandboxes hold nothing either.
+    assert_eq!(caps(&sb.as_user("root")).await, none);
+    sb.kill().await.unwrap();
+    agent.kill().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_loop_devices_read_ahead_as_configured() {
+    require_root!();
+    let p = Platform::start_with(Some(
+        "[node]\nlayer_idle_unmount = 1\nwarm_pool = 0\nlayer_mount = \"loop\"\nlayer_readahead_kb = 64\n",
+    ));
+    let c = p.client();
+    let work = tempfile::tempdir().unwrap();
+    let d = work.path().join("l");
+    std::fs::create_dir_all(d.join("etc")).unwrap();
+    std::fs::write(d.join("etc/marker"), "x").unwrap();
+    cli_ok(
+        &p,
+        &["image", "import", d.to_str().unwrap(), "--name", "ra/one"],
+    );
+    let digest = layers_of(&p, "ra/one")[0].clone();
+    let sb = c
+        .create(&CreateSandbox {
+            image: "ra/one".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let point = p
+        .state_dir()
+        .join("layers")
+        .join(digest.trim_start_matches("sha256:"));
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let source = mountinfo
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(point.to_str().unwrap()))
+        .and_then(|l| l.split(" - ").nth(1))
+        .and_then(|r| r.split(' ').nth(1))
+        .expect("the layer is mounted")
+        .to_string();
+    let dev = source.trim_start_matches("/dev/");
+    assert!(dev.starts_with("loop"), "{source}");
+    let ra = std::fs::read_to_string(format!("/sys/block/{dev}/queue/read_ahead_kb")).unwrap();
+    assert_eq!(ra.trim(), "64");
+    sb.kill().await.unwrap();
+}

@@ -187,7 +187,11 @@ impl ContainerBackend {
                 .collect(),
         };
         let name = record.id.as_str();
-        if let Some(mut w) = self.pool.take(&record.layers, self) {
+        // A builder's init is its own: warm inits are made without the build capabilities.
+        if let Some(mut w) = (!record.builder)
+            .then(|| self.pool.take(&record.layers, self))
+            .flatten()
+        {
             match w.claim(record, dir, &self.host) {
                 Ok(()) => {
                     let (spawned, held) = w.into_parts();
@@ -203,9 +207,14 @@ impl ContainerBackend {
         let rootfs = self
             .host
             .rootfs(&mut held, &record.layers, Holder::Sandbox)?;
-        let spawned =
-            self.host
-                .spawn_guest(&mut held, name, &rootfs, Some(&record.resources), dir)?;
+        let spawned = self.host.spawn_guest(
+            &mut held,
+            name,
+            &rootfs,
+            Some(&record.resources),
+            dir,
+            record.builder,
+        )?;
         let (pid, start_time) = (spawned.pid, spawned.start_time);
         spawned.activate(&activate)?;
         ContainerInstance::new(held, pid, start_time, false)

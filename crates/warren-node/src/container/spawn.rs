@@ -64,10 +64,12 @@ impl Host {
         rootfs: &Rootfs,
         limits: Option<&Resources>,
         dir: &Path,
+        builder: bool,
     ) -> std::io::Result<Spawned> {
         std::fs::DirBuilder::new().mode(0o700).create(dir)?;
         held.dir = Some(dir.to_path_buf());
-        let config = self.prepare_dir(rootfs, dir, limits.and_then(|r| r.disk))?;
+        let mut config = self.prepare_dir(rootfs, dir, limits.and_then(|r| r.disk))?;
+        config.builder = builder;
         let cgroup = self.cgroups.sandbox(name);
         held.cgroup = Some(cgroup.clone());
         let join = cgroup.create(limits)?;
@@ -157,6 +159,7 @@ impl Host {
             },
             limits: self.guest_limits,
             grader: self.grader.clone(),
+            builder: false,
         })
     }
 }

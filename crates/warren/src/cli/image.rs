@@ -39,8 +39,11 @@ pub enum ImageCommand {
         warren image build --from base/python:3.12 --run 'pip install numpy' --name ws/numpy:1\n  \
         warren image build --from base/python:3.12,ws/numpy:1 --copy ./agent /opt/agent \\\n      \
         --run 'pip install -e /opt/agent' --name tk/agent:v3\n\n\
-        Steps run in the order given, as root. The new image is the --from layers plus one\n\
-        new layer holding exactly what the steps changed; the builder sandbox is removed.")]
+        Steps run in the order given, as root with what builds need (useradd, chown, package\n\
+        installs: the builder sandbox alone holds CAP_CHOWN, CAP_SETUID and the like; agent\n\
+        sandboxes never do). --copy puts files in owned by root, or by --owner. The new image\n\
+        is the --from layers plus one new layer holding exactly what the steps changed; the\n\
+        builder sandbox is removed.")]
     Build(BuildArgs),
     /// Pull an image from an OCI registry (Docker Hub, GHCR, a private registry).
     #[command(after_help = "Examples:\n  \
@@ -145,6 +148,10 @@ pub struct BuildArgs {
     /// Seconds each --run step may take.
     #[arg(long, default_value_t = 3600)]
     pub step_timeout: u64,
+    /// Who owns what the --copy steps copy: `user` (uid 1000, the sandbox's default user: a
+    /// workspace the agent edits), `root`, or `UID:GID` [default: root].
+    #[arg(long, value_name = "user|root|UID:GID")]
+    pub owner: Option<String>,
     /// The order of the steps as given on the command line (filled in from the parse).
     #[arg(skip)]
     pub order: Vec<StepKind>,
@@ -572,7 +579,10 @@ fn build_spec(a: BuildArgs) -> anyhow::Result<BuildSpec> {
             StepKind::Run => BuildStep::Run(runs.next().context("step order")?),
             StepKind::Copy => {
                 let pair = copies.next().context("step order")?;
-                BuildStep::copy(&pair[0], pair[1].clone())
+                match &a.owner {
+                    Some(o) => BuildStep::copy_owned(&pair[0], pair[1].clone(), o.clone()),
+                    None => BuildStep::copy(&pair[0], pair[1].clone()),
+                }
             }
         });
     }

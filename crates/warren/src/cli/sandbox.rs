@@ -129,6 +129,7 @@ impl CreateArgs {
                 }
             }),
             trajectory: self.trajectory,
+            builder: false,
             replay: None,
             resolved: None,
         }
