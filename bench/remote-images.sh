@@ -154,13 +154,14 @@ cold() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 # Starts N sandboxes of the image and runs the task in each, all at once; prints
 # "<ms to first exec> <ms until all ran>", measured from $1.
 start_n() {
-  local t0=$1 first="" i
+  local t0=$1 first="" i jobs=()
   for i in $(seq 1 "$N"); do
     ( id=$("$W" sandbox create --image bench/python:1 --memory 512Mi) &&
       "$W" exec "$id" -- python3 -c "$MEASURED" "$TASK" | tail -1 > "$work/opened.$i" &&
       now > "$work/done.$i" ) &
+    jobs+=("$!")
   done
-  wait
+  wait "${jobs[@]}"  # these only: this shell's other children are the platform and sshd
   for i in $(seq 1 "$N"); do [ -f "$work/done.$i" ] || { echo "sandbox $i failed" >&2; exit 1; }; done
   first=$(cat "$work"/done.* | sort -n | head -1); last=$(cat "$work"/done.* | sort -n | tail -1)
   OPENED=$(sort -n "$work"/opened.* | tail -1)
