@@ -196,7 +196,7 @@ impl Sandbox {
     pub async fn download_dir(&self, path: &str, local: impl AsRef<Path>) -> Result<u64> {
         let local = local.as_ref().to_path_buf();
         let resp = self.file_request(Method::GET, "/tar", path, &[]).await?;
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Bytes>(8);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
         let dest = local.clone();
         let unpacking = tokio::task::spawn_blocking(move || {
             crate::tarball::unpack_local(ChanReader::new(rx), &dest)
@@ -206,7 +206,7 @@ impl Sandbox {
         while let Some(chunk) = stream.next().await {
             match chunk {
                 Ok(c) => {
-                    if tx.send(c).is_err() {
+                    if tx.send(c).await.is_err() {
                         break; // the unpacking stopped: its error says why
                     }
                 }
@@ -326,14 +326,14 @@ impl Sandbox {
     }
 }
 
-/// Reads what a channel of chunks brings, until it closes.
+/// Reads what a channel of chunks brings, until it closes (on a blocking thread).
 struct ChanReader {
-    rx: std::sync::mpsc::Receiver<Bytes>,
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
     cur: Bytes,
 }
 
 impl ChanReader {
-    fn new(rx: std::sync::mpsc::Receiver<Bytes>) -> ChanReader {
+    fn new(rx: tokio::sync::mpsc::Receiver<Bytes>) -> ChanReader {
         ChanReader {
             rx,
             cur: Bytes::new(),
@@ -344,9 +344,9 @@ impl ChanReader {
 impl std::io::Read for ChanReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         while self.cur.is_empty() {
-            match self.rx.recv() {
-                Ok(c) => self.cur = c,
-                Err(_) => return Ok(0),
+            match self.rx.blocking_recv() {
+                Some(c) => self.cur = c,
+                None => return Ok(0),
             }
         }
         let n = buf.len().min(self.cur.len());
