@@ -25,6 +25,7 @@ def test_create_exec_and_kill(client: warren.Client):
     try:
         info = sb.last_info
         assert info.id == sb.id and info.state == "running" and info.backend == "container"
+        assert info.guest and info.guest.startswith("sha256:") and not info.builder
         # disk: the node's default quota (10Gi), or none where the node has no disk pool.
         r = info.resources
         assert (r.cpu, r.memory, r.pids) == (500, 64 << 20, 128)
@@ -199,3 +200,4 @@ def test_health_and_nodes(client: warren.Client):
     assert h.status == "ok" and h.nodes_up == h.nodes == 1
     (node,) = client.nodes()
     assert node.max_sandboxes > 0 and node.cgroups in ("v1", "v2", "hybrid")
+    assert node.guest and node.guest.startswith("sha256:")

@@ -62,6 +62,10 @@ class SandboxInfo:
     trajectory: bool = False
     layers: List[str] = field(default_factory=list)
     """Digests of its image layers, bottom first (empty for ``host``)."""
+    guest: Optional[str] = None
+    """Digest (``sha256:...``) of the guest agent binary it runs; None where unknown."""
+    builder: bool = False
+    """An image build's sandbox, whose root commands hold the build capabilities."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SandboxInfo:
@@ -80,6 +84,8 @@ class SandboxInfo:
             on_idle=d.get("on_idle", "pause"),
             trajectory=bool(d.get("trajectory", False)),
             layers=list(d.get("layers") or []),
+            guest=d.get("guest"),
+            builder=bool(d.get("builder", False)),
         )
 
 
@@ -411,6 +417,8 @@ class NodeInfo:
     pid_max: int
     cgroups: str
     max_upload: int
+    guest: Optional[str] = None
+    """Digest (``sha256:...``) of the guest agent binary its new sandboxes run."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NodeInfo:
@@ -426,6 +434,7 @@ class NodeInfo:
             pid_max=int(d["pid_max"]),
             cgroups=d["cgroups"],
             max_upload=int(d["max_upload"]),
+            guest=d.get("guest"),
         )
 
 
