@@ -617,21 +617,9 @@ mod tests {
         }
         let x = extract(&s, &as_root);
         assert_eq!(fs::metadata(x.path().join("x/work/a")).unwrap().uid(), 0);
-        for bad in ["", "nobody", "1000", "1000:", "a:b", "-1:0", "4294967295:0"] {
-            let e = Owner::parse(bad).unwrap_err().to_string();
-            assert!(e.contains("UID:GID"), "{bad}: {e}");
-        }
-        for reserved in ["61001:61001", "1000:61000"] {
-            let e = Owner::parse(reserved).unwrap_err().to_string();
-            assert!(e.contains("reserves"), "{reserved}: {e}");
-        }
-        assert_eq!(
-            Owner::parse("user").unwrap(),
-            Owner {
-                uid: 1000,
-                gid: 1000
-            }
-        );
+        // Bad owners are a clear 400 (the parsing is tested in warren-types).
+        let e = crate::store::parse_owner("nobody").unwrap_err();
+        assert!(matches!(e, ImageError::Invalid(_)), "{e}");
         // An EROFS file is stored as it is: it cannot take an owner.
         let erofs = s.tmp().unwrap();
         fs::copy(s.layer_path(&first).unwrap(), erofs.path().join("upload")).unwrap();

@@ -237,51 +237,12 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
     Ok(())
 }
 
-/// Who owns every entry of a layer written with an owner: `user` (1000:1000), `root` (0:0), or
-/// `UID:GID`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Owner {
-    /// The user id.
-    pub uid: u32,
-    /// The group id.
-    pub gid: u32,
-}
+/// Who owns every entry of a layer written with an owner.
+pub use warren_types::owner::Owner;
 
-impl Owner {
-    /// Parses `user`, `root` or `UID:GID`.
-    pub fn parse(s: &str) -> Result<Owner, ImageError> {
-        match s {
-            "user" => Ok(Owner {
-                uid: 1000,
-                gid: 1000,
-            }),
-            "root" => Ok(Owner { uid: 0, gid: 0 }),
-            _ => {
-                let parsed = s
-                    .split_once(':')
-                    .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
-                let reserved = |id: u32| {
-                    id == warren_types::guest::SPAWNER_UID
-                        || id == warren_types::guest::GraderSpec::default().uid
-                };
-                match parsed {
-                    Some((uid, gid)) if reserved(uid) || reserved(gid) => {
-                        Err(ImageError::Invalid(format!(
-                            "owner {s:?} names an id the sandbox reserves for its own processes \
-                             (the spawner's {}, the grader's {}): choose another",
-                            warren_types::guest::SPAWNER_UID,
-                            warren_types::guest::GraderSpec::default().uid
-                        )))
-                    }
-                    Some((uid, gid)) if uid < u32::MAX && gid < u32::MAX => Ok(Owner { uid, gid }),
-                    _ => Err(ImageError::Invalid(format!(
-                        "owner {s:?} is not valid: use `user` (uid 1000, the sandbox's default \
-                         user), `root`, or numeric `UID:GID` such as `1000:1000`"
-                    ))),
-                }
-            }
-        }
-    }
+/// [`Owner::parse`], its error an [`ImageError::Invalid`].
+pub fn parse_owner(s: &str) -> Result<Owner, ImageError> {
+    Owner::parse(s).map_err(ImageError::Invalid)
 }
 
 /// The time every layer's super block records, and the latest modification time a layer

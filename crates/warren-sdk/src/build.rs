@@ -266,26 +266,8 @@ fn step_failed(index: usize, cmd: &str, out: &ExecResult) -> Error {
 
 /// `UID:GID` of an owner given as `user`, `root` or `UID:GID`.
 fn owner_ids(owner: &str) -> Result<(u32, u32)> {
-    match owner {
-        "user" => Ok((1000, 1000)),
-        "root" => Ok((0, 0)),
-        _ => owner
-            .split_once(':')
-            .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)))
-            .filter(|(u, g): &(u32, u32)| {
-                // The ids the sandbox reserves for its spawner and grader.
-                ![*u, *g].iter().any(|i| {
-                    *i == warren_types::guest::SPAWNER_UID || *i == 61000 || *i == u32::MAX
-                })
-            })
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "owner {owner:?} is not valid: use `user` (uid 1000, the sandbox's default \
-                     user), `root`, or numeric `UID:GID` such as `1000:1000` (not 61000 or \
-                     61001, which the sandbox reserves)"
-                ))
-            }),
-    }
+    let o = warren_types::owner::Owner::parse(owner).map_err(Error::Invalid)?;
+    Ok((o.uid, o.gid))
 }
 
 /// Gives what a copy step put at `dst` to `owner`: `chown -R` in the builder, as root (a

@@ -18,6 +18,7 @@ pub mod error;
 pub mod events;
 pub mod guest;
 pub mod id;
+pub mod owner;
 pub mod path;
 pub mod size;
 

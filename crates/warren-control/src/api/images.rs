@@ -94,7 +94,7 @@ pub async fn import(
     let owner = q
         .owner
         .as_deref()
-        .map(warren_images::store::Owner::parse)
+        .map(warren_images::store::parse_owner)
         .transpose()
         .map_err(image_error)?;
     let st = store(&c)?.clone();
