@@ -27,6 +27,23 @@ fn cli_ok(p: &Platform, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `warren image import DIR --name NAME` plus `extra` options.
+fn import(p: &Platform, dir: &Path, name: &str, extra: &[&str]) {
+    let mut args = vec!["image", "import", dir.to_str().unwrap(), "--name", name];
+    args.extend_from_slice(extra);
+    cli_ok(p, &args);
+}
+
+/// A sandbox of `image` with the defaults.
+async fn create(c: &warren_sdk::Client, image: &str) -> warren_sdk::Sandbox {
+    c.create(&CreateSandbox {
+        image: image.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
 /// The layers of image `name`.
 fn layers_of(p: &Platform, name: &str) -> Vec<String> {
     let out = cli_ok(p, &["image", "inspect", name, "--json"]);
@@ -304,10 +321,7 @@ async fn every_file_type_of_a_root_file_system_round_trips() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    cli_ok(
-        &p,
-        &["image", "import", tar.to_str().unwrap(), "--name", "rt/tar"],
-    );
+    import(&p, &tar, "rt/tar", &[]);
 
     let abs = layers_of(&p, "rt/abs");
     assert_eq!(abs.len(), 1);
@@ -327,23 +341,8 @@ async fn every_file_type_of_a_root_file_system_round_trips() {
     let busybox = work.path().join("bb");
     std::fs::create_dir_all(busybox.join("bin")).unwrap();
     std::fs::copy("/bin/busybox", busybox.join("bin/busybox")).unwrap();
-    cli_ok(
-        &p,
-        &[
-            "image",
-            "import",
-            busybox.to_str().unwrap(),
-            "--name",
-            "rt/bb",
-        ],
-    );
-    let sb = c
-        .create(&CreateSandbox {
-            image: "rt/abs,rt/bb".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    import(&p, &busybox, "rt/bb", &[]);
+    let sb = create(&c, "rt/abs,rt/bb").await;
     let r = sb
         .as_user("root")
         .exec(&argv([
@@ -416,25 +415,10 @@ async fn owners_one_layer_per_content_no_orphans_and_honest_read_statistics() {
         std::os::unix::fs::chown(ws.join(e), Some(1001), Some(127)).unwrap();
     }
     let wsp = ws.to_str().unwrap();
-    cli_ok(&p, &["image", "import", wsp, "--name", "ws/kept"]);
-    cli_ok(
-        &p,
-        &[
-            "image", "import", wsp, "--name", "ws/user", "--owner", "user",
-        ],
-    );
-    cli_ok(
-        &p,
-        &[
-            "image", "import", wsp, "--name", "ws/user2", "--owner", "user",
-        ],
-    );
-    cli_ok(
-        &p,
-        &[
-            "image", "import", wsp, "--name", "ws/num", "--owner", "4242:77",
-        ],
-    );
+    import(&p, &ws, "ws/kept", &[]);
+    import(&p, &ws, "ws/user", &["--owner", "user"]);
+    import(&p, &ws, "ws/user2", &["--owner", "user"]);
+    import(&p, &ws, "ws/num", &["--owner", "4242:77"]);
     let out = p.cli(&[
         "image", "import", wsp, "--name", "ws/bad", "--owner", "nobody",
     ]);
@@ -464,13 +448,7 @@ async fn owners_one_layer_per_content_no_orphans_and_honest_read_statistics() {
         .len();
     assert!(user_size > 8 << 20, "{user_size}");
     // (No shell in this image: the guest's own file operations read and write.)
-    let sb = c
-        .create(&CreateSandbox {
-            image: "ws/user".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let sb = create(&c, "ws/user").await;
     let share = |stats: warren_sdk::ImageStats| {
         stats
             .layers
@@ -503,19 +481,9 @@ async fn owners_one_layer_per_content_no_orphans_and_honest_read_statistics() {
     // Importing a name again with other content removes the layer it named before, once no
     // name and no sandbox uses it.
     std::fs::write(ws.join("work/src/mod.py"), "x = 2\n").unwrap();
-    cli_ok(
-        &p,
-        &[
-            "image", "import", wsp, "--name", "ws/user", "--owner", "user",
-        ],
-    );
+    import(&p, &ws, "ws/user", &["--owner", "user"]);
     assert!(stored(&p).contains(&user_layer), "ws/user2 still names it");
-    cli_ok(
-        &p,
-        &[
-            "image", "import", wsp, "--name", "ws/user2", "--owner", "user",
-        ],
-    );
+    import(&p, &ws, "ws/user2", &["--owner", "user"]);
     // The sandbox still runs on it: kept, and listed as an orphan.
     assert!(stored(&p).contains(&user_layer));
     assert_eq!(orphans(&p), vec![user_layer.clone()]);
@@ -556,13 +524,7 @@ async fn cp_copies_directories_both_ways() {
     require_root!();
     let p = Platform::start_with(Some(CONFIG));
     let c = p.client();
-    let sb = c
-        .create(&CreateSandbox {
-            image: "host".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let sb = create(&c, "host").await;
     let id = sb.id().to_string();
     let work = tempfile::tempdir().unwrap();
     let src = work.path().join("proj");
@@ -725,25 +687,10 @@ async fn build_steps_hold_build_capabilities_and_agent_sandboxes_never_do() {
     .unwrap();
     with_program(&base, Path::new("/usr/sbin/useradd"));
     std::fs::copy("/etc/login.defs", base.join("etc/login.defs")).unwrap();
-    cli_ok(
-        &p,
-        &[
-            "image",
-            "import",
-            base.to_str().unwrap(),
-            "--name",
-            "b/base",
-        ],
-    );
+    import(&p, &base, "b/base", &[]);
 
     // An agent sandbox first (it warms the pool for this image): root holds nothing.
-    let agent = c
-        .create(&CreateSandbox {
-            image: "b/base".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let agent = create(&c, "b/base").await;
     let none = "CapInh: 0000000000000000\nCapPrm: 0000000000000000\nCapEff: 0000000000000000\n\
                 CapBnd: 0000000000000000\nCapAmb: 0000000000000000\nNoNewPrivs: 1\n";
     assert_eq!(caps(&agent.as_user("root")).await, none);
@@ -827,13 +774,7 @@ async fn build_steps_hold_build_capabilities_and_agent_sandboxes_never_do() {
             "b/built",
         ],
     );
-    let sb = c
-        .create(&CreateSandbox {
-            image: "b/built".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let sb = create(&c, "b/built").await;
     let r = sb
         .exec(&argv([
             "/bin/busybox",
@@ -865,18 +806,9 @@ async fn layer_loop_devices_read_ahead_as_configured() {
     let d = work.path().join("l");
     std::fs::create_dir_all(d.join("etc")).unwrap();
     std::fs::write(d.join("etc/marker"), "x").unwrap();
-    cli_ok(
-        &p,
-        &["image", "import", d.to_str().unwrap(), "--name", "ra/one"],
-    );
+    import(&p, &d, "ra/one", &[]);
     let digest = layers_of(&p, "ra/one")[0].clone();
-    let sb = c
-        .create(&CreateSandbox {
-            image: "ra/one".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let sb = create(&c, "ra/one").await;
     let point = p
         .state_dir()
         .join("layers")
