@@ -12,12 +12,14 @@
 //! - [`events`]: incident events (what sandboxes tried that the platform stopped).
 //! - [`guest`]: the host ↔ guest agent protocol (frames, requests, replies, version).
 //! - [`path`]: validation of paths that users pass to the file API.
+//! - [`net`]: network policies (rules by CIDR, domain, port and protocol) and their parsed form.
 
 pub mod api;
 pub mod error;
 pub mod events;
 pub mod guest;
 pub mod id;
+pub mod net;
 pub mod owner;
 pub mod path;
 pub mod size;
