@@ -391,6 +391,14 @@ impl Cidr {
         }
     }
 
+    /// The same network with its host bits cleared.
+    pub fn normalized(&self) -> Cidr {
+        Cidr {
+            addr: self.network(),
+            prefix: self.prefix,
+        }
+    }
+
     /// Whether all of `other` is inside it.
     pub fn covers(&self, other: &Cidr) -> bool {
         self.prefix <= other.prefix && self.contains(other.addr)
