@@ -129,6 +129,19 @@ impl<'a> NodeApi<'a> {
             .await
     }
 
+    /// `PUT /v1/tasks/{task}/network`: a new network policy for the task's sandboxes on the
+    /// node.
+    pub async fn task_network(
+        &self,
+        task: &str,
+        policy: &warren_types::net::NetworkPolicy,
+    ) -> Result<warren_types::api::TaskNetworkResult, CallError> {
+        let path = format!("/v1/tasks/{}/network", encode(task));
+        let body = serde_json::to_vec(policy).map_err(|e| CallError::Unreachable(e.to_string()))?;
+        self.call_with(reqwest::Method::PUT, &path, self.timeouts.task, Some(body))
+            .await
+    }
+
     /// `GET /v1/tasks`: the node's tasks and their counts.
     pub async fn tasks(&self) -> Result<TaskList, CallError> {
         self.read("/v1/tasks").await
@@ -165,10 +178,25 @@ impl<'a> NodeApi<'a> {
         path: &str,
         timeout: Duration,
     ) -> Result<T, CallError> {
+        self.call_with(method, path, timeout, None).await
+    }
+
+    /// [`NodeApi::call`] with a JSON body.
+    async fn call_with<T: serde::de::DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        timeout: Duration,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, CallError> {
         let exchange = async {
-            let mut resp = self
-                .client
-                .request(method, path)
+            let mut req = self.client.request(method, path);
+            if let Some(b) = body {
+                req = req
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(b);
+            }
+            let mut resp = req
                 .send()
                 .await
                 .map_err(|e| CallError::Unreachable(cause(&e)))?;

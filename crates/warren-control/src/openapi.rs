@@ -18,7 +18,8 @@ use crate::api;
         api::system::health, api::system::nodes, api::system::openapi,
         api::sandboxes::create, api::sandboxes::list, api::sandboxes::get, api::sandboxes::kill,
         api::sandboxes::pause, api::sandboxes::resume, api::sandboxes::set_timeout,
-        api::sandboxes::trajectory, api::tasks::act, api::tasks::list,
+        api::sandboxes::trajectory, api::sandboxes::get_network, api::sandboxes::set_network,
+        api::tasks::act, api::tasks::list, api::tasks::set_network,
         api::commands::exec, api::commands::start, api::commands::list, api::commands::get,
         api::commands::forget, api::commands::wait, api::commands::signal, api::commands::output,
         api::files::read, api::files::write, api::files::remove, api::files::list, api::files::stat,
@@ -32,6 +33,7 @@ use crate::api;
     tags(
         (name = "sandboxes", description = "Create, list, pause, resume and kill sandboxes."),
         (name = "tasks", description = "Pause, resume or stop every sandbox of a training task at once."),
+        (name = "network", description = "What sandboxes may reach: deny by default, allow by domain, CIDR and port; changed at run time for one sandbox or a whole task."),
         (name = "commands", description = "Run commands: exec and background processes."),
         (name = "files", description = "Move files in and out of sandboxes."),
         (name = "images", description = "Layered images: import, inspect, remove, build (commit), read statistics."),

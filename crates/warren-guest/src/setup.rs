@@ -118,12 +118,43 @@ pub fn rootfs(cfg: &InitConfig) -> io::Result<()> {
     pristine(cfg)?;
     mask()?;
 
+    // The node's resolver file, opened while the host's paths are still reachable.
+    let resolv = match &cfg.resolv_conf {
+        Some(p) => Some(
+            mount::clone_tree(Path::new(p)).map_err(|e| ctx(e, "the node's resolv.conf"))?,
+        ),
+        None => None,
+    };
     mount::pivot_root_here()?;
+    if let Some(f) = resolv {
+        bind_resolv_conf(f);
+    }
     // Still root with every capability: the last change to the sandbox's own files.
     crate::default_user::provide(Path::new("/"));
     mount::set_hostname(&cfg.hostname).map_err(|e| ctx(e, "sethostname"))?;
     warren_sys::net::loopback_up().map_err(|e| ctx(e, "bringing up lo"))?;
     Ok(())
+}
+
+/// Binds the node's resolver file read-only over `/etc/resolv.conf`, which is resolved inside
+/// the sandbox's root (a link there points into the sandbox, never the host). An image without
+/// a regular file there keeps what it has (and its names do not resolve).
+fn bind_resolv_conf(source: std::os::fd::OwnedFd) {
+    let target = Path::new("/etc/resolv.conf");
+    match std::fs::metadata(target) {
+        Ok(m) if m.is_file() => {}
+        _ => {
+            eprintln!("warren-guest: /etc/resolv.conf is no regular file: left as the image has it");
+            return;
+        }
+    }
+    if let Err(e) = mount::attach_tree(
+        source,
+        target,
+        flags::RDONLY | flags::NOSUID | flags::NODEV | flags::NOEXEC,
+    ) {
+        eprintln!("warren-guest: binding the node's resolv.conf: {e}");
+    }
 }
 
 /// A minimal /dev: a few character devices, a private devpts, /dev/shm.

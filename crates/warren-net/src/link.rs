@@ -125,6 +125,17 @@ fn nl(e: rtnetlink::Error) -> io::Error {
     }
 }
 
+/// A network the node's namespace uses (see [`Links::taken_networks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    /// The network.
+    pub net: Cidr,
+    /// The node's own address in it, for an address.
+    pub address: Option<IpAddr>,
+    /// What it is, for messages.
+    pub what: String,
+}
+
 /// A netlink connection in the node's own network namespace.
 #[derive(Clone)]
 pub struct Links {
@@ -251,6 +262,83 @@ impl Links {
                     && let Some(i) = self.addressing.index_of(name)
                 {
                     out.push((name.clone(), i));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The networks the node's namespace uses outside Warren's interfaces — every address
+    /// (with its prefix) and every route but the default ones — each with what it is, to
+    /// check that the pools overlap none of them.
+    pub async fn taken_networks(&self) -> io::Result<Vec<Taken>> {
+        let mut names: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
+        let mut links = self.handle.link().get().execute();
+        while let Some(msg) = links.try_next().await.map_err(nl)? {
+            for a in &msg.attributes {
+                if let LinkAttribute::IfName(n) = a {
+                    names.insert(msg.header.index, n.clone());
+                }
+            }
+        }
+        let ours = |i: u32| names.get(&i).is_some_and(|n| self.addressing.index_of(n).is_some());
+        let mut out = Vec::new();
+        let mut addrs = self.handle.address().get().execute();
+        while let Some(msg) = addrs.try_next().await.map_err(nl)? {
+            if ours(msg.header.index) {
+                continue;
+            }
+            for a in &msg.attributes {
+                if let netlink_packet_route::address::AddressAttribute::Address(ip) = a {
+                    let c = Cidr {
+                        addr: *ip,
+                        prefix: msg.header.prefix_len,
+                    }
+                    .normalized();
+                    let on = names.get(&msg.header.index).cloned().unwrap_or_default();
+                    out.push(Taken {
+                        net: c,
+                        address: Some(*ip),
+                        what: format!("address {ip}/{} on {on}", msg.header.prefix_len),
+                    });
+                }
+            }
+        }
+        for v6 in [false, true] {
+            let msg = if v6 {
+                RouteMessageBuilder::<Ipv6Addr>::new().build()
+            } else {
+                RouteMessageBuilder::<Ipv4Addr>::new().build()
+            };
+            let mut routes = self.handle.route().get(msg).execute();
+            while let Some(r) = routes.try_next().await.map_err(nl)? {
+                let mut dst = None;
+                let mut oif = None;
+                for a in &r.attributes {
+                    match a {
+                        netlink_packet_route::route::RouteAttribute::Destination(
+                            netlink_packet_route::route::RouteAddress::Inet(a),
+                        ) => dst = Some(IpAddr::V4(*a)),
+                        netlink_packet_route::route::RouteAttribute::Destination(
+                            netlink_packet_route::route::RouteAddress::Inet6(a),
+                        ) => dst = Some(IpAddr::V6(*a)),
+                        netlink_packet_route::route::RouteAttribute::Oif(i) => oif = Some(*i),
+                        _ => {}
+                    }
+                }
+                let prefix = r.header.destination_prefix_length;
+                if prefix == 0 || oif.is_some_and(ours) {
+                    continue;
+                }
+                if let Some(d) = dst {
+                    // Local-table and multicast routes of the host's own addresses are
+                    // already among the addresses; link-local ones never overlap a pool.
+                    let c = Cidr { addr: d, prefix }.normalized();
+                    out.push(Taken {
+                        net: c,
+                        address: None,
+                        what: format!("route {c}"),
+                    });
                 }
             }
         }

@@ -117,7 +117,8 @@ pub struct Firewall {
     cfg: FirewallConfig,
     entries: HashMap<u32, Entry>,
     /// Dynamic (domain) elements believed present: (index, set, element) → expiry, ms.
-    dynamic: HashMap<(u32, &'static str, String), u64>,
+    /// The value: expiry (ms) and the domain that resolved to it.
+    dynamic: HashMap<(u32, &'static str, String), (u64, String)>,
 }
 
 fn iface(lease: &Lease) -> String {
@@ -325,6 +326,19 @@ impl Firewall {
         &self.cfg
     }
 
+    /// Why no rule can allow `c` here, if none can: it lies inside an always-denied range
+    /// (and no exemption covers it).
+    pub fn never_allowed(&self, c: &Cidr) -> Option<Cidr> {
+        if self.cfg.exempt.iter().any(|e| e.covers(c)) {
+            return None;
+        }
+        default_internal(&self.cfg.addressing)
+            .iter()
+            .chain(self.cfg.internal.iter())
+            .find(|i| i.covers(c))
+            .copied()
+    }
+
     /// Replaces the whole table (an earlier daemon's included) in one transaction, with every
     /// sandbox this firewall knows. Used at start, after re-adopting sandboxes.
     pub fn install(&mut self) -> io::Result<()> {
@@ -383,28 +397,60 @@ impl Firewall {
     /// Replaces a sandbox's policy and bumps its generation, in one transaction: its open
     /// connections are judged again by the new policy at their next packet.
     pub fn update(&mut self, index: u32, generation: u32, elements: Elements) -> io::Result<()> {
-        let Some(old) = self.entries.get(&index).cloned() else {
-            return Err(io::Error::other("the sandbox has no interface"));
-        };
-        let k = iface(&old.lease);
+        self.update_many(vec![(index, generation, elements)])
+    }
+
+    /// [`Firewall::update`] for many sandboxes in one transaction (a task's change): all or
+    /// none. Addresses resolved for a domain are kept where `keep` says the new policy still
+    /// allows that domain on those ports; the rest go with the old policy.
+    pub fn update_many(&mut self, updates: Vec<(u32, u32, Elements)>) -> io::Result<()> {
+        self.update_keeping(updates, |_, _, _| false)
+    }
+
+    /// [`Firewall::update_many`], keeping the resolved addresses for which
+    /// `keep(index, domain, ports)` holds.
+    pub fn update_keeping(
+        &mut self,
+        updates: Vec<(u32, u32, Elements)>,
+        keep: impl Fn(u32, &str, PortRange) -> bool,
+    ) -> io::Result<()> {
         let mut s = String::new();
-        delete_elements(&mut s, &k, &old.static_elements);
-        self.delete_dynamic_of(&mut s, index, &k);
-        let _ = writeln!(s, "delete element inet {TABLE} gen {{ {k} }}");
-        let _ = writeln!(
-            s,
-            "delete element inet {TABLE} live {{ {k} . {} }}",
-            old.generation
-        );
-        let new = Entry {
-            lease: old.lease,
-            generation,
-            static_elements: elements,
-        };
-        add_policy(&mut s, &new);
+        let mut new_entries = Vec::with_capacity(updates.len());
+        let mut dynamic_gone = Vec::new();
+        for (index, generation, elements) in updates {
+            let Some(old) = self.entries.get(&index).cloned() else {
+                return Err(io::Error::other("the sandbox has no interface"));
+            };
+            let k = iface(&old.lease);
+            delete_elements(&mut s, &k, &old.static_elements);
+            dynamic_gone.extend(self.dynamic_of(&mut s, index, &k, &keep));
+            let _ = writeln!(s, "delete element inet {TABLE} gen {{ {k} }}");
+            let _ = writeln!(
+                s,
+                "delete element inet {TABLE} live {{ {k} . {} }}",
+                old.generation
+            );
+            let new = Entry {
+                lease: old.lease,
+                generation,
+                static_elements: elements,
+            };
+            add_policy(&mut s, &new);
+            new_entries.push(new);
+        }
         run(&s)?;
-        self.entries.insert(index, new);
+        for key in dynamic_gone {
+            self.dynamic.remove(&key);
+        }
+        for e in new_entries {
+            self.entries.insert(e.lease.index, e);
+        }
         Ok(())
+    }
+
+    /// A sandbox's current policy generation.
+    pub fn generation(&self, index: u32) -> Option<u32> {
+        self.entries.get(&index).map(|e| e.generation)
     }
 
     /// Removes everything of a sandbox's (one transaction); unknown is no error.
@@ -415,7 +461,9 @@ impl Firewall {
         let k = iface(&e.lease);
         let mut s = String::new();
         delete_elements(&mut s, &k, &e.static_elements);
-        self.delete_dynamic_of(&mut s, index, &k);
+        for key in self.dynamic_of(&mut s, index, &k, &|_, _, _| false) {
+            self.dynamic.remove(&key);
+        }
         let _ = writeln!(s, "delete element inet {TABLE} gen {{ {k} }}");
         let _ = writeln!(
             s,
@@ -442,6 +490,7 @@ impl Firewall {
     pub fn allow_resolved(
         &mut self,
         index: u32,
+        domain: &str,
         addrs: &[IpAddr],
         ports: &[PortRange],
         ttl_s: u32,
@@ -452,7 +501,7 @@ impl Firewall {
         };
         let k = iface(&e.lease);
         let mut s = String::new();
-        self.dynamic.retain(|_, exp| *exp > now_ms);
+        self.dynamic.retain(|_, (exp, _)| *exp > now_ms);
         let expiry = now_ms + u64::from(ttl_s) * 1000;
         for a in addrs {
             let set = if a.is_ipv6() { "dyn6" } else { "dyn4" };
@@ -466,7 +515,7 @@ impl Firewall {
                     "add element inet {TABLE} {set} {{ {k} . {} timeout {ttl_s}s }}",
                     key.2
                 );
-                self.dynamic.insert(key, expiry);
+                self.dynamic.insert(key, (expiry, domain.to_string()));
             }
         }
         if s.is_empty() {
@@ -475,27 +524,37 @@ impl Firewall {
         run(&s)
     }
 
-    fn delete_dynamic_of(&mut self, s: &mut String, index: u32, k: &str) {
+    /// Writes the deletion of sandbox `index`'s dynamic elements that `keep` does not keep
+    /// into `s`; returns their keys (to forget once the transaction succeeded).
+    fn dynamic_of(
+        &self,
+        s: &mut String,
+        index: u32,
+        k: &str,
+        keep: &dyn Fn(u32, &str, PortRange) -> bool,
+    ) -> Vec<(u32, &'static str, String)> {
         let now = now_ms();
-        let keys: Vec<_> = self
-            .dynamic
-            .keys()
-            .filter(|(i, _, _)| *i == index)
-            .cloned()
-            .collect();
-        for key in keys {
-            // An element that has already timed out is gone: deleting it would fail the
-            // whole transaction. Those within a second of expiry are left to time out.
-            if let Some(exp) = self.dynamic.remove(&key)
-                && exp > now + 1000
-            {
-                let _ = writeln!(
-                    s,
-                    "delete element inet {TABLE} {} {{ {k} . {} }}",
-                    key.1, key.2
-                );
+        let mut gone = Vec::new();
+        for (key, (exp, domain)) in &self.dynamic {
+            if key.0 != index {
+                continue;
             }
+            let ports = key
+                .2
+                .rsplit_once(" . ")
+                .and_then(|(_, p)| PortRange::parse(p).ok())
+                .unwrap_or(PortRange { lo: 0, hi: 65535 });
+            if keep(index, domain, ports) {
+                continue;
+            }
+            // One that has timed out is gone, and deleting it would fail the whole
+            // transaction: those within a second of expiry are left to time out.
+            if *exp > now + 1000 {
+                let _ = writeln!(s, "delete element inet {TABLE} {} {{ {k} . {} }}", key.1, key.2);
+            }
+            gone.push(key.clone());
         }
+        gone
     }
 
     /// The table without any sandbox.

@@ -12,7 +12,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use serde::Deserialize;
 use warren_http::{Error, Json, Path, Query};
 use warren_types::api::{
@@ -40,6 +40,11 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         .route("/v1/sandboxes/{id}/pause", post(pause))
         .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/sandboxes/{id}/timeout", post(set_timeout))
+        .route(
+            "/v1/sandboxes/{id}/network",
+            get(get_network).put(put_network),
+        )
+        .route("/v1/tasks/{task}/network", put(put_task_network))
         .route("/v1/sandboxes/{id}/trajectory", get(trajectory))
         .route("/v1/sandboxes/{id}/commit", post(commit))
         .route("/v1/images/stats", get(image_stats))
@@ -270,6 +275,31 @@ async fn set_timeout(
 ) -> Result<Json<SandboxView>, Error> {
     let id = parse_id(&n, &id)?;
     Ok(Json(n.set_timeout(&id, req.timeout).await?))
+}
+
+async fn get_network(
+    State(n): S,
+    Path(id): Path<String>,
+) -> Result<Json<warren_types::net::NetworkStatus>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(n.get(&id)?.network_status()))
+}
+
+async fn put_network(
+    State(n): S,
+    Path(id): Path<String>,
+    Json(req): Json<warren_types::net::NetworkPolicy>,
+) -> Result<Json<warren_types::net::NetworkStatus>, Error> {
+    let id = parse_id(&n, &id)?;
+    Ok(Json(n.set_network(&id, req).await?))
+}
+
+async fn put_task_network(
+    State(n): S,
+    Path(task): Path<String>,
+    Json(req): Json<warren_types::net::NetworkPolicy>,
+) -> Result<Json<warren_types::api::TaskNetworkResult>, Error> {
+    Ok(Json(n.set_task_network(&task, req).await?))
 }
 
 async fn commit(

@@ -47,6 +47,36 @@ pub struct LimitCounters {
     pub pids_max: u64,
 }
 
+/// A sandbox's network interface as its backend set it up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetInfo {
+    /// Its lease in the node's pools.
+    pub index: u32,
+    /// Its IPv4 address.
+    pub v4: std::net::Ipv4Addr,
+    /// Its IPv6 address.
+    pub v6: std::net::Ipv6Addr,
+    /// Its IPv4 gateway (the node; its DNS resolver).
+    pub gateway4: std::net::Ipv4Addr,
+    /// Its policy's generation (moves with each change).
+    pub generation: u32,
+}
+
+/// A connection attempt of a sandbox that its network policy refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetDenial {
+    /// The sandbox's id (or a warm init's name).
+    pub name: String,
+    /// Where it was going.
+    pub dst: std::net::IpAddr,
+    /// `tcp`, `udp`, `icmp`, …
+    pub protocol: String,
+    /// The destination port (TCP, UDP).
+    pub port: Option<u16>,
+    /// The name it asked the resolver for, for a refused name (then `dst` is the resolver).
+    pub domain: Option<String>,
+}
+
 /// The future that resolves when an instance has exited.
 pub type Exit = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -78,6 +108,8 @@ pub trait Instance: Send + Sync {
     fn writable_layer(&self) -> Option<PathBuf>;
     /// Whether it was prepared ahead of the request (a warm init).
     fn prepared(&self) -> bool;
+    /// Its network interface, if it has one (network mode `filtered`).
+    fn network(&self) -> Option<NetInfo>;
     /// Kills it and frees everything it holds. Idempotent. Blocking.
     fn release(&self);
 
@@ -111,6 +143,16 @@ pub trait Backend: Send + Sync {
     fn shutdown(&self);
     /// Removes the backend's own host state (Warren's parent cgroups), once no sandbox is left.
     fn remove_host_state(&self) -> io::Result<()>;
+    /// Whether it gives sandboxes network interfaces (mode `filtered`).
+    fn has_network(&self) -> bool;
+    /// Refuses a policy that allows what this backend never lets a sandbox reach, saying why.
+    fn check_network(&self, policy: &warren_types::net::Policy) -> Result<(), String>;
+    /// Replaces the network policies of instances (by their [`NetInfo::index`]) in one
+    /// change, all or none: each takes effect for new connections at once and for open ones
+    /// at their next packet. Blocking.
+    fn set_networks(&self, updates: &[(u32, &warren_types::net::Policy)]) -> io::Result<()>;
+    /// The refused connection attempts of its sandboxes, once (the node takes them at start).
+    fn take_network_denials(&self) -> Option<tokio::sync::mpsc::Receiver<NetDenial>>;
 }
 
 /// Freezes (or thaws) every instance of a batch: all begin first, then each is waited for, so the

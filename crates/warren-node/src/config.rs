@@ -113,6 +113,51 @@ pub struct NodeConfig {
     pub layer_readahead_kb: u32,
     /// Seconds a layer stays mounted after its last sandbox is gone. Default 60.
     pub layer_idle_unmount: u64,
+    /// The sandbox network (`[node.network]`).
+    pub network: NetworkConfig,
+}
+
+/// The sandbox network: interfaces from address pools, one nftables table (`inet warren`),
+/// outbound denied unless a sandbox's policy allows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// Give sandboxes interfaces (network mode `filtered`, the default of creates). Off: every
+    /// sandbox is loopback only (`none`) and a create that asks for `filtered` is refused.
+    /// Default on.
+    pub enabled: bool,
+    /// The IPv4 pool, /8 to /27: its first address is every sandbox's gateway (and DNS
+    /// resolver). Must not overlap any network the host uses. Default `10.200.0.0/16`.
+    pub pool4: String,
+    /// The IPv6 pool, /64 to /120. Default `fd77:7761::/64`.
+    pub pool6: String,
+    /// More destinations no sandbox may reach, whatever its policy (the node's own addresses,
+    /// the pools, loopback, link-local and metadata addresses are always in). CIDRs.
+    pub internal: Vec<String>,
+    /// Destinations taken out of the always-denied ones (a sandbox still needs a rule to reach
+    /// them), e.g. a package mirror on the node's own network. CIDRs.
+    pub exempt: Vec<String>,
+    /// The NFLOG group refused packets are logged to (one per node per network namespace).
+    /// Default 1977.
+    pub log_group: u16,
+    /// Masquerade (source NAT) allowed traffic out of the node. Default on. Forwarding itself
+    /// (`net.ipv4.ip_forward`, `net.ipv6.conf.all.forwarding`) is the host's setting: Warren
+    /// leaves it as it is, so without it no allowed traffic leaves the node.
+    pub masquerade: bool,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            enabled: true,
+            pool4: "10.200.0.0/16".into(),
+            pool6: "fd77:7761::/64".into(),
+            internal: Vec::new(),
+            exempt: Vec::new(),
+            log_group: 1977,
+            masquerade: true,
+        }
+    }
 }
 
 impl Default for NodeConfig {
@@ -152,6 +197,7 @@ impl Default for NodeConfig {
             layer_mount: crate::layers::LayerMount::File,
             layer_readahead_kb: 128,
             layer_idle_unmount: 60,
+            network: NetworkConfig::default(),
         }
     }
 }

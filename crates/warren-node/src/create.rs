@@ -132,6 +132,7 @@ impl Node {
             disk_pool: self.dirs.disk.as_ref().map(|p| p.capacity),
         };
         let (resources, timeout) = validate(&self.cfg, facts, &req)?;
+        let network = self.network_of(req.network.as_ref())?;
         let backend = req.backend.unwrap_or_default();
         if !self.backends().contains(&backend) {
             return Err(NodeError::Invalid(format!(
@@ -188,6 +189,8 @@ impl Node {
             // Every init of this node, warm or not, runs this copy.
             guest: Some(self.guest.digest.clone()),
             builder: req.builder,
+            network,
+            net_lease: None,
         };
         // The launch runs to its end in a task of its own, even when this request is dropped
         // (a client that gives up mid-create): a started sandbox is then registered, with its
@@ -248,6 +251,7 @@ impl Node {
             .map_err(|e| NodeError::host("starting the sandbox", e))?;
         let t_started = t0.elapsed();
         (record.pid, record.start_time) = instance.identity();
+        record.net_lease = instance.network().map(|n| (n.index, n.generation));
         let sb = Sandbox::new(
             record,
             dir,

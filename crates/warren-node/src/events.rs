@@ -45,6 +45,84 @@ struct Record {
     pid: Option<i32>,
     #[serde(default)]
     comm: Option<String>,
+    /// A network event's ports (disjoint ranges, sorted; at most [`MAX_PORT_RANGES`]) and
+    /// what was refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    net: Option<NetRecord>,
+}
+
+/// Port ranges a network event keeps; further ports are counted, not listed.
+const MAX_PORT_RANGES: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct NetRecord {
+    protocol: String,
+    destination: String,
+    #[serde(default)]
+    ranges: Vec<(u16, u16)>,
+    #[serde(default)]
+    port_count: u32,
+    #[serde(default)]
+    more: bool,
+    #[serde(default)]
+    domain: Option<String>,
+}
+
+impl NetRecord {
+    fn add_ports(&mut self, ports: &[u16]) {
+        for &p in ports {
+            if self.ranges.iter().any(|&(a, b)| a <= p && p <= b) {
+                continue;
+            }
+            self.port_count += 1;
+            let at = self.ranges.partition_point(|&(a, _)| a < p);
+            let joins_left = at > 0 && self.ranges[at - 1].1.checked_add(1) == Some(p);
+            let joins_right = at < self.ranges.len() && p.checked_add(1) == Some(self.ranges[at].0);
+            match (joins_left, joins_right) {
+                (true, true) => {
+                    self.ranges[at - 1].1 = self.ranges[at].1;
+                    self.ranges.remove(at);
+                }
+                (true, false) => self.ranges[at - 1].1 = p,
+                (false, true) => self.ranges[at].0 = p,
+                (false, false) if self.ranges.len() < MAX_PORT_RANGES => {
+                    self.ranges.insert(at, (p, p))
+                }
+                (false, false) => self.more = true,
+            }
+        }
+    }
+
+    fn view(&self) -> warren_types::events::NetEvent {
+        let mut ports: Vec<String> = self
+            .ranges
+            .iter()
+            .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+            .collect();
+        if self.more {
+            ports.push("…".into());
+        }
+        warren_types::events::NetEvent {
+            protocol: self.protocol.clone(),
+            destination: self.destination.clone(),
+            ports: ports.join(","),
+            port_count: self.port_count,
+            domain: self.domain.clone(),
+        }
+    }
+}
+
+/// A refused network attempt, as the node saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetOccurrence {
+    /// `tcp`, `udp`, `icmp`, `dns`, …
+    pub protocol: String,
+    /// The address tried.
+    pub destination: String,
+    /// Ports tried.
+    pub ports: Vec<u16>,
+    /// The name refused (a lookup).
+    pub domain: Option<String>,
 }
 
 /// Which events to list.
@@ -143,9 +221,71 @@ impl EventStore {
                     last_ms: now,
                     pid: None,
                     comm: None,
+                    net: None,
                 }
             }
         };
+        g.save(rec);
+    }
+
+    /// Adds `n` refused network attempts to one destination (or name): within the window,
+    /// attempts on the same destination add to one event, their ports merged — a port scan
+    /// is one event with the ports it tried.
+    pub fn occur_network(
+        &self,
+        sandbox: &SandboxId,
+        task: Option<&str>,
+        what: NetOccurrence,
+        n: u64,
+    ) {
+        let detail = match &what.domain {
+            Some(d) => format!("lookup of {d} refused"),
+            None => format!("{} to {} refused", what.protocol, what.destination),
+        };
+        let now = state::now_ms();
+        let mut g = self.lock();
+        let key = (sandbox.clone(), EventKind::Network, detail);
+        let open = g
+            .open
+            .get(&key)
+            .and_then(|id| g.by_id.get(id))
+            .filter(|r| now.saturating_sub(r.first_ms) < WINDOW.as_millis() as u64)
+            .cloned();
+        let mut rec = match open {
+            Some(mut r) => {
+                r.count += n;
+                r.last_ms = now;
+                r
+            }
+            None => {
+                g.next += 1;
+                let id = format!("{}-n{}", sandbox, g.next);
+                g.open.insert(key.clone(), id.clone());
+                Record {
+                    id,
+                    sandbox: sandbox.clone(),
+                    task: task.map(str::to_string),
+                    kind: EventKind::Network,
+                    detail: key.2,
+                    count: n,
+                    first_ms: now,
+                    last_ms: now,
+                    pid: None,
+                    comm: None,
+                    net: Some(NetRecord {
+                        protocol: what.protocol.clone(),
+                        destination: what.destination.clone(),
+                        ranges: Vec::new(),
+                        port_count: 0,
+                        more: false,
+                        domain: what.domain.clone(),
+                    }),
+                }
+            }
+        };
+        if let Some(net) = &mut rec.net {
+            net.add_ports(&what.ports);
+        }
         g.save(rec);
     }
 
@@ -167,6 +307,7 @@ impl EventStore {
             last_ms: i.last_ms,
             pid: i.pid,
             comm: i.comm.as_ref().map(|c| c.chars().take(64).collect()),
+            net: None,
         };
         self.lock().save(rec);
     }
@@ -193,6 +334,7 @@ impl EventStore {
                 last_at: state::rfc3339(r.last_ms),
                 pid: r.pid,
                 comm: r.comm.clone(),
+                network: r.net.as_ref().map(NetRecord::view),
             })
             .collect()
     }
@@ -314,5 +456,38 @@ mod tests {
             ..EventFilter::default()
         };
         assert_eq!(s.list(&node, &f).len(), 1);
+    }
+
+    #[test]
+    fn a_port_scan_is_one_event_with_its_ports() {
+        let d = tempfile::tempdir().unwrap();
+        let node = NodeId::from_random(rand::random());
+        let id = SandboxId::new(&node, rand::random());
+        let s = EventStore::open(d.path());
+        let hit = |ports: Vec<u16>| NetOccurrence {
+            protocol: "tcp".into(),
+            destination: "10.200.0.1".into(),
+            ports,
+            domain: None,
+        };
+        for chunk in (1..=1024u16).collect::<Vec<_>>().chunks(100) {
+            s.occur_network(&id, None, hit(chunk.to_vec()), chunk.len() as u64);
+        }
+        s.occur_network(&id, None, hit(vec![8080, 3000, 22]), 3);
+        let all = s.list(&node, &EventFilter::default());
+        assert_eq!(all.len(), 1, "{all:?}");
+        let e = &all[0];
+        assert_eq!(e.count, 1027);
+        let n = e.network.as_ref().unwrap();
+        assert_eq!(n.ports, "1-1024,3000,8080");
+        assert_eq!(n.port_count, 1026);
+        // Ports far apart: the list is bounded, the count goes on.
+        for p in (2000..60000u16).step_by(100) {
+            s.occur_network(&id, None, hit(vec![p]), 1);
+        }
+        let n = s.list(&node, &EventFilter::default())[0].network.clone().unwrap();
+        assert!(n.ports.ends_with('…'), "{}", n.ports);
+        assert_eq!(n.ports.split(',').count(), MAX_PORT_RANGES + 1);
+        assert_eq!(n.port_count, 1026 + 580 - 1);
     }
 }

@@ -18,6 +18,7 @@ pub mod image_ops;
 pub mod incidents;
 pub mod lifecycle;
 pub mod limits;
+pub mod network;
 pub mod tasks;
 pub mod timers;
 pub mod trajectory;
@@ -157,8 +158,14 @@ impl Node {
         };
         // Inits run the node's own copy, so the configured file stays free to be rebuilt.
         let guest = crate::guest_bin::install(&guest_bin, &root.join("guest"))?;
+        let network = if cfg.network.enabled {
+            Some(network_config(&cfg.network, &root).map_err(StartError::Config)?)
+        } else {
+            None
+        };
         let backend = ContainerBackend::new(
             ContainerConfig {
+                network,
                 cgroup_parent: cfg.cgroup_parent.clone(),
                 sandboxes: dirs.sandboxes.clone(),
                 sockets: dirs.sockets.clone(),
@@ -192,6 +199,7 @@ impl Node {
             idempotency: Mutex::new(HashMap::new()),
         });
         let report = node.adopt().await;
+        node.watch_network_denials();
         node.collect_guest_copies();
         backend.prewarm();
         node.start_timers();
@@ -278,6 +286,30 @@ impl Node {
             .filter(Result::is_ok)
             .count()
     }
+}
+
+/// The container backend's network from `[node.network]`, or what is wrong with it.
+fn network_config(
+    n: &crate::config::NetworkConfig,
+    root: &std::path::Path,
+) -> Result<crate::container::net::NetConfig, String> {
+    use warren_types::net::Cidr;
+    let cidr = |what: &str, s: &str| Cidr::parse(s).map_err(|e| format!("[node.network] {what}: {e}"));
+    let addressing = warren_net::link::Addressing::new(cidr("pool4", &n.pool4)?, cidr("pool6", &n.pool6)?)
+        .map_err(|e| format!("[node.network]: {e}"))?;
+    let list = |what: &str, v: &[String]| -> Result<Vec<Cidr>, String> {
+        v.iter().map(|s| cidr(what, s)).collect()
+    };
+    Ok(crate::container::net::NetConfig {
+        firewall: warren_net::nft::FirewallConfig {
+            addressing,
+            internal: list("internal", &n.internal)?,
+            exempt: list("exempt", &n.exempt)?,
+            log_group: n.log_group,
+            masquerade: n.masquerade,
+        },
+        resolv_conf: root.join("resolv.conf"),
+    })
 }
 
 /// Reads this node's id, making one on first start.

@@ -95,6 +95,9 @@ pub struct Sandbox {
     pub(crate) incident_seq: AtomicU64,
     /// Limits last seen.
     pub(crate) seen: Mutex<Seen>,
+    /// Its network policy as it stands (the record's is the one it was created or adopted
+    /// with); changes are serialised by the lifecycle lock.
+    pub(crate) network: Mutex<warren_types::net::NetworkPolicy>,
 }
 
 /// API activity on a sandbox.
@@ -147,6 +150,7 @@ impl Sandbox {
             }),
             incident_seq: AtomicU64::new(0),
             seen: Mutex::new(Seen::default()),
+            network: Mutex::new(record.network.clone()),
             record,
             dir,
             instance,
@@ -165,7 +169,31 @@ impl Sandbox {
     pub(crate) fn current_record(&self) -> Record {
         Record {
             expires_ms: self.deadline_ms.load(Ordering::Relaxed),
+            network: self.network_policy(),
+            net_lease: self.instance.network().map(|n| (n.index, n.generation)),
             ..self.record.clone()
+        }
+    }
+
+    /// Its network policy now.
+    pub(crate) fn network_policy(&self) -> warren_types::net::NetworkPolicy {
+        self.network
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Its network as the API shows it.
+    pub fn network_status(&self) -> warren_types::net::NetworkStatus {
+        let policy = self.network_policy();
+        let info = self.instance.network();
+        warren_types::net::NetworkStatus {
+            mode: policy.mode,
+            ipv4: info.map(|n| n.v4.to_string()),
+            ipv6: info.map(|n| n.v6.to_string()),
+            gateway: info.map(|n| n.gateway4.to_string()),
+            allow: policy.allow,
+            deny: policy.deny,
         }
     }
 
@@ -201,6 +229,7 @@ impl Sandbox {
             trajectory: r.trajectory,
             guest: r.guest.clone(),
             builder: r.builder,
+            network: Some(self.network_status()),
         }
     }
 }

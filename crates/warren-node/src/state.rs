@@ -83,6 +83,12 @@ pub struct Record {
     /// A builder sandbox: its root commands hold the build capabilities.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub builder: bool,
+    /// Its network policy as it stands (records from before networks: loopback only).
+    #[serde(default = "warren_types::net::NetworkPolicy::none")]
+    pub network: warren_types::net::NetworkPolicy,
+    /// Its interface's lease in the node's pools, and its policy's generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_lease: Option<(u32, u32)>,
 }
 
 /// Writes `record` to `dir/state.json` atomically (temp file, rename).

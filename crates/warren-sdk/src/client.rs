@@ -245,6 +245,24 @@ impl Client {
         self.json(self.request(Method::POST, url)).await
     }
 
+    /// Replaces the network policy of every sandbox of `task`, on every node at once
+    /// (`PUT /v1/tasks/{task}/network`).
+    pub async fn set_task_network(
+        &self,
+        task: &str,
+        policy: &crate::NetworkPolicy,
+    ) -> Result<Gathered<crate::TaskNetworkResult>> {
+        if task.is_empty() {
+            return Err(Error::Invalid("task name is empty".into()));
+        }
+        let mut url = self.endpoint("/v1/tasks", &[])?;
+        url.path_segments_mut()
+            .map_err(|_| Error::Invalid("the base URL cannot take a path".into()))?
+            .push(task)
+            .push("network");
+        self.json(self.request(Method::PUT, url).json(policy)).await
+    }
+
     /// Every task with sandboxes (`GET /v1/tasks`); a node that did not answer is named in
     /// [`Listing::unreachable`] and its sandboxes are not counted.
     pub async fn tasks(&self) -> Result<Listing<TaskInfo>> {

@@ -57,8 +57,10 @@ pub use warren_types::api::{
     BackendKind, CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus,
     FileEntry, FileKind, Gathered, Health, IdleAction, Image, ImageDetail, ImageStats, Layer,
     LayerUse, NodeFailure, NodeInfo, ProcessInfo, PullRequest, Resources, Role, SandboxState,
-    TaskAction, TaskInfo, TaskResult, TrajectoryEntry,
+    TaskAction, TaskInfo, TaskNetworkResult, TaskResult, TrajectoryEntry,
 };
+pub use warren_types::events::NetEvent;
+pub use warren_types::net::{NetRule, NetworkMode, NetworkPolicy, NetworkStatus, Protocol};
 pub use warren_types::events::{Event, EventKind};
 pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};
 

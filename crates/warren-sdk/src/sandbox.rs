@@ -97,6 +97,24 @@ impl Sandbox {
         self.client.json(rb).await
     }
 
+    /// Its network: mode, addresses, gateway and policy (`GET /v1/sandboxes/{id}/network`).
+    pub async fn network(&self) -> Result<crate::NetworkStatus> {
+        let rb = self
+            .client
+            .request(Method::GET, self.endpoint("/network", &[])?);
+        self.client.json(rb).await
+    }
+
+    /// Replaces its network policy (`PUT /v1/sandboxes/{id}/network`): new connections follow
+    /// it at once, open ones at their next packet (reset if no longer allowed).
+    pub async fn set_network(&self, policy: &crate::NetworkPolicy) -> Result<crate::NetworkStatus> {
+        let rb = self
+            .client
+            .request(Method::PUT, self.endpoint("/network", &[])?)
+            .json(policy);
+        self.client.json(rb).await
+    }
+
     /// The trajectory log so far (`GET /v1/sandboxes/{id}/trajectory`), for sandboxes created
     /// with `trajectory: true`.
     pub async fn trajectory(&self) -> Result<Vec<warren_types::api::TrajectoryEntry>> {

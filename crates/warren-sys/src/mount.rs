@@ -146,6 +146,44 @@ pub fn bind(source: &Path, target: &Path, recursive: bool, flags: u64) -> io::Re
     .map_err(|e| with_target(e, "remounting", target))
 }
 
+/// A detached copy of the mount of the file or directory at `source` (not following a final
+/// symbolic link), to attach elsewhere later with [`attach_tree`] — also after `pivot_root`,
+/// when `source` is no longer reachable by path.
+pub fn clone_tree(source: &Path) -> io::Result<std::os::fd::OwnedFd> {
+    use rustix::mount::OpenTreeFlags;
+    rustix::mount::open_tree(
+        rustix::fs::CWD,
+        source,
+        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| with_target(e.into(), "cloning the mount of", source))
+}
+
+/// Attaches a mount from [`clone_tree`] at `target` (following links in `target`, in the
+/// caller's root), then applies `flags` (read-only, nosuid, nodev, noexec) to it.
+pub fn attach_tree(tree: std::os::fd::OwnedFd, target: &Path, flags: u64) -> io::Result<()> {
+    use rustix::mount::MoveMountFlags;
+    rustix::mount::move_mount(
+        &tree,
+        "",
+        rustix::fs::CWD,
+        target,
+        MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+    )
+    .map_err(|e| with_target(e.into(), "attaching a mount at", target))?;
+    if flags == 0 {
+        return Ok(());
+    }
+    raw_mount(
+        None,
+        &c(target)?,
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | flags,
+        None,
+    )
+    .map_err(|e| with_target(e, "remounting", target))
+}
+
 /// Applies `flags` (read-only, nosuid, nodev, noexec) to the mount at `target` and every
 /// mount below it, with `mount_setattr(AT_RECURSIVE)`.
 pub fn set_attrs_recursive(target: &Path, flags: u64) -> io::Result<()> {

@@ -112,6 +112,13 @@ pub struct CreateSandbox {
     /// sandbox root holds no capability. Layered images only (not `host`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub builder: bool,
+    /// Its network: `{"mode": "none"}` for loopback only, or rules of what it may reach
+    /// (`{"allow": [{"domain": "pypi.org"}, {"cidr": "10.1.0.0/16", "ports": "443"}]}`); see
+    /// `NetworkPolicy`. Default: the node's — an interface with everything outbound denied
+    /// (`filtered`, no rules), or loopback only on a node without a sandbox network. Changed
+    /// later with `PUT /v1/sandboxes/{id}/network`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::net::NetworkPolicy>,
     /// A trajectory log to replay: the new sandbox re-applies it to rebuild its state, then
     /// answers the same leading operations with the recorded results (see
     /// [`TrajectoryEntry`]). Implies `trajectory`.
@@ -235,6 +242,9 @@ pub struct Sandbox {
     /// capabilities.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub builder: bool,
+    /// Its network: mode, addresses and policy (absent from nodes older than networks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::net::NetworkStatus>,
 }
 
 /// `POST /v1/sandboxes/{id}/timeout`: a new absolute lifetime, counted from now.
@@ -583,6 +593,20 @@ pub struct TaskResult {
     /// How many sandboxes it succeeded on.
     pub succeeded: u32,
     /// The ones it failed on, with why.
+    #[serde(default)]
+    pub failed: Vec<TaskFailure>,
+}
+
+/// `PUT /v1/tasks/{task}/network`: how the task's sandboxes took a new network policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskNetworkResult {
+    /// The task.
+    pub task: String,
+    /// How many sandboxes took it.
+    pub succeeded: u32,
+    /// The ones that did not, with why (a sandbox created with network mode `none` has no
+    /// interface to filter).
     #[serde(default)]
     pub failed: Vec<TaskFailure>,
 }

@@ -26,17 +26,20 @@ pub enum EventKind {
     PidsLimit,
     /// The kernel killed a process of the sandbox for memory.
     OomKill,
+    /// A connection attempt or a name lookup its network policy refused.
+    Network,
 }
 
 impl EventKind {
     /// Every kind, for help texts.
-    pub const ALL: [EventKind; 6] = [
+    pub const ALL: [EventKind; 7] = [
         EventKind::Seccomp,
         EventKind::Management,
         EventKind::DiskQuota,
         EventKind::OutputTruncated,
         EventKind::PidsLimit,
         EventKind::OomKill,
+        EventKind::Network,
     ];
 
     /// The kind's name as the API writes it.
@@ -48,6 +51,7 @@ impl EventKind {
             EventKind::OutputTruncated => "output_truncated",
             EventKind::PidsLimit => "pids_limit",
             EventKind::OomKill => "oom_kill",
+            EventKind::Network => "network",
         }
     }
 
@@ -86,6 +90,29 @@ pub struct Event {
     /// Its command name, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comm: Option<String>,
+    /// What a `network` event refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetEvent>,
+}
+
+/// The refused attempts of a `network` event: one destination (or, for a sweep across many,
+/// a summary), its ports, or the name looked up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NetEvent {
+    /// `tcp`, `udp`, `icmp`, `icmpv6`, `dns`, …
+    pub protocol: String,
+    /// The address tried (for a name lookup: the resolver).
+    pub destination: String,
+    /// The ports tried, as ranges (`22`, `1-1024`), up to 64 ranges (then `…`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ports: String,
+    /// How many distinct ports.
+    #[serde(default)]
+    pub port_count: u32,
+    /// The name refused (a lookup).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
 }
 
 /// `GET /v1/events`: events, oldest first.

@@ -363,6 +363,12 @@ pub struct InitConfig {
     /// (`warren_sys::creds::build_capabilities`). Never set for an agent's sandbox.
     #[serde(default)]
     pub builder: bool,
+    /// A host file to bind read-only over the sandbox's `/etc/resolv.conf` (naming the
+    /// node's DNS proxy), for a sandbox with a network interface. Bound after the root is
+    /// pivoted into, so a link at `/etc/resolv.conf` resolves inside the sandbox; skipped
+    /// where it is no regular file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolv_conf: Option<String>,
 }
 
 /// The uid (and gid) of the guest's spawner, the process that starts every agent command: no

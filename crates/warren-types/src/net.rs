@@ -80,6 +80,29 @@ pub struct NetworkPolicy {
     pub deny: Vec<NetRule>,
 }
 
+/// A sandbox's network as it stands: `GET`/`PUT /v1/sandboxes/{id}/network`, and in its info.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NetworkStatus {
+    /// `filtered` or `none`.
+    pub mode: NetworkMode,
+    /// Its IPv4 address (mode `filtered`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<String>,
+    /// Its IPv6 address (mode `filtered`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<String>,
+    /// Its gateway: the node, and its only DNS resolver (mode `filtered`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// Its allow rules.
+    #[serde(default)]
+    pub allow: Vec<NetRule>,
+    /// Its deny rules.
+    #[serde(default)]
+    pub deny: Vec<NetRule>,
+}
+
 impl NetworkPolicy {
     /// Loopback only.
     pub fn none() -> NetworkPolicy {

@@ -16,7 +16,7 @@ pub(crate) mod tasks;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Router, middleware};
 
 use crate::{Control, auth};
@@ -41,6 +41,11 @@ pub fn router(c: Arc<Control>) -> Router {
         .route("/v1/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/v1/sandboxes/{id}/resume", post(sandboxes::resume))
         .route("/v1/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route(
+            "/v1/sandboxes/{id}/network",
+            get(sandboxes::get_network).put(sandboxes::set_network),
+        )
+        .route("/v1/tasks/{task}/network", put(tasks::set_network))
         .route("/v1/sandboxes/{id}/trajectory", get(sandboxes::trajectory))
         .route("/v1/images", get(images::list))
         .route("/v1/images/stats", get(images::stats))
@@ -147,4 +152,21 @@ pub(crate) async fn pass_json<T: serde::Serialize>(
         .map(|p| p.as_str())
         .unwrap_or(uri.path());
     forward::forward_json(&node, axum::http::Method::POST, pq, headers, value).await
+}
+
+/// Forwards a checked JSON body about sandbox `id` with `method`.
+pub(crate) async fn pass_json_as<T: serde::Serialize>(
+    c: &Control,
+    id: &str,
+    method: axum::http::Method,
+    uri: &axum::http::Uri,
+    headers: &axum::http::HeaderMap,
+    value: &T,
+) -> Result<axum::response::Response, warren_http::Error> {
+    let (_, node) = forward::route(c, id)?;
+    let pq = uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or(uri.path());
+    forward::forward_json(&node, method, pq, headers, value).await
 }

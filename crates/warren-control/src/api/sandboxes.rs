@@ -9,6 +9,7 @@ use warren_types::api::{
     TrajectoryEntry,
 };
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
+use warren_types::net::{NetworkPolicy, NetworkStatus};
 
 use super::forward::forward_json;
 use super::{S, pass};
@@ -217,6 +218,45 @@ pub async fn set_timeout(
     Json(req): Json<SetTimeout>,
 ) -> Result<Response, Error> {
     super::pass_json(&c, &id, &uri, &headers, &req).await
+}
+
+/// The sandbox's network: its mode, addresses, gateway (its only DNS resolver) and policy.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/network", tag = "network",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    responses((status = 200, body = NetworkStatus), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn get_network(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::GET, &uri, &headers, Body::empty()).await
+}
+
+/// Replace the sandbox's network policy. New connections follow it at once; an open
+/// connection is judged again at its next packet, and one the new policy no longer allows is
+/// reset. Addresses an allowed domain resolved to stay allowed while the new policy still
+/// allows that domain. `{"mode": "none"}` denies everything (a sandbox created with an
+/// interface keeps it); a sandbox created with mode `none` has no interface and takes no
+/// other policy (400). Rules that allow what no sandbox may reach (the node, other sandboxes,
+/// loopback, link-local and metadata addresses) are refused (400).
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "network",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    request_body = NetworkPolicy,
+    responses((status = 200, body = NetworkStatus), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn set_network(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(req): Json<NetworkPolicy>,
+) -> Result<Response, Error> {
+    req.parse()
+        .map_err(|e| Error(ApiError::invalid(format!("network: {e}"))))?;
+    super::pass_json_as(&c, &id, Method::PUT, &uri, &headers, &req).await
 }
 
 /// The sandbox's trajectory log: every exec and file write, as JSON lines

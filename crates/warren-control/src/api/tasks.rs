@@ -2,7 +2,10 @@
 //! once (one request per node, not per sandbox, through [`crate::fanout`]).
 
 use warren_http::{Error, Json, Path};
-use warren_types::api::{Gathered, TaskAction, TaskInfo, TaskList, TaskResult};
+use warren_types::api::{
+    Gathered, TaskAction, TaskInfo, TaskList, TaskNetworkResult, TaskResult,
+};
+use warren_types::net::NetworkPolicy;
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
 use super::S;
@@ -46,6 +49,48 @@ pub async fn act(
     let mut total = TaskResult {
         task: task.clone(),
         action,
+        succeeded: 0,
+        failed: Vec::new(),
+    };
+    for part in parts.answer {
+        total.succeeded += part.succeeded;
+        total.failed.extend(part.failed);
+    }
+    Ok(Json(Gathered {
+        answer: total,
+        unreachable: parts.unreachable,
+    }))
+}
+
+/// Replace the network policy of every sandbox of a task, on every node at once (one request
+/// per node; each node changes all of its sandboxes of the task in one firewall transaction).
+/// Typical use: a setup phase that allows package indexes, then an agent phase with no
+/// internet. Sandboxes created with network mode `none` are listed as failed (they have no
+/// interface to filter). A node that does not answer is named in `unreachable`, and when no
+/// node answers the call fails with 503.
+#[utoipa::path(put, path = "/v1/tasks/{task}/network", tag = "network",
+    params(("task" = String, Path, description = "Task name.")),
+    request_body = NetworkPolicy,
+    responses((status = 200, body = Gathered<TaskNetworkResult>), (status = 400, body = ErrorBody),
+        (status = 503, description = "No node answered.", body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn set_network(
+    axum::extract::State(c): S,
+    Path(task): Path<String>,
+    Json(policy): Json<NetworkPolicy>,
+) -> Result<Json<Gathered<TaskNetworkResult>>, Error> {
+    policy
+        .parse()
+        .map_err(|e| Error(ApiError::invalid(format!("network: {e}"))))?;
+    let name = task.as_str();
+    let p = &policy;
+    let parts = fanout::ask(c.nodes.all(), |n| async move {
+        n.api().task_network(name, p).await
+    })
+    .await
+    .under(Policy::Partial, &format!("task {name} network"))?;
+    let mut total = TaskNetworkResult {
+        task: task.clone(),
         succeeded: 0,
         failed: Vec::new(),
     };

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use super::Host;
 use super::cgroups::SandboxCgroup;
-use crate::backend::{Exit, Instance, LimitCounters, Transport};
+use warren_net::link::Lease;
+use crate::backend::{Exit, Instance, LimitCounters, NetInfo, Transport};
 use crate::disk::Volume;
 use crate::layers::Holder;
 
@@ -34,6 +35,8 @@ pub(crate) struct Held {
     /// Layer digests it holds a reference on, and as whom.
     pub(crate) layers: Vec<String>,
     pub(crate) layers_for: Holder,
+    /// Its network interface and firewall elements.
+    pub(crate) net: Option<Lease>,
 }
 
 impl Held {
@@ -48,6 +51,7 @@ impl Held {
             process: None,
             layers: Vec::new(),
             layers_for: Holder::Sandbox,
+            net: None,
         }
     }
 
@@ -89,6 +93,11 @@ impl Held {
         } else if let Some(fd) = &process {
             warren_sys::process::pidfd_wait(fd, Duration::from_secs(1));
             warren_sys::process::pidfd_reap(fd);
+        }
+        // Its interface dies with its network namespace, but asynchronously: deleted here, so
+        // its name and addresses are free when the lease is reused.
+        if let (Some(lease), Some(net)) = (self.net.take(), &self.host.net) {
+            net.release(lease);
         }
         if let Some(socket) = self.socket.take() {
             let _ = std::fs::remove_file(socket);
@@ -139,6 +148,8 @@ pub(crate) struct ContainerInstance {
     volume: OnceLock<Option<Volume>>,
     /// Whether it was a warm init.
     warm: bool,
+    /// Its network interface's lease.
+    net: Option<Lease>,
     held: Mutex<Held>,
 }
 
@@ -160,7 +171,9 @@ impl ContainerInstance {
         let socket = held.socket.clone().ok_or_else(|| missing("socket"))?;
         let dir = held.dir.clone().ok_or_else(|| missing("directory"))?;
         held.disarm();
+        let net = held.net;
         Ok(ContainerInstance {
+            net,
             transport: Transport::Unix(socket),
             pid,
             start_time,
@@ -242,6 +255,18 @@ impl Instance for ContainerInstance {
 
     fn prepared(&self) -> bool {
         self.warm
+    }
+
+    fn network(&self) -> Option<NetInfo> {
+        let lease = self.net?;
+        let net = self.host.net.as_ref()?;
+        Some(NetInfo {
+            index: lease.index,
+            v4: lease.v4,
+            v6: lease.v6,
+            gateway4: net.addressing().gateway4(),
+            generation: net.generation(lease.index).unwrap_or(0),
+        })
     }
 
     fn release(&self) {

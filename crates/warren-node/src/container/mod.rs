@@ -8,9 +8,11 @@
 //! - `spawn`: starting an init.
 //! - `instance`: what a sandbox holds, and its one release.
 //! - `pool`: inits started ahead of requests, a small pool per recently used image.
+//! - `net`: sandbox interfaces, the node's firewall elements and its refused-packet log.
 
 pub mod cgroups;
 mod instance;
+pub mod net;
 mod pool;
 mod spawn;
 
@@ -20,6 +22,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use warren_types::api::BackendKind;
+use warren_types::net::NetworkMode;
 use warren_types::guest::{Activate, GraderSpec, GuestLimits};
 
 use self::cgroups::Cgroups;
@@ -45,6 +48,8 @@ pub(crate) struct Host {
     guest_bin: PathBuf,
     guest_limits: GuestLimits,
     grader: GraderSpec,
+    /// The sandbox network, where the node has one.
+    pub(crate) net: Option<Arc<net::NodeNet>>,
 }
 
 impl Host {
@@ -126,6 +131,8 @@ pub struct ContainerConfig {
     pub warm_images: usize,
     /// A layered image's warm inits go once it has had no create for this long.
     pub warm_idle: Duration,
+    /// The sandbox network; none: every sandbox is loopback only.
+    pub network: Option<net::NetConfig>,
 }
 
 /// The container backend.
@@ -144,7 +151,13 @@ impl ContainerBackend {
         images: Arc<Images>,
     ) -> std::io::Result<Arc<ContainerBackend>> {
         let cgroups = Cgroups::new(&cfg.cgroup_parent)?;
+        let net = match cfg.network {
+            Some(n) => Some(net::NodeNet::new(n)?),
+            None => None,
+        };
+        let host_net = net.is_some();
         let host = Arc::new(Host {
+            net,
             cgroups,
             sandboxes: cfg.sandboxes,
             sockets: cfg.sockets,
@@ -162,6 +175,7 @@ impl ContainerBackend {
             per_image: cfg.warm_per_image,
             images: cfg.warm_images,
             idle: cfg.warm_idle,
+            host_net,
         });
         Ok(Arc::new_cyclic(|me| ContainerBackend {
             host,
@@ -187,15 +201,25 @@ impl ContainerBackend {
                 .collect(),
         };
         let name = record.id.as_str();
+        let policy = record.network.parse().map_err(std::io::Error::other)?;
+        let key = pool::Key {
+            layers: record.layers.clone(),
+            net: policy.mode == NetworkMode::Filtered,
+        };
+        // Rules beyond deny-everything (what every new interface starts with).
+        let rules = !(policy.allow.is_empty() && policy.deny.is_empty());
         // A builder's init is its own: warm inits are made without the build capabilities.
         if let Some(mut w) = (!record.builder)
-            .then(|| self.pool.take(&record.layers, self))
+            .then(|| self.pool.take(&key, self))
             .flatten()
         {
             match w.claim(record, dir, &self.host) {
                 Ok(()) => {
                     let (spawned, held) = w.into_parts();
                     let (pid, start_time) = (spawned.pid, spawned.start_time);
+                    if rules && let (Some(net), Some(lease)) = (&self.host.net, &held.net) {
+                        net.set_policies(&[(lease.index, &policy)])?;
+                    }
                     spawned.activate(&activate)?;
                     return ContainerInstance::new(held, pid, start_time, true);
                 }
@@ -214,8 +238,12 @@ impl ContainerBackend {
             Some(&record.resources),
             dir,
             record.builder,
+            key.net,
         )?;
         let (pid, start_time) = (spawned.pid, spawned.start_time);
+        if rules && let (Some(net), Some(lease)) = (&self.host.net, &held.net) {
+            net.set_policies(&[(lease.index, &policy)])?;
+        }
         spawned.activate(&activate)?;
         ContainerInstance::new(held, pid, start_time, false)
     }
@@ -256,6 +284,14 @@ impl Backend for ContainerBackend {
         held.cgroup = Some(self.host.cgroups.sandbox(name));
         held.socket = Some(socket);
         held.process = Some(pidfd);
+        if let Some((index, generation)) = record.net_lease {
+            let net = self.host.net.as_ref().ok_or_else(|| {
+                "it has a network interface and this node now has no network ([node.network] \
+                 enabled = false)"
+                    .to_string()
+            })?;
+            held.net = Some(net.adopt(name, index, generation, &record.network)?);
+        }
         if !record.layers.is_empty() {
             // Its layers are mounted (taken over at start): count it as a user.
             match self
@@ -344,6 +380,14 @@ impl Backend for ContainerBackend {
         if let Some(pool) = &host.disk {
             pool.collect_quota_groups();
         }
+        // Interfaces no live sandbox holds, then the whole firewall table at once (an earlier
+        // daemon's kept enforcing until this moment).
+        if let Some(net) = &host.net {
+            match net.install() {
+                Ok(k) => n += k,
+                Err(e) => tracing::error!("installing the firewall: {e}"),
+            }
+        }
         n
     }
 
@@ -356,6 +400,33 @@ impl Backend for ContainerBackend {
     }
 
     fn remove_host_state(&self) -> std::io::Result<()> {
+        if let Some(net) = &self.host.net
+            && let Err(e) = net.remove_table()
+        {
+            tracing::warn!("removing the firewall table: {e}");
+        }
         self.host.cgroups.remove_all()
+    }
+
+    fn has_network(&self) -> bool {
+        self.host.net.is_some()
+    }
+
+    fn check_network(&self, policy: &warren_types::net::Policy) -> Result<(), String> {
+        match &self.host.net {
+            Some(net) => net.check(policy),
+            None => Ok(()),
+        }
+    }
+
+    fn set_networks(&self, updates: &[(u32, &warren_types::net::Policy)]) -> std::io::Result<()> {
+        match &self.host.net {
+            Some(net) => net.set_policies(updates),
+            None => Err(std::io::Error::other("this node has no sandbox network")),
+        }
+    }
+
+    fn take_network_denials(&self) -> Option<tokio::sync::mpsc::Receiver<crate::backend::NetDenial>> {
+        self.host.net.as_ref()?.take_denials()
     }
 }

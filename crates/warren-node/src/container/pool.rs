@@ -9,10 +9,12 @@
 //! for the activation message. A create of that image takes one, renames its directory,
 //! cgroup and socket to the sandbox's id, sets the limits and activates it.
 //!
-//! The pool is keyed by image (its layers; none for the built-in `host` image): `host` keeps
-//! `warm_pool` inits, and each of the `warm_images` most recently created layered images keeps
-//! `warm_per_image`, so the pool holds at most `warm_pool + warm_images × warm_per_image`. An
-//! image that falls out of the recent list, or has had no create for `layer_idle_unmount`
+//! The pool is keyed by image (its layers; none for the built-in `host` image) and network
+//! (an interface with a deny-everything policy, or loopback only): `host` with the node's
+//! default network keeps `warm_pool` inits, and each other key — `host` without the default
+//! network, a layered image with or without — is an "image" here: each of the `warm_images`
+//! most recently created keeps `warm_per_image`, so the pool holds at most
+//! `warm_pool + warm_images × warm_per_image`. An image that falls out of the recent list, or has had no create for `layer_idle_unmount`
 //! seconds, has its inits discarded (which also drops their references on its layers, so
 //! idle layers are unmounted as before). The `host` pool refills in
 //! batches (from half empty to full), so that the v1 migrations of a batch share one grace
@@ -37,8 +39,13 @@ use crate::state::Record;
 /// Prefix of warm pool names (directories, cgroups, sockets).
 pub const WARM_PREFIX: &str = "warm-";
 
-/// An image as the pool keys it: its layer digests, bottom first (none: `host`).
-pub(crate) type Key = Vec<String>;
+/// What the pool keys inits by: the image (its layer digests, bottom first; none: `host`) and
+/// whether the init has a network interface.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    pub layers: Vec<String>,
+    pub net: bool,
+}
 
 /// How many warm inits to keep.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +55,8 @@ pub(crate) struct Targets {
     pub images: usize,
     /// A layered image's pool goes once it has had no create for this long.
     pub idle: Duration,
+    /// Whether `host` inits of the `host` target have an interface (the node's default).
+    pub host_net: bool,
 }
 
 /// A ready init waiting to become a sandbox. Dropping it frees what it holds.
@@ -88,6 +97,9 @@ impl Warm {
             std::fs::rename(from, &socket)?;
             self.held.socket = Some(socket);
         }
+        if let (Some(net), Some(lease)) = (&host.net, &self.held.net) {
+            net.rename(lease.index, name);
+        }
         Ok(())
     }
 
@@ -122,6 +134,14 @@ impl Pool {
         }
     }
 
+    /// The key of the `host` target: `host` with the node's default network.
+    fn host_key(&self) -> Key {
+        Key {
+            layers: Vec::new(),
+            net: self.targets.host_net,
+        }
+    }
+
     /// A warm init of `image`, if one is ready. Marks the image recently used (a layered one
     /// gets a pool of its own, the least recently used one loses its) and refills.
     pub(crate) fn take(&self, image: &Key, backend: &ContainerBackend) -> Option<Warm> {
@@ -129,7 +149,7 @@ impl Pool {
             let mut r = self.ready.lock().unwrap_or_else(|p| p.into_inner());
             let warm = r.by_image.get_mut(image).and_then(Vec::pop);
             let mut evicted = Vec::new();
-            if !image.is_empty() && self.targets.images > 0 && self.targets.per_image > 0 {
+            if *image != self.host_key() && self.targets.images > 0 && self.targets.per_image > 0 {
                 r.recent.retain(|(k, _)| k != image);
                 r.recent.push_front((image.clone(), Instant::now()));
                 while r.recent.len() > self.targets.images {
@@ -156,7 +176,7 @@ impl Pool {
     /// full), a layered image below its target.
     fn next_to_fill(&self, r: &Ready, filling_host: bool, skip_host: bool) -> Option<Key> {
         let have = |k: &Key| r.by_image.get(k).map_or(0, Vec::len);
-        let host: Key = Vec::new();
+        let host = self.host_key();
         let host_low = if skip_host {
             false
         } else if filling_host {
@@ -216,11 +236,12 @@ impl Pool {
                         }
                         break;
                     };
-                    filling_host = key.is_empty();
+                    let is_host = key == b.pool.host_key();
+                    filling_host = is_host;
                     match start_warm(&b.host, &key) {
                         Ok(w) => {
                             let mut r = b.pool.ready.lock().unwrap_or_else(|p| p.into_inner());
-                            let wanted = key.is_empty() || r.recent.iter().any(|(k, _)| k == &key);
+                            let wanted = is_host || r.recent.iter().any(|(k, _)| k == &key);
                             if !r.closed && wanted {
                                 r.by_image.entry(key).or_default().push(w);
                             }
@@ -228,10 +249,11 @@ impl Pool {
                         }
                         Err(e) => {
                             tracing::warn!(
-                                layers = key.len(),
+                                layers = key.layers.len(),
+                                net = key.net,
                                 "warm pool: starting an init failed: {e}"
                             );
-                            if key.is_empty() {
+                            if is_host {
                                 skip_host = true;
                                 continue;
                             }
@@ -294,11 +316,11 @@ impl Pool {
 /// Starts one warm init of `image`. Blocking.
 fn start_warm(host: &Arc<Host>, image: &Key) -> std::io::Result<Warm> {
     let mut held = Held::new(host);
-    let rootfs = host.rootfs(&mut held, image, Holder::Warm)?;
+    let rootfs = host.rootfs(&mut held, &image.layers, Holder::Warm)?;
     let name = format!("{WARM_PREFIX}{}", crate::state::random_name(12));
     let dir = host.warm.join(&name);
     // Only an init whose root is built joins the pool: claiming renames its directory.
-    let spawned = host.spawn_guest(&mut held, &name, &rootfs, None, &dir, false)?;
+    let spawned = host.spawn_guest(&mut held, &name, &rootfs, None, &dir, false, image.net)?;
     spawned.wait_built(Duration::from_secs(30))?;
     Ok(Warm { spawned, held })
 }

@@ -65,11 +65,15 @@ impl Host {
         limits: Option<&Resources>,
         dir: &Path,
         builder: bool,
+        net: bool,
     ) -> std::io::Result<Spawned> {
         std::fs::DirBuilder::new().mode(0o700).create(dir)?;
         held.dir = Some(dir.to_path_buf());
         let mut config = self.prepare_dir(rootfs, dir, limits.and_then(|r| r.disk))?;
         config.builder = builder;
+        if net && let Some(n) = &self.net {
+            config.resolv_conf = Some(n.resolv_conf.to_string_lossy().into_owned());
+        }
         let cgroup = self.cgroups.sandbox(name);
         held.cgroup = Some(cgroup.clone());
         let join = cgroup.create(limits)?;
@@ -111,6 +115,15 @@ impl Host {
         })?;
         held.process = Some(spawned.pidfd);
         let start_time = warren_sys::process::start_time(spawned.pid).unwrap_or(0);
+        if net {
+            let Some(n) = &self.net else {
+                return Err(std::io::Error::other(
+                    "this node has no sandbox network ([node.network] enabled = false)",
+                ));
+            };
+            // The init is ours and not yet reaped (we hold its pidfd): /proc/<pid> is it.
+            held.net = Some(n.attach(spawned.pid, name)?);
+        }
         let mut line = serde_json::to_vec(&config).map_err(std::io::Error::other)?;
         line.push(b'\n');
         cfg_w.write_all(&line)?;
@@ -160,6 +173,7 @@ impl Host {
             limits: self.guest_limits,
             grader: self.grader.clone(),
             builder: false,
+            resolv_conf: None,
         })
     }
 }

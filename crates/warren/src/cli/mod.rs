@@ -9,6 +9,7 @@ mod events;
 mod exec;
 mod health;
 mod image;
+mod network;
 mod node;
 mod output;
 mod ps;
@@ -122,6 +123,14 @@ enum Command {
             warren task resume run-7\n  warren task stop run-7\n  warren task ls"
     )]
     Task(task::TaskCommand),
+    /// What a sandbox, or every sandbox of a task, may reach: read and change at run time.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  warren network get $id\n  \
+            warren network set $id --allow-domain pypi.org --allow-domain '*.pythonhosted.org'\n  \
+            warren network set --task run-7 --none"
+    )]
+    Network(network::NetworkCommand),
     /// Import, build, list and remove layered images.
     #[command(
         subcommand,
@@ -199,6 +208,7 @@ async fn run(global: Global, command: Command) -> anyhow::Result<ExitCode> {
         Command::Up(_) => unreachable!("handled before the runtime starts"),
         Command::Sandbox(cmd) => sandbox::run(&client, json, cmd).await,
         Command::Task(cmd) => task::run(&client, json, cmd).await,
+        Command::Network(cmd) => network::run(&client, json, cmd).await,
         Command::Image(cmd) => image::run(&client, json, cmd).await,
         Command::Exec(args) => exec::run(&client, json, args).await,
         Command::Cp(args) => cp::run(&client, json, args).await,

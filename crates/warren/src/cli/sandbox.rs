@@ -14,8 +14,11 @@ pub enum SandboxCommand {
     #[command(after_help = "Examples:\n  \
         id=$(warren sandbox create --image host)\n  \
         warren sandbox create --image host --task run-7 --cpu 500 --memory 1Gi --label env=swe\n  \
-        warren sandbox create --image host --idempotency-key rollout-42 --json\n\n\
-        With --json, prints the whole sandbox object instead of its id.")]
+        warren sandbox create --image host --idempotency-key rollout-42 --json\n  \
+        warren sandbox create --image host --allow-domain pypi.org --allow-domain '*.pythonhosted.org'\n  \
+        warren sandbox create --image host --none      # loopback only\n\n\
+        With --json, prints the whole sandbox object instead of its id. Without network flags \
+        the sandbox has an interface with everything outbound denied.")]
     Create(CreateArgs),
     /// List sandboxes, oldest first.
     #[command(
@@ -105,11 +108,19 @@ pub struct CreateArgs {
     /// Record every exec and file write (see `warren sandbox trajectory`).
     #[arg(long)]
     trajectory: bool,
+    /// What it may reach (default: an interface with everything denied; see `warren network`).
+    #[command(flatten)]
+    network: super::network::PolicyArgs,
 }
 
 impl CreateArgs {
-    fn request(self) -> CreateSandbox {
-        CreateSandbox {
+    fn request(self) -> anyhow::Result<CreateSandbox> {
+        let network = if self.network.given() {
+            Some(self.network.policy()?)
+        } else {
+            None
+        };
+        Ok(CreateSandbox {
             image: self.image,
             backend: self.backend.map(|_| warren_sdk::BackendKind::Container),
             task: self.task,
@@ -130,9 +141,10 @@ impl CreateArgs {
             }),
             trajectory: self.trajectory,
             builder: false,
+            network,
             replay: None,
             resolved: None,
-        }
+        })
     }
 }
 
@@ -188,7 +200,7 @@ pub async fn run(client: &Client, json: bool, cmd: SandboxCommand) -> anyhow::Re
     match cmd {
         SandboxCommand::Create(a) => {
             let key = a.idempotency_key.clone();
-            let req = a.request();
+            let req = a.request()?;
             let sb = match key {
                 Some(key) => client.create_idempotent(&req, &key).await?,
                 None => client.create(&req).await?,
@@ -334,7 +346,7 @@ mod tests {
         let mut argv = vec!["sandbox", "create", "--image", "host"];
         argv.extend_from_slice(extra);
         match parse(&argv)?.command {
-            super::super::Command::Sandbox(SandboxCommand::Create(a)) => Ok(a.request()),
+            super::super::Command::Sandbox(SandboxCommand::Create(a)) => a.request().map_err(|e| e.to_string()),
             other => panic!("{other:?}"),
         }
     }

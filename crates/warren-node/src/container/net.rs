@@ -1,0 +1,527 @@
+//! The container backend's network: each sandbox with a `filtered` network gets an interface
+//! from the node's pools (`warren_net::link`) and elements in the node's firewall table
+//! (`warren_net::nft`); refused packets come back from the firewall's log (`warren_net::nflog`)
+//! as (sandbox, packet) pairs for the node's incident store.
+//!
+//! Warm inits get their interface and a deny-everything policy when they are made, so a create
+//! pays nothing for the network unless its policy has rules (one firewall transaction). The
+//! index of an ended sandbox's lease is reused last (a FIFO), after its interface is deleted.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::IpAddr;
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::sync::mpsc;
+
+use crate::backend::NetDenial;
+use warren_net::link::{Addressing, Lease, Links};
+use warren_net::nflog::Reader;
+use warren_net::nft::{Elements, Firewall, FirewallConfig, expand};
+use warren_types::net::{Cidr, DomainSet, NetworkPolicy, Policy, PortRange, Target};
+
+/// A sandbox's domain rules, for the resolver.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct DomainRules {
+    pub allow: DomainSet,
+    pub deny: DomainSet,
+    /// The ports its domain rules name (all: 0-65535).
+    pub ports: Vec<PortRange>,
+}
+
+impl DomainRules {
+    fn of(policy: &Policy) -> DomainRules {
+        let mut ports: Vec<PortRange> = policy
+            .allow
+            .iter()
+            .filter(|r| matches!(r.target, Target::Domain(_)))
+            .map(|r| r.ports.unwrap_or(PortRange { lo: 0, hi: 65535 }))
+            .collect();
+        ports.sort_by_key(|p| (p.lo, p.hi));
+        ports.dedup();
+        // A range inside another adds nothing (and the firewall's interval set refuses it).
+        let mut kept: Vec<PortRange> = Vec::new();
+        for p in ports {
+            if let Some(last) = kept.last_mut()
+                && p.lo <= last.hi
+            {
+                last.hi = last.hi.max(p.hi);
+                continue;
+            }
+            kept.push(p);
+        }
+        DomainRules {
+            allow: policy.allowed_domains(),
+            deny: policy.denied_domains(),
+            ports: kept,
+        }
+    }
+}
+
+struct Owner {
+    name: String,
+    domains: DomainRules,
+}
+
+#[derive(Default)]
+struct Leases {
+    used: HashSet<u32>,
+    /// Freed indexes, oldest first.
+    free: VecDeque<u32>,
+    /// The next never-used index.
+    next: u32,
+}
+
+/// How the node's network is set up.
+#[derive(Debug, Clone)]
+pub struct NetConfig {
+    /// The firewall (pools, always-denied ranges, log group, NAT). The node's own addresses
+    /// are added to its always-denied ranges at start.
+    pub firewall: FirewallConfig,
+    /// Where to write the `resolv.conf` every sandbox with an interface gets (naming the
+    /// gateway, the node's DNS proxy).
+    pub resolv_conf: std::path::PathBuf,
+}
+
+/// The node's sandbox network.
+pub(crate) struct NodeNet {
+    rt: tokio::runtime::Handle,
+    links: Links,
+    addressing: Addressing,
+    fw: Mutex<Firewall>,
+    leases: Mutex<Leases>,
+    owners: RwLock<HashMap<u32, Owner>>,
+    denials: Mutex<Option<mpsc::Receiver<NetDenial>>>,
+    /// The `resolv.conf` bound into every sandbox with an interface.
+    pub(crate) resolv_conf: std::path::PathBuf,
+    _reader: Reader,
+    /// Held for the node's life: one node's network per network namespace.
+    _lock: std::fs::File,
+}
+
+/// Takes the lock of the calling thread's network namespace: two nodes in one namespace would
+/// replace each other's firewall table and share interface names and routes.
+fn lock_namespace() -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata("/proc/thread-self/ns/net")?.ino();
+    let dir = std::path::Path::new("/run/warren");
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("netns-{ino}.lock"));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(f),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(std::io::Error::other(format!(
+            "another Warren node runs its sandbox network in this network namespace ({}): \
+             give each node a namespace of its own, or set [node.network] enabled = false",
+            path.display()
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl NodeNet {
+    /// Opens netlink and the firewall's log in the daemon's network namespace. The table is
+    /// installed by [`NodeNet::install`], once the surviving sandboxes are known.
+    pub(crate) fn new(cfg: NetConfig) -> std::io::Result<Arc<NodeNet>> {
+        let rt = tokio::runtime::Handle::try_current()
+            .map_err(|_| std::io::Error::other("the node's network needs a tokio runtime"))?;
+        let lock = lock_namespace()?;
+        let addressing = cfg.firewall.addressing;
+        let links = {
+            let _enter = rt.enter();
+            Links::new(addressing)?
+        };
+        // The pools must be the node's alone: a route of the host's own into them would be
+        // taken over by the sandboxes' host routes.
+        let mut cfg = cfg;
+        let taken = {
+            let links = links.clone();
+            let rt2 = rt.clone();
+            std::thread::scope(|s| {
+                s.spawn(move || rt2.block_on(async move { links.taken_networks().await }))
+                    .join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("netlink thread panicked")))
+            })?
+        };
+        for t in &taken {
+            for pool in [addressing.v4, addressing.v6] {
+                if t.net.covers(&pool) && t.net.prefix > 0 || pool.covers(&t.net) {
+                    return Err(std::io::Error::other(format!(
+                        "the sandbox pool {pool} overlaps the host's {}: set [node.network] \
+                         pool4/pool6 to a range the host does not use",
+                        t.what
+                    )));
+                }
+            }
+            if let Some(a) = t.address {
+                cfg.firewall.internal.push(Cidr {
+                    addr: a,
+                    prefix: if a.is_ipv4() { 32 } else { 128 },
+                });
+            }
+        }
+        let resolv = format!(
+            "# Warren: the node's DNS proxy, the only resolver this sandbox can reach.\nnameserver {}\n",
+            addressing.gateway4()
+        );
+        let tmp = cfg.resolv_conf.with_extension("tmp");
+        std::fs::write(&tmp, resolv)?;
+        std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        std::fs::rename(&tmp, &cfg.resolv_conf)?;
+        let (reader, mut raw) = Reader::start(cfg.firewall.log_group, 4096)?;
+        let (tx, rx) = mpsc::channel(4096);
+        let net = Arc::new(NodeNet {
+            rt: rt.clone(),
+            links,
+            addressing,
+            fw: Mutex::new(Firewall::new(cfg.firewall)),
+            leases: Mutex::new(Leases {
+                next: 2,
+                ..Leases::default()
+            }),
+            owners: RwLock::new(HashMap::new()),
+            denials: Mutex::new(Some(rx)),
+            resolv_conf: cfg.resolv_conf.clone(),
+            _reader: reader,
+            _lock: lock,
+        });
+        let weak = Arc::downgrade(&net);
+        rt.spawn(async move {
+            while let Some(d) = raw.recv().await {
+                let Some(net) = weak.upgrade() else { break };
+                if let Some(name) = net.index_of(d.src).and_then(|i| net.owner_name(i)) {
+                    // Full: the node is behind; the firewall's own rate limit bounds the rest.
+                    let _ = tx.try_send(NetDenial {
+                        name,
+                        dst: d.dst,
+                        protocol: d.protocol_name(),
+                        port: d.port,
+                        domain: None,
+                    });
+                }
+            }
+        });
+        Ok(net)
+    }
+
+    /// Refuses a policy that allows what no sandbox may reach here (the node, the pools,
+    /// loopback, link-local and metadata addresses, the administrator's internal ranges).
+    pub(crate) fn check(&self, policy: &Policy) -> Result<(), String> {
+        let fw = self.fw.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, r) in policy.allow.iter().enumerate() {
+            if let Target::Cidr(c) = &r.target
+                && let Some(range) = fw.never_allowed(c)
+            {
+                return Err(format!(
+                    "allow[{i}]: {c} is inside {range}, which no sandbox on this node may \
+                     reach (the node itself, its sandboxes, loopback, link-local and metadata \
+                     addresses are always denied); an administrator can exempt a range with \
+                     [node.network] exempt"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The refused packets, once (the node takes them at start).
+    pub(crate) fn take_denials(&self) -> Option<mpsc::Receiver<NetDenial>> {
+        self.denials.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// The pools.
+    pub(crate) fn addressing(&self) -> &Addressing {
+        &self.addressing
+    }
+
+    /// The lease index of a sandbox address.
+    pub(crate) fn index_of(&self, ip: IpAddr) -> Option<u32> {
+        let (IpAddr::V4(n4), IpAddr::V6(n6)) =
+            (self.addressing.v4.network(), self.addressing.v6.network())
+        else {
+            return None;
+        };
+        let i = match ip {
+            IpAddr::V4(a) if self.addressing.v4.contains(ip) => u32::from(a) - u32::from(n4),
+            IpAddr::V6(a) if self.addressing.v6.contains(ip) => {
+                u32::try_from(u128::from(a) - u128::from(n6)).ok()?
+            }
+            _ => return None,
+        };
+        self.addressing.lease(i).map(|l| l.index)
+    }
+
+    fn owner_name(&self, index: u32) -> Option<String> {
+        self.owners
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&index)
+            .map(|o| o.name.clone())
+    }
+
+    /// The domain rules of the sandbox with address `ip`, if it is one.
+    #[allow(dead_code)] // the DNS proxy's (next change)
+    pub(crate) fn domains_of(&self, ip: IpAddr) -> Option<(u32, DomainRules)> {
+        let i = self.index_of(ip)?;
+        self.owners
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&i)
+            .map(|o| (i, o.domains.clone()))
+    }
+
+    /// Runs a netlink future to its end on a thread of its own (callers may be anywhere,
+    /// inside the runtime or not).
+    fn block_on<T: Send>(
+        &self,
+        f: impl std::future::Future<Output = std::io::Result<T>> + Send,
+    ) -> std::io::Result<T> {
+        let rt = self.rt.clone();
+        std::thread::scope(|s| {
+            s.spawn(move || rt.block_on(f))
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("netlink thread panicked")))
+        })
+    }
+
+    fn allocate(&self) -> std::io::Result<Lease> {
+        let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        let cap = self.addressing.capacity() + 1;
+        // Never-used indexes first; then the one freed longest ago.
+        let index = if l.next <= cap {
+            let i = l.next;
+            l.next += 1;
+            i
+        } else if let Some(i) = l.free.pop_front() {
+            i
+        } else {
+            return Err(std::io::Error::other(format!(
+                "the node's sandbox address pool {} is full: configure a larger pool4",
+                self.addressing.v4
+            )));
+        };
+        l.used.insert(index);
+        self.addressing
+            .lease(index)
+            .ok_or_else(|| std::io::Error::other("lease out of the pool"))
+    }
+
+    fn free(&self, index: u32) {
+        let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        if l.used.remove(&index) {
+            l.free.push_back(index);
+        }
+    }
+
+    /// Gives the init `pid` (in its own network namespace) an interface and a policy that
+    /// denies everything, under `name`. Blocking.
+    pub(crate) fn attach(&self, pid: i32, name: &str) -> std::io::Result<Lease> {
+        let lease = self.allocate()?;
+        let r = (|| {
+            let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+            let links = self.links.clone();
+            self.block_on(async move { links.attach(ns.as_fd(), &lease).await })?;
+            let deny_all = expand(&Policy::default()).map_err(std::io::Error::other)?;
+            self.fw
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .add(lease, 1, deny_all)
+        })();
+        match r {
+            Ok(()) => {
+                self.owners.write().unwrap_or_else(|p| p.into_inner()).insert(
+                    lease.index,
+                    Owner {
+                        name: name.to_string(),
+                        domains: DomainRules::default(),
+                    },
+                );
+                Ok(lease)
+            }
+            Err(e) => {
+                self.release(lease);
+                Err(e)
+            }
+        }
+    }
+
+    /// The sandbox of lease `index` is now called `name` (a warm init claimed).
+    pub(crate) fn rename(&self, index: u32, name: &str) {
+        if let Some(o) = self
+            .owners
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&index)
+        {
+            o.name = name.to_string();
+        }
+    }
+
+    /// The policy generation of lease `index`.
+    pub(crate) fn generation(&self, index: u32) -> Option<u32> {
+        self.fw
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .generation(index)
+    }
+
+    /// Replaces the policies of many leases in one firewall transaction (all or none); each
+    /// one's generation moves on. Addresses its allowed domains resolved stay allowed where
+    /// the new policy still allows the domain on those ports. Blocking.
+    pub(crate) fn set_policies(&self, updates: &[(u32, &Policy)]) -> std::io::Result<()> {
+        let mut batch = Vec::with_capacity(updates.len());
+        let mut rules: HashMap<u32, DomainRules> = HashMap::new();
+        let mut fw = self.fw.lock().unwrap_or_else(|p| p.into_inner());
+        for (index, policy) in updates {
+            let elements = expand(policy).map_err(std::io::Error::other)?;
+            let generation = fw
+                .generation(*index)
+                .ok_or_else(|| std::io::Error::other("the sandbox has no interface"))?
+                .wrapping_add(1)
+                .max(1);
+            batch.push((*index, generation, elements));
+            rules.insert(*index, DomainRules::of(policy));
+        }
+        fw.update_keeping(batch, |index, domain, ports| {
+            rules.get(&index).is_some_and(|r| {
+                !r.deny.matches(domain)
+                    && r.allow.matches(domain)
+                    && r.ports.iter().any(|p| p.lo <= ports.lo && ports.hi <= p.hi)
+            })
+        })?;
+        drop(fw);
+        let mut owners = self.owners.write().unwrap_or_else(|p| p.into_inner());
+        for (index, r) in rules {
+            if let Some(o) = owners.get_mut(&index) {
+                o.domains = r;
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets lease `index` reach what its allowed domain resolved to, for `ttl` seconds.
+    #[allow(dead_code)] // the DNS proxy's (next change)
+    pub(crate) fn allow_resolved(&self, index: u32, domain: &str, addrs: &[IpAddr], ttl: u32) {
+        let ports = match self
+            .owners
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&index)
+        {
+            Some(o) => o.domains.ports.clone(),
+            None => return,
+        };
+        let now = crate::state::now_ms();
+        if let Err(e) = self
+            .fw
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allow_resolved(index, domain, addrs, &ports, ttl, now)
+        {
+            tracing::warn!("allowing resolved addresses: {e}");
+        }
+    }
+
+    /// Takes over the interface of a sandbox a previous daemon started (its elements are put
+    /// back by [`NodeNet::install`]).
+    pub(crate) fn adopt(
+        &self,
+        name: &str,
+        index: u32,
+        generation: u32,
+        policy: &NetworkPolicy,
+    ) -> Result<Lease, String> {
+        let lease = self
+            .addressing
+            .lease(index)
+            .ok_or_else(|| format!("its network lease {index} is outside the node's pools"))?;
+        let parsed = policy.parse()?;
+        let elements: Elements = expand(&parsed)?;
+        {
+            let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+            if !l.used.insert(index) {
+                return Err(format!("network lease {index} is taken twice"));
+            }
+            l.next = l.next.max(index + 1);
+            l.free.retain(|i| *i != index);
+        }
+        self.fw
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .adopt(lease, generation, elements);
+        self.owners.write().unwrap_or_else(|p| p.into_inner()).insert(
+            index,
+            Owner {
+                name: name.to_string(),
+                domains: DomainRules::of(&parsed),
+            },
+        );
+        Ok(lease)
+    }
+
+    /// Deletes interfaces no live sandbox holds, frees the indexes below the first unused one
+    /// that no one holds, and installs the whole table (replacing an earlier daemon's in one
+    /// transaction). Blocking; once at start. Returns how many interfaces it deleted.
+    pub(crate) fn install(&self) -> std::io::Result<usize> {
+        let links = self.links.clone();
+        let existing = self.block_on(async move { links.existing().await })?;
+        let used: HashSet<u32> = self
+            .leases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .used
+            .clone();
+        let mut n = 0;
+        for (name, index) in existing {
+            if !used.contains(&index) {
+                let links = self.links.clone();
+                let nm = name.clone();
+                match self.block_on(async move { links.delete_by_name(&nm).await }) {
+                    Ok(()) => n += 1,
+                    Err(e) => tracing::warn!("leftover interface {name}: {e}"),
+                }
+            }
+        }
+        {
+            let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+            let next = l.next;
+            let used = l.used.clone();
+            l.free = (2..next).filter(|i| !used.contains(i)).collect();
+        }
+        self.fw.lock().unwrap_or_else(|p| p.into_inner()).install()?;
+        Ok(n)
+    }
+
+    /// Removes lease `index`'s elements and interface and frees it. Blocking; idempotent.
+    pub(crate) fn release(&self, lease: Lease) {
+        if let Err(e) = self
+            .fw
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove_entry(lease.index)
+        {
+            tracing::warn!(index = lease.index, "removing firewall elements: {e}");
+            // Rebuild from what is known, so the table never keeps a stale element.
+            if let Err(e) = self.fw.lock().unwrap_or_else(|p| p.into_inner()).install() {
+                tracing::error!("reinstalling the firewall: {e}");
+            }
+        }
+        let links = self.links.clone();
+        if let Err(e) = self.block_on(async move { links.detach(&lease).await }) {
+            tracing::warn!(index = lease.index, "deleting the interface: {e}");
+        }
+        self.owners
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&lease.index);
+        self.free(lease.index);
+    }
+
+    /// Removes the whole table (the node's last sandbox is gone and it stops for good).
+    pub(crate) fn remove_table(&self) -> std::io::Result<()> {
+        self.fw.lock().unwrap_or_else(|p| p.into_inner()).remove()
+    }
+}

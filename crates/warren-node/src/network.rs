@@ -1,0 +1,263 @@
+//! Network policies at create and at run time, for one sandbox or a whole task at once, and
+//! the refused attempts the backend reports, stored as `network` events (a burst on one
+//! destination is one event with the ports it tried).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use warren_types::api::{TaskFailure, TaskNetworkResult};
+use warren_types::id::SandboxId;
+use warren_types::net::{NetworkMode, NetworkPolicy, NetworkStatus, Policy};
+
+use crate::backend::NetDenial;
+use crate::error::NodeError;
+use crate::events::NetOccurrence;
+use crate::node::{Node, Phase, Sandbox, blocking};
+
+/// How long refused attempts are gathered before they are stored (one event write per
+/// destination per window, however fast a scan goes).
+const GATHER: Duration = Duration::from_millis(200);
+
+/// Destinations one sandbox may have per window before its attempts are summarised as one
+/// sweep.
+const SWEEP: usize = 16;
+
+impl Node {
+    /// The policy a create gets: the one asked for, checked, or the node's default.
+    pub(crate) fn network_of(
+        &self,
+        asked: Option<&NetworkPolicy>,
+    ) -> Result<NetworkPolicy, NodeError> {
+        let has = self.backend.has_network();
+        let Some(p) = asked else {
+            return Ok(if has {
+                NetworkPolicy::default()
+            } else {
+                NetworkPolicy::none()
+            });
+        };
+        let parsed = self.check_network(p)?;
+        if parsed.mode == NetworkMode::Filtered && !has {
+            return Err(NodeError::Invalid(
+                "this node has no sandbox network ([node.network] enabled = false): create \
+                 with network mode none"
+                    .into(),
+            ));
+        }
+        Ok(p.clone())
+    }
+
+    fn check_network(&self, p: &NetworkPolicy) -> Result<Policy, NodeError> {
+        let parsed = p
+            .parse()
+            .map_err(|e| NodeError::Invalid(format!("network: {e}")))?;
+        self.backend
+            .check_network(&parsed)
+            .map_err(|e| NodeError::Invalid(format!("network: {e}")))?;
+        Ok(parsed)
+    }
+
+    /// Replaces a sandbox's network policy. Takes effect for new connections at once, for
+    /// open ones at their next packet (a connection no longer allowed is reset).
+    pub async fn set_network(
+        &self,
+        id: &SandboxId,
+        policy: NetworkPolicy,
+    ) -> Result<NetworkStatus, NodeError> {
+        let sb = self.get(id)?;
+        let parsed = self.check_network(&policy)?;
+        let _g = sb.lifecycle.lock().await;
+        self.apply(&[(sb.clone(), parsed)], &policy).await?;
+        Ok(sb.network_status())
+    }
+
+    /// Replaces the network policy of every sandbox of `task` on this node in one change.
+    pub async fn set_task_network(
+        &self,
+        task: &str,
+        policy: NetworkPolicy,
+    ) -> Result<TaskNetworkResult, NodeError> {
+        let parsed = self.check_network(&policy)?;
+        let mut all: Vec<Arc<Sandbox>> = self
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|s| s.record.task.as_deref() == Some(task) && s.phase() != Phase::Stopping)
+            .cloned()
+            .collect();
+        // One order (by id), so two batches over the same sandboxes cannot deadlock.
+        all.sort_by(|a, b| a.record.id.cmp(&b.record.id));
+        let locked = all.clone();
+        let mut guards = Vec::with_capacity(locked.len());
+        for sb in &locked {
+            guards.push(sb.lifecycle.lock().await);
+        }
+        let (with, without): (Vec<_>, Vec<_>) =
+            all.into_iter().partition(|s| s.instance.network().is_some());
+        let mut failed: Vec<TaskFailure> = without
+            .iter()
+            .map(|s| TaskFailure {
+                id: s.record.id.clone(),
+                error: no_interface(&s.record.id).to_api(),
+            })
+            .collect();
+        let batch: Vec<(Arc<Sandbox>, Policy)> =
+            with.iter().map(|s| (s.clone(), parsed.clone())).collect();
+        let n = batch.len() as u32;
+        let succeeded = match self.apply(&batch, &policy).await {
+            Ok(()) => n,
+            Err(e) => {
+                failed.extend(with.iter().map(|s| TaskFailure {
+                    id: s.record.id.clone(),
+                    error: e.to_api(),
+                }));
+                0
+            }
+        };
+        drop(guards);
+        Ok(TaskNetworkResult {
+            task: task.to_string(),
+            succeeded,
+            failed,
+        })
+    }
+
+    /// Applies one policy change to sandboxes (their lifecycle locks held), all or none, and
+    /// saves their records.
+    async fn apply(
+        &self,
+        batch: &[(Arc<Sandbox>, Policy)],
+        policy: &NetworkPolicy,
+    ) -> Result<(), NodeError> {
+        let mut updates = Vec::with_capacity(batch.len());
+        for (sb, parsed) in batch {
+            if parsed.mode == NetworkMode::None {
+                // No interface to take away at run time: `none` denies everything instead.
+                if sb.instance.network().is_none() {
+                    continue;
+                }
+            }
+            let Some(net) = sb.instance.network() else {
+                return Err(no_interface(&sb.record.id));
+            };
+            let effective = if parsed.mode == NetworkMode::None {
+                Policy::default()
+            } else {
+                parsed.clone()
+            };
+            updates.push((net.index, effective));
+        }
+        if !updates.is_empty() {
+            let backend = self.backend.clone();
+            blocking(move || {
+                let refs: Vec<(u32, &Policy)> = updates.iter().map(|(i, p)| (*i, p)).collect();
+                backend.set_networks(&refs)
+            })
+            .await
+            .map_err(|e| NodeError::host("changing the network policy", e))?;
+        }
+        for (sb, _) in batch {
+            *sb.network.lock().unwrap_or_else(|p| p.into_inner()) = policy.clone();
+            let (dir, record) = (sb.dir.clone(), sb.current_record());
+            blocking(move || crate::state::save(&dir, &record))
+                .await
+                .map_err(|e| NodeError::host("saving the sandbox's state", e))?;
+        }
+        Ok(())
+    }
+
+    /// Stores the backend's refused attempts as events, gathered per sandbox and destination
+    /// over a short window. Runs for the node's life.
+    pub(crate) fn watch_network_denials(self: &Arc<Self>) {
+        let Some(mut rx) = self.backend.take_network_denials() else {
+            return;
+        };
+        let node = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(first) = rx.recv().await else { break };
+                let mut window = vec![first];
+                let until = tokio::time::Instant::now() + GATHER;
+                while window.len() < 100_000 {
+                    match tokio::time::timeout_at(until, rx.recv()).await {
+                        Ok(Some(d)) => window.push(d),
+                        _ => break,
+                    }
+                }
+                let Some(node) = node.upgrade() else { break };
+                node.store_denials(window);
+            }
+        });
+    }
+
+    fn store_denials(&self, window: Vec<NetDenial>) {
+        // name → (protocol, destination) → (ports, attempts)
+        type Dest = (String, String, Option<String>);
+        let mut by: HashMap<String, HashMap<Dest, (Vec<u16>, u64)>> = HashMap::new();
+        for d in window {
+            let dests = by.entry(d.name).or_default();
+            let e = dests
+                .entry((d.protocol, d.dst.to_string(), d.domain))
+                .or_default();
+            e.0.extend(d.port);
+            e.1 += 1;
+        }
+        for (name, dests) in by {
+            let Ok(id) = name.parse::<SandboxId>() else {
+                continue; // a warm init: no one to report
+            };
+            let task = self
+                .sandboxes
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&id)
+                .and_then(|s| s.record.task.clone());
+            if dests.len() > SWEEP {
+                // A sweep across many addresses: one event per protocol.
+                let mut per: HashMap<String, (Vec<u16>, u64, usize)> = HashMap::new();
+                for ((proto, _, _), (ports, n)) in dests {
+                    let e = per.entry(proto).or_default();
+                    e.0.extend(ports);
+                    e.1 += n;
+                    e.2 += 1;
+                }
+                for (protocol, (ports, n, _)) in per {
+                    self.events.occur_network(
+                        &id,
+                        task.as_deref(),
+                        NetOccurrence {
+                            protocol,
+                            destination: "many addresses (a sweep)".into(),
+                            ports,
+                            domain: None,
+                        },
+                        n,
+                    );
+                }
+                continue;
+            }
+            for ((protocol, destination, domain), (ports, n)) in dests {
+                self.events.occur_network(
+                    &id,
+                    task.as_deref(),
+                    NetOccurrence {
+                        protocol,
+                        destination,
+                        ports,
+                        domain,
+                    },
+                    n,
+                );
+            }
+        }
+    }
+}
+
+fn no_interface(id: &SandboxId) -> NodeError {
+    NodeError::Invalid(format!(
+        "sandbox {id} has no network interface (it was created with network mode none): its \
+         policy cannot change; create it with a filtered network"
+    ))
+}
