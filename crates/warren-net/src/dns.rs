@@ -35,6 +35,8 @@
 mod limits;
 mod message;
 mod serve;
+#[cfg(test)]
+mod tests;
 mod upstream;
 
 use std::io;
