@@ -120,9 +120,9 @@ pub fn rootfs(cfg: &InitConfig) -> io::Result<()> {
 
     // The node's resolver file, opened while the host's paths are still reachable.
     let resolv = match &cfg.resolv_conf {
-        Some(p) => Some(
-            mount::clone_tree(Path::new(p)).map_err(|e| ctx(e, "the node's resolv.conf"))?,
-        ),
+        Some(p) => {
+            Some(mount::clone_tree(Path::new(p)).map_err(|e| ctx(e, "the node's resolv.conf"))?)
+        }
         None => None,
     };
     mount::pivot_root_here()?;
@@ -144,7 +144,9 @@ fn bind_resolv_conf(source: std::os::fd::OwnedFd) {
     match std::fs::metadata(target) {
         Ok(m) if m.is_file() => {}
         _ => {
-            eprintln!("warren-guest: /etc/resolv.conf is no regular file: left as the image has it");
+            eprintln!(
+                "warren-guest: /etc/resolv.conf is no regular file: left as the image has it"
+            );
             return;
         }
     }

@@ -417,13 +417,40 @@ impl Drop for DnsProxy {
     }
 }
 
+/// A socket of `kind` bound to `addr` with `IP_FREEBIND`: the node's gateway address exists
+/// only while some sandbox interface carries it, and the proxy listens from the start.
+fn freebind(addr: SocketAddr, kind: rustix::net::SocketType) -> io::Result<std::os::fd::OwnedFd> {
+    use rustix::net::{AddressFamily, SocketFlags, sockopt};
+    let family = if addr.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let fd = rustix::net::socket_with(family, kind, SocketFlags::CLOEXEC, None)?;
+    if addr.is_ipv4() {
+        sockopt::set_ip_freebind(&fd, true)?;
+    } else {
+        sockopt::set_ipv6_freebind(&fd, true)?;
+    }
+    if kind == rustix::net::SocketType::STREAM {
+        // A restarted node binds again over connections still in TIME_WAIT.
+        sockopt::set_socket_reuseaddr(&fd, true)?;
+    }
+    rustix::net::bind(&fd, &addr)?;
+    if kind == rustix::net::SocketType::STREAM {
+        rustix::net::listen(&fd, 128)?;
+    }
+    Ok(fd)
+}
+
 /// Binds UDP and TCP on the same port of `addr`; for port 0, on a port free for both.
 fn bind(addr: SocketAddr) -> io::Result<(std::net::UdpSocket, std::net::TcpListener)> {
     let tries = if addr.port() == 0 { 32 } else { 1 };
     let mut last = None;
     for _ in 0..tries {
-        let udp = std::net::UdpSocket::bind(addr)?;
-        match std::net::TcpListener::bind(udp.local_addr()?) {
+        let udp = std::net::UdpSocket::from(freebind(addr, rustix::net::SocketType::DGRAM)?);
+        let local = udp.local_addr()?;
+        match freebind(local, rustix::net::SocketType::STREAM).map(std::net::TcpListener::from) {
             Ok(tcp) => return Ok((udp, tcp)),
             Err(e) if e.kind() == io::ErrorKind::AddrInUse => last = Some(e),
             Err(e) => return Err(e),

@@ -281,7 +281,11 @@ impl Links {
                 }
             }
         }
-        let ours = |i: u32| names.get(&i).is_some_and(|n| self.addressing.index_of(n).is_some());
+        let ours = |i: u32| {
+            names
+                .get(&i)
+                .is_some_and(|n| self.addressing.index_of(n).is_some())
+        };
         let mut out = Vec::new();
         let mut addrs = self.handle.address().get().execute();
         while let Some(msg) = addrs.try_next().await.map_err(nl)? {

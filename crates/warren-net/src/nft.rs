@@ -550,7 +550,11 @@ impl Firewall {
             // One that has timed out is gone, and deleting it would fail the whole
             // transaction: those within a second of expiry are left to time out.
             if *exp > now + 1000 {
-                let _ = writeln!(s, "delete element inet {TABLE} {} {{ {k} . {} }}", key.1, key.2);
+                let _ = writeln!(
+                    s,
+                    "delete element inet {TABLE} {} {{ {k} . {} }}",
+                    key.1, key.2
+                );
             }
             gone.push(key.clone());
         }

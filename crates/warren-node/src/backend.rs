@@ -143,6 +143,8 @@ pub trait Backend: Send + Sync {
     fn shutdown(&self);
     /// Removes the backend's own host state (Warren's parent cgroups), once no sandbox is left.
     fn remove_host_state(&self) -> io::Result<()>;
+    /// Removes its network's node-wide state (the firewall table), once no sandbox is left.
+    fn remove_network(&self) -> io::Result<()>;
     /// Whether it gives sandboxes network interfaces (mode `filtered`).
     fn has_network(&self) -> bool;
     /// Refuses a policy that allows what this backend never lets a sandbox reach, saying why.

@@ -140,6 +140,14 @@ pub struct NetworkConfig {
     /// The NFLOG group refused packets are logged to (one per node per network namespace).
     /// Default 1977.
     pub log_group: u16,
+    /// The DNS server the node's proxy asks for the names sandboxes may resolve, `ADDR` or
+    /// `ADDR:PORT`. Default: the first `nameserver` of the host's `/etc/resolv.conf`.
+    pub dns_upstream: Option<String>,
+    /// The least TTL, seconds, the proxy gives an allowed name's answer (and so the least time
+    /// the firewall keeps its addresses open, plus 5 s of grace). Default 30.
+    pub dns_min_ttl: u32,
+    /// The most. Default 600.
+    pub dns_max_ttl: u32,
     /// Masquerade (source NAT) allowed traffic out of the node. Default on. Forwarding itself
     /// (`net.ipv4.ip_forward`, `net.ipv6.conf.all.forwarding`) is the host's setting: Warren
     /// leaves it as it is, so without it no allowed traffic leaves the node.
@@ -155,6 +163,9 @@ impl Default for NetworkConfig {
             internal: Vec::new(),
             exempt: Vec::new(),
             log_group: 1977,
+            dns_upstream: None,
+            dns_min_ttl: 30,
+            dns_max_ttl: 600,
             masquerade: true,
         }
     }

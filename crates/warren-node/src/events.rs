@@ -97,7 +97,13 @@ impl NetRecord {
         let mut ports: Vec<String> = self
             .ranges
             .iter()
-            .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+            .map(|&(a, b)| {
+                if a == b {
+                    a.to_string()
+                } else {
+                    format!("{a}-{b}")
+                }
+            })
             .collect();
         if self.more {
             ports.push("…".into());
@@ -485,7 +491,10 @@ mod tests {
         for p in (2000..60000u16).step_by(100) {
             s.occur_network(&id, None, hit(vec![p]), 1);
         }
-        let n = s.list(&node, &EventFilter::default())[0].network.clone().unwrap();
+        let n = s.list(&node, &EventFilter::default())[0]
+            .network
+            .clone()
+            .unwrap();
         assert!(n.ports.ends_with('…'), "{}", n.ports);
         assert_eq!(n.ports.split(',').count(), MAX_PORT_RANGES + 1);
         assert_eq!(n.port_count, 1026 + 580 - 1);

@@ -264,6 +264,19 @@ impl Node {
         }
     }
 
+    /// Removes the sandbox network's firewall table when no sandbox is left (at stop; the
+    /// next start installs it again).
+    pub fn remove_network_if_unused(&self) {
+        let none = self
+            .sandboxes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if none && let Err(e) = self.backend.remove_network() {
+            tracing::warn!("removing the firewall table: {e}");
+        }
+    }
+
     /// Removes the backend's own host state (Warren's empty parent cgroups), once every
     /// sandbox is gone.
     pub fn remove_cgroups(&self) -> std::io::Result<()> {
@@ -294,13 +307,31 @@ fn network_config(
     root: &std::path::Path,
 ) -> Result<crate::container::net::NetConfig, String> {
     use warren_types::net::Cidr;
-    let cidr = |what: &str, s: &str| Cidr::parse(s).map_err(|e| format!("[node.network] {what}: {e}"));
-    let addressing = warren_net::link::Addressing::new(cidr("pool4", &n.pool4)?, cidr("pool6", &n.pool6)?)
-        .map_err(|e| format!("[node.network]: {e}"))?;
+    let cidr =
+        |what: &str, s: &str| Cidr::parse(s).map_err(|e| format!("[node.network] {what}: {e}"));
+    let addressing =
+        warren_net::link::Addressing::new(cidr("pool4", &n.pool4)?, cidr("pool6", &n.pool6)?)
+            .map_err(|e| format!("[node.network]: {e}"))?;
     let list = |what: &str, v: &[String]| -> Result<Vec<Cidr>, String> {
         v.iter().map(|s| cidr(what, s)).collect()
     };
+    let dns_upstream = match &n.dns_upstream {
+        Some(s) => parse_upstream(s)?,
+        None => host_resolver().ok_or_else(|| {
+            "[node.network] dns_upstream is not set and /etc/resolv.conf names no nameserver: \
+             set it to the DNS server sandboxes' allowed names are resolved with"
+                .to_string()
+        })?,
+    };
+    if n.dns_min_ttl > n.dns_max_ttl || n.dns_max_ttl == 0 {
+        return Err(format!(
+            "[node.network] dns_min_ttl ({}) must be at most dns_max_ttl ({}), which must be at least 1",
+            n.dns_min_ttl, n.dns_max_ttl
+        ));
+    }
     Ok(crate::container::net::NetConfig {
+        dns_upstream,
+        dns_ttl: (n.dns_min_ttl, n.dns_max_ttl),
         firewall: warren_net::nft::FirewallConfig {
             addressing,
             internal: list("internal", &n.internal)?,
@@ -310,6 +341,27 @@ fn network_config(
         },
         resolv_conf: root.join("resolv.conf"),
     })
+}
+
+/// `ADDR`, `ADDR:PORT` or `[V6]:PORT`, port 53 by default.
+fn parse_upstream(s: &str) -> Result<std::net::SocketAddr, String> {
+    let s = s.trim();
+    if let Ok(a) = s.parse::<std::net::SocketAddr>() {
+        return Ok(a);
+    }
+    s.parse::<std::net::IpAddr>()
+        .map(|ip| std::net::SocketAddr::new(ip, 53))
+        .map_err(|_| format!("[node.network] dns_upstream {s:?} is not an address or address:port"))
+}
+
+/// The first nameserver of the host's `/etc/resolv.conf`.
+fn host_resolver() -> Option<std::net::SocketAddr> {
+    let text = std::fs::read_to_string("/etc/resolv.conf").ok()?;
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().split('%').next()?.parse::<std::net::IpAddr>().ok())
+        .map(|ip| std::net::SocketAddr::new(ip, 53))
+        .next()
 }
 
 /// Reads this node's id, making one on first start.

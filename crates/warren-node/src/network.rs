@@ -94,8 +94,9 @@ impl Node {
         for sb in &locked {
             guards.push(sb.lifecycle.lock().await);
         }
-        let (with, without): (Vec<_>, Vec<_>) =
-            all.into_iter().partition(|s| s.instance.network().is_some());
+        let (with, without): (Vec<_>, Vec<_>) = all
+            .into_iter()
+            .partition(|s| s.instance.network().is_some());
         let mut failed: Vec<TaskFailure> = without
             .iter()
             .map(|s| TaskFailure {

@@ -155,10 +155,22 @@ mod tests {
             default_cwd: None,
             guest: Some(format!("sha256:{}", "b".repeat(64))),
             builder: true,
+            network: warren_types::net::NetworkPolicy {
+                allow: vec![warren_types::net::NetRule::domain("pypi.org")],
+                ..Default::default()
+            },
+            net_lease: Some((7, 3)),
         };
         save(dir.path(), &r).unwrap();
         assert_eq!(load(dir.path()).unwrap(), r);
         assert!(!dir.path().join("state.json.tmp").exists());
+        // A record from before networks: loopback only, no lease.
+        let mut old = serde_json::to_value(&r).unwrap();
+        old.as_object_mut().unwrap().remove("network");
+        old.as_object_mut().unwrap().remove("net_lease");
+        let old: Record = serde_json::from_value(old).unwrap();
+        assert_eq!(old.network, warren_types::net::NetworkPolicy::none());
+        assert_eq!(old.net_lease, None);
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
     }
 

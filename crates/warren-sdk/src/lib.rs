@@ -60,8 +60,8 @@ pub use warren_types::api::{
     TaskAction, TaskInfo, TaskNetworkResult, TaskResult, TrajectoryEntry,
 };
 pub use warren_types::events::NetEvent;
-pub use warren_types::net::{NetRule, NetworkMode, NetworkPolicy, NetworkStatus, Protocol};
 pub use warren_types::events::{Event, EventKind};
+pub use warren_types::net::{NetRule, NetworkMode, NetworkPolicy, NetworkStatus, Protocol};
 pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};
 
 #[cfg(test)]

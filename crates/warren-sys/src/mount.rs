@@ -154,7 +154,9 @@ pub fn clone_tree(source: &Path) -> io::Result<std::os::fd::OwnedFd> {
     rustix::mount::open_tree(
         rustix::fs::CWD,
         source,
-        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC
+            | OpenTreeFlags::AT_SYMLINK_NOFOLLOW,
     )
     .map_err(|e| with_target(e.into(), "cloning the mount of", source))
 }

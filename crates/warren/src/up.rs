@@ -241,6 +241,8 @@ async fn serve(
         // Layers no sandbox uses are unmounted; the running sandboxes' stay for the next start.
         node.unmount_unused_layers();
         node.unmount_disk_pool_if_unused();
+        // Their firewall stays too: it keeps enforcing their policies while no daemon runs.
+        node.remove_network_if_unused();
         eprintln!("warren: stopped; sandboxes keep running and are re-adopted on the next start");
     }
     Ok(())

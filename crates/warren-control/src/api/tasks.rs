@@ -2,11 +2,9 @@
 //! once (one request per node, not per sandbox, through [`crate::fanout`]).
 
 use warren_http::{Error, Json, Path};
-use warren_types::api::{
-    Gathered, TaskAction, TaskInfo, TaskList, TaskNetworkResult, TaskResult,
-};
-use warren_types::net::NetworkPolicy;
+use warren_types::api::{Gathered, TaskAction, TaskInfo, TaskList, TaskNetworkResult, TaskResult};
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
+use warren_types::net::NetworkPolicy;
 
 use super::S;
 use crate::fanout::{self, Policy};

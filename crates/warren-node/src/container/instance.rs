@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use super::Host;
 use super::cgroups::SandboxCgroup;
-use warren_net::link::Lease;
 use crate::backend::{Exit, Instance, LimitCounters, NetInfo, Transport};
 use crate::disk::Volume;
 use crate::layers::Holder;
+use warren_net::link::Lease;
 
 /// Resources acquired so far, freed together.
 pub(crate) struct Held {

@@ -22,8 +22,8 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use warren_types::api::BackendKind;
-use warren_types::net::NetworkMode;
 use warren_types::guest::{Activate, GraderSpec, GuestLimits};
+use warren_types::net::NetworkMode;
 
 use self::cgroups::Cgroups;
 use self::instance::{ContainerInstance, Held};
@@ -237,8 +237,10 @@ impl ContainerBackend {
             &rootfs,
             Some(&record.resources),
             dir,
-            record.builder,
-            key.net,
+            spawn::InitKind {
+                builder: record.builder,
+                net: key.net,
+            },
         )?;
         let (pid, start_time) = (spawned.pid, spawned.start_time);
         if rules && let (Some(net), Some(lease)) = (&self.host.net, &held.net) {
@@ -408,6 +410,13 @@ impl Backend for ContainerBackend {
         self.host.cgroups.remove_all()
     }
 
+    fn remove_network(&self) -> std::io::Result<()> {
+        match &self.host.net {
+            Some(net) => net.remove_table(),
+            None => Ok(()),
+        }
+    }
+
     fn has_network(&self) -> bool {
         self.host.net.is_some()
     }
@@ -426,7 +435,9 @@ impl Backend for ContainerBackend {
         }
     }
 
-    fn take_network_denials(&self) -> Option<tokio::sync::mpsc::Receiver<crate::backend::NetDenial>> {
+    fn take_network_denials(
+        &self,
+    ) -> Option<tokio::sync::mpsc::Receiver<crate::backend::NetDenial>> {
         self.host.net.as_ref()?.take_denials()
     }
 }

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::mpsc;
 
 use crate::backend::NetDenial;
+use warren_net::dns::{self, Decision, DnsProxy, Refusal};
 use warren_net::link::{Addressing, Lease, Links};
 use warren_net::nflog::Reader;
 use warren_net::nft::{Elements, Firewall, FirewallConfig, expand};
@@ -75,6 +76,10 @@ struct Leases {
 /// How the node's network is set up.
 #[derive(Debug, Clone)]
 pub struct NetConfig {
+    /// The DNS server the node's proxy asks for allowed names.
+    pub dns_upstream: std::net::SocketAddr,
+    /// The least and most TTL of the proxy's answers, seconds.
+    pub dns_ttl: (u32, u32),
     /// The firewall (pools, always-denied ranges, log group, NAT). The node's own addresses
     /// are added to its always-denied ranges at start.
     pub firewall: FirewallConfig,
@@ -97,6 +102,84 @@ pub(crate) struct NodeNet {
     _reader: Reader,
     /// Held for the node's life: one node's network per network namespace.
     _lock: std::fs::File,
+    /// Refused attempts and names, to the node.
+    tx: mpsc::Sender<NetDenial>,
+    /// The DNS proxy on the gateway address (started once the node's network is).
+    dns: Mutex<Option<DnsProxy>>,
+}
+
+/// Seconds the firewall keeps a resolved address open past its TTL: a client that connects
+/// just as its cached answer expires is not refused.
+const RESOLVED_GRACE: u32 = 5;
+
+/// What the DNS proxy asks the node about each query.
+struct DnsRules(std::sync::Weak<NodeNet>);
+
+impl dns::Policy for DnsRules {
+    fn decide(&self, src: IpAddr, name: &str) -> Decision {
+        let Some(net) = self.0.upgrade() else {
+            return Decision::Unknown;
+        };
+        match net.domains_of(src) {
+            None => Decision::Unknown,
+            Some((_, r)) if !r.deny.matches(name) && r.allow.matches(name) => Decision::Allow,
+            Some(_) => Decision::Deny,
+        }
+    }
+
+    fn resolved(&self, src: IpAddr, name: &str, addrs: &[IpAddr], ttl: u32) {
+        let Some(net) = self.0.upgrade() else { return };
+        let Some(index) = net.index_of(src) else {
+            return;
+        };
+        // The firewall opens before the sandbox has the answer: one `nft` transaction, which
+        // blocks; on a multi-threaded runtime, let the others run meanwhile.
+        let open = || net.allow_resolved(index, name, addrs, ttl);
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(open),
+            _ => open(),
+        }
+    }
+
+    fn refused(&self, src: IpAddr, name: &str, why: Refusal) {
+        let Some(net) = self.0.upgrade() else { return };
+        let Some(owner) = net.index_of(src).and_then(|i| net.owner_name(i)) else {
+            return;
+        };
+        let (protocol, domain) = match &why {
+            Refusal::Rebinding(_) => ("dns-rebinding", name.to_string()),
+            _ => ("dns", name.to_string()),
+        };
+        let _ = net.tx.try_send(NetDenial {
+            name: owner,
+            dst: IpAddr::V4(net.addressing.gateway4()),
+            protocol: protocol.into(),
+            port: Some(53),
+            domain: Some(domain),
+        });
+    }
+}
+
+/// Raises this process's open-file limit to `n` (soft and hard) where it is lower.
+fn raise_open_files(n: u64) {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let now = getrlimit(Resource::Nofile);
+    if now.current.is_some_and(|c| c < n) {
+        let max = now.maximum.map_or(n, |m| m.max(n));
+        if setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(n),
+                maximum: Some(max),
+            },
+        )
+        .is_err()
+        {
+            tracing::warn!(
+                "could not raise the open-file limit to {n}: the DNS proxy may refuse queries under load"
+            );
+        }
+    }
 }
 
 /// Takes the lock of the calling thread's network namespace: two nodes in one namespace would
@@ -174,6 +257,20 @@ impl NodeNet {
         std::fs::rename(&tmp, &cfg.resolv_conf)?;
         let (reader, mut raw) = Reader::start(cfg.firewall.log_group, 4096)?;
         let (tx, rx) = mpsc::channel(4096);
+        // The DNS proxy holds a socket per query in flight, up to a thousand or so.
+        raise_open_files(65_536);
+        let mut never: Vec<Cidr> = warren_net::nft::default_internal(&addressing);
+        never.extend(cfg.firewall.internal.iter().copied());
+        never.retain(|c| !cfg.firewall.exempt.iter().any(|e| e.covers(c)));
+        let mut dns_cfg = dns::Config::new(
+            vec![std::net::SocketAddr::new(
+                IpAddr::V4(addressing.gateway4()),
+                53,
+            )],
+            cfg.dns_upstream,
+        );
+        dns_cfg.never = never;
+        (dns_cfg.min_ttl, dns_cfg.max_ttl) = cfg.dns_ttl;
         let net = Arc::new(NodeNet {
             rt: rt.clone(),
             links,
@@ -188,7 +285,14 @@ impl NodeNet {
             resolv_conf: cfg.resolv_conf.clone(),
             _reader: reader,
             _lock: lock,
+            tx: tx.clone(),
+            dns: Mutex::new(None),
         });
+        let proxy = {
+            let _enter = rt.enter();
+            DnsProxy::start(dns_cfg, Arc::new(DnsRules(Arc::downgrade(&net))))?
+        };
+        *net.dns.lock().unwrap_or_else(|p| p.into_inner()) = Some(proxy);
         let weak = Arc::downgrade(&net);
         rt.spawn(async move {
             while let Some(d) = raw.recv().await {
@@ -229,7 +333,10 @@ impl NodeNet {
 
     /// The refused packets, once (the node takes them at start).
     pub(crate) fn take_denials(&self) -> Option<mpsc::Receiver<NetDenial>> {
-        self.denials.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.denials
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// The pools.
@@ -263,7 +370,6 @@ impl NodeNet {
     }
 
     /// The domain rules of the sandbox with address `ip`, if it is one.
-    #[allow(dead_code)] // the DNS proxy's (next change)
     pub(crate) fn domains_of(&self, ip: IpAddr) -> Option<(u32, DomainRules)> {
         let i = self.index_of(ip)?;
         self.owners
@@ -332,13 +438,16 @@ impl NodeNet {
         })();
         match r {
             Ok(()) => {
-                self.owners.write().unwrap_or_else(|p| p.into_inner()).insert(
-                    lease.index,
-                    Owner {
-                        name: name.to_string(),
-                        domains: DomainRules::default(),
-                    },
-                );
+                self.owners
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(
+                        lease.index,
+                        Owner {
+                            name: name.to_string(),
+                            domains: DomainRules::default(),
+                        },
+                    );
                 Ok(lease)
             }
             Err(e) => {
@@ -403,7 +512,6 @@ impl NodeNet {
     }
 
     /// Lets lease `index` reach what its allowed domain resolved to, for `ttl` seconds.
-    #[allow(dead_code)] // the DNS proxy's (next change)
     pub(crate) fn allow_resolved(&self, index: u32, domain: &str, addrs: &[IpAddr], ttl: u32) {
         let ports = match self
             .owners
@@ -419,7 +527,14 @@ impl NodeNet {
             .fw
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .allow_resolved(index, domain, addrs, &ports, ttl, now)
+            .allow_resolved(
+                index,
+                domain,
+                addrs,
+                &ports,
+                ttl.saturating_add(RESOLVED_GRACE),
+                now,
+            )
         {
             tracing::warn!("allowing resolved addresses: {e}");
         }
@@ -452,13 +567,16 @@ impl NodeNet {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .adopt(lease, generation, elements);
-        self.owners.write().unwrap_or_else(|p| p.into_inner()).insert(
-            index,
-            Owner {
-                name: name.to_string(),
-                domains: DomainRules::of(&parsed),
-            },
-        );
+        self.owners
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                index,
+                Owner {
+                    name: name.to_string(),
+                    domains: DomainRules::of(&parsed),
+                },
+            );
         Ok(lease)
     }
 
@@ -491,7 +609,10 @@ impl NodeNet {
             let used = l.used.clone();
             l.free = (2..next).filter(|i| !used.contains(i)).collect();
         }
-        self.fw.lock().unwrap_or_else(|p| p.into_inner()).install()?;
+        self.fw
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .install()?;
         Ok(n)
     }
 

@@ -320,7 +320,11 @@ fn start_warm(host: &Arc<Host>, image: &Key) -> std::io::Result<Warm> {
     let name = format!("{WARM_PREFIX}{}", crate::state::random_name(12));
     let dir = host.warm.join(&name);
     // Only an init whose root is built joins the pool: claiming renames its directory.
-    let spawned = host.spawn_guest(&mut held, &name, &rootfs, None, &dir, false, image.net)?;
+    let kind = super::spawn::InitKind {
+        builder: false,
+        net: image.net,
+    };
+    let spawned = host.spawn_guest(&mut held, &name, &rootfs, None, &dir, kind)?;
     spawned.wait_built(Duration::from_secs(30))?;
     Ok(Warm { spawned, held })
 }

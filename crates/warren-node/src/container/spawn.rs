@@ -18,6 +18,15 @@ use super::cgroups::JoinFds;
 use super::instance::Held;
 use crate::images::Rootfs;
 
+/// What an init is given beyond its root and limits.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct InitKind {
+    /// A builder's (its root commands hold the build capabilities).
+    pub builder: bool,
+    /// With a network interface.
+    pub net: bool,
+}
+
 /// An init that builds its root and then waits for [`Activate`].
 pub(crate) struct Spawned {
     pub pid: i32,
@@ -64,9 +73,9 @@ impl Host {
         rootfs: &Rootfs,
         limits: Option<&Resources>,
         dir: &Path,
-        builder: bool,
-        net: bool,
+        kind: InitKind,
     ) -> std::io::Result<Spawned> {
+        let InitKind { builder, net } = kind;
         std::fs::DirBuilder::new().mode(0o700).create(dir)?;
         held.dir = Some(dir.to_path_buf());
         let mut config = self.prepare_dir(rootfs, dir, limits.and_then(|r| r.disk))?;

@@ -83,13 +83,17 @@ impl PolicyArgs {
         } else {
             NetworkPolicy::default()
         };
-        p.allow.extend(self.allow_domain.iter().map(|d| NetRule::domain(d)));
-        p.allow.extend(self.allow_cidr.iter().map(|c| NetRule::cidr(c)));
+        p.allow
+            .extend(self.allow_domain.iter().map(|d| NetRule::domain(d)));
+        p.allow
+            .extend(self.allow_cidr.iter().map(|c| NetRule::cidr(c)));
         for s in &self.allow_port {
             p.allow.push(port_rule(s).map_err(anyhow::Error::msg)?);
         }
-        p.deny.extend(self.deny_domain.iter().map(|d| NetRule::domain(d)));
-        p.deny.extend(self.deny_cidr.iter().map(|c| NetRule::cidr(c)));
+        p.deny
+            .extend(self.deny_domain.iter().map(|d| NetRule::domain(d)));
+        p.deny
+            .extend(self.deny_cidr.iter().map(|c| NetRule::cidr(c)));
         for s in &self.deny_port {
             p.deny.push(port_rule(s).map_err(anyhow::Error::msg)?);
         }
@@ -201,7 +205,10 @@ pub async fn run(client: &Client, json: bool, cmd: NetworkCommand) -> anyhow::Re
                 if json {
                     output::json(&r)?;
                 } else {
-                    println!("{}: new network policy on {} sandboxes", r.task, r.succeeded);
+                    println!(
+                        "{}: new network policy on {} sandboxes",
+                        r.task, r.succeeded
+                    );
                     for f in &r.failed {
                         eprintln!("error: {}: {}", f.id, f.error.message);
                     }

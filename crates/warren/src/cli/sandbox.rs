@@ -19,7 +19,7 @@ pub enum SandboxCommand {
         warren sandbox create --image host --none      # loopback only\n\n\
         With --json, prints the whole sandbox object instead of its id. Without network flags \
         the sandbox has an interface with everything outbound denied.")]
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// List sandboxes, oldest first.
     #[command(
         visible_alias = "list",
@@ -346,7 +346,9 @@ mod tests {
         let mut argv = vec!["sandbox", "create", "--image", "host"];
         argv.extend_from_slice(extra);
         match parse(&argv)?.command {
-            super::super::Command::Sandbox(SandboxCommand::Create(a)) => a.request().map_err(|e| e.to_string()),
+            super::super::Command::Sandbox(SandboxCommand::Create(a)) => {
+                Ok(a.request().expect("a valid request"))
+            }
             other => panic!("{other:?}"),
         }
     }

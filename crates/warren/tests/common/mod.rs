@@ -3,6 +3,8 @@
 //! it made even when the test fails.
 #![allow(dead_code)]
 
+pub mod lab;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,6 +48,26 @@ pub struct Platform {
     pub cgroup_parent: String,
     port: u16,
     extra_config: Option<String>,
+    /// The network namespace it runs in (a test's own), if not the test's.
+    netns: Option<String>,
+}
+
+/// Runs `f` on a thread inside the network namespace `ns` (its sockets are made there).
+pub fn in_netns<T: Send>(ns: Option<&str>, f: impl FnOnce() -> T + Send) -> T {
+    let Some(ns) = ns else { return f() };
+    let fd = std::fs::File::open(format!("/run/netns/{ns}")).expect("open netns");
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&fd),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .expect("setns");
+            f()
+        })
+        .join()
+        .expect("thread in the namespace")
+    })
 }
 
 /// Whether `GET /v1/health` answers 200 (served only once the platform is fully up).
@@ -94,6 +116,17 @@ impl Platform {
 
     /// Starts a platform with extra TOML config (e.g. `[node]\nmax_upload = 1024`).
     pub fn start_with(extra_config: Option<&str>) -> Platform {
+        Platform::start_inner(extra_config, None)
+    }
+
+    /// A platform whose node runs in the network namespace `netns` (one the test made), with
+    /// its sandbox network on. Talk to it from that namespace: [`Platform::run`],
+    /// [`Platform::cli`].
+    pub fn start_in(netns: &str, extra_config: Option<&str>) -> Platform {
+        Platform::start_inner(extra_config, Some(netns.to_string()))
+    }
+
+    fn start_inner(extra_config: Option<&str>, netns: Option<String>) -> Platform {
         let guest = warren_bin().with_file_name("warren-guest");
         assert!(
             guest.is_file(),
@@ -121,13 +154,37 @@ impl Platform {
             port: free_port(),
             data,
             extra_config: extra_config.map(str::to_string),
+            netns,
         };
         p.launch();
         p
     }
 
+    /// Runs `f` on a thread in the platform's network namespace, on a runtime of its own (so
+    /// every socket a client makes there is made in that namespace).
+    pub fn run<T: Send>(&self, f: impl AsyncFnOnce() -> T + Send) -> T {
+        in_netns(self.netns.as_deref(), || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(f())
+        })
+    }
+
     fn launch(&mut self) {
-        let mut cmd = Command::new(warren_bin());
+        let mut cmd = match &self.netns {
+            // Only the network namespace changes (`ip netns exec` would remount /sys and hide
+            // the cgroup hierarchies).
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}"))
+                    .arg("--")
+                    .arg(warren_bin());
+                c
+            }
+            None => Command::new(warren_bin()),
+        };
         cmd.arg("up")
             .arg("--data-dir")
             .arg(self.data.path())
@@ -137,11 +194,16 @@ impl Platform {
             .arg(&self.cgroup_parent)
             .env("WARREN_LOG", "warn,warren_node=info")
             .stdin(Stdio::null());
-        if let Some(cfg) = &self.extra_config {
-            let path = self.data.path().join("test-config.toml");
-            std::fs::write(&path, cfg).unwrap();
-            cmd.arg("--config").arg(path);
+        // Tests share the machine's network namespace: a node there gets no sandbox network
+        // (it would add interfaces, routes and a firewall table beside the host's own), unless
+        // it runs in a namespace of the test's.
+        let mut cfg = self.extra_config.clone().unwrap_or_default();
+        if self.netns.is_none() && !cfg.contains("[node.network]") {
+            cfg.push_str("\n[node.network]\nenabled = false\n");
         }
+        let path = self.data.path().join("test-config.toml");
+        std::fs::write(&path, cfg).unwrap();
+        cmd.arg("--config").arg(path);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -170,7 +232,10 @@ impl Platform {
                     self.port
                 );
             }
-            if self.data.path().join("admin.key").exists() && health_ok(self.port) {
+            let port = self.port;
+            if self.data.path().join("admin.key").exists()
+                && in_netns(self.netns.as_deref(), || health_ok(port))
+            {
                 break;
             }
             assert!(
@@ -239,8 +304,17 @@ impl Platform {
 
     /// Runs the CLI against this platform.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new(warren_bin())
-            .args(args)
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}"))
+                    .arg("--")
+                    .arg(warren_bin());
+                c
+            }
+            None => Command::new(warren_bin()),
+        };
+        cmd.args(args)
             .env("WARREN_URL", &self.url)
             .env("WARREN_API_KEY", &self.key)
             .stdin(Stdio::null())

@@ -1,0 +1,240 @@
+//! A network of the test's own: a "node" namespace (where `warren up` runs) with an uplink to
+//! an "internet" namespace that holds a few sites (TCP and UDP servers on documentation
+//! addresses) and a DNS server. Traffic never leaves these namespaces; the machine's own
+//! namespace is not touched. Both are deleted when the lab is dropped.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
+use std::process::Command;
+use std::time::Duration;
+
+use super::in_netns;
+
+/// The internet's addresses.
+pub const SITE: &str = "198.51.100.1";
+pub const OTHER_SITE: &str = "198.51.100.3";
+pub const UNNAMED_SITE: &str = "198.51.100.4";
+pub const SITE6: &str = "2001:db8:1::1";
+pub const DNS: &str = "198.51.100.53";
+/// The node's uplink address.
+pub const NODE_UPLINK: &str = "198.51.100.2";
+
+/// What the fake DNS server answers: (name, address, TTL).
+pub const ZONE: &[(&str, &str, u32)] = &[
+    ("pypi.test", SITE, 2),
+    ("files.host.test", OTHER_SITE, 300),
+    ("a.b.host.test", OTHER_SITE, 300),
+    ("other.test", OTHER_SITE, 300),
+    // An allowed name that answers with the node's gateway: DNS rebinding.
+    ("rebind.host.test", "10.200.0.1", 300),
+];
+
+/// A network namespace of the test's, deleted when dropped.
+pub struct Ns {
+    pub name: String,
+}
+
+impl Ns {
+    pub fn new(name: String) -> Ns {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(std::process::Stdio::null())
+            .status();
+        assert!(
+            Command::new("ip")
+                .args(["netns", "add", &name])
+                .status()
+                .unwrap()
+                .success(),
+            "ip netns add {name}"
+        );
+        let ns = Ns { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn ip(&self, args: &[&str]) {
+        let out = Command::new("ip")
+            .arg("-n")
+            .arg(&self.name)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ip -n {} {args:?}: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Runs a shell command in the namespace (network only) and returns its stdout.
+    pub fn sh(&self, cmd: &str) -> String {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.name))
+            .args(["--", "sh", "-c", cmd])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        in_netns(Some(&self.name), f)
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// The node's namespace and the internet beyond it.
+pub struct Lab {
+    pub node: Ns,
+    pub internet: Ns,
+}
+
+impl Lab {
+    pub fn new(tag: &str) -> Lab {
+        let id = format!("{}{}", std::process::id() % 100_000, tag);
+        let node = Ns::new(format!("wtn-{id}"));
+        let internet = Ns::new(format!("wti-{id}"));
+        node.ip(&[
+            "link",
+            "add",
+            "up0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "up0",
+            "netns",
+            &internet.name,
+        ]);
+        node.ip(&["addr", "add", &format!("{NODE_UPLINK}/24"), "dev", "up0"]);
+        node.ip(&["addr", "add", "2001:db8:1::2/64", "dev", "up0", "nodad"]);
+        node.ip(&["link", "set", "up0", "up"]);
+        node.ip(&["route", "add", "default", "via", SITE]);
+        node.ip(&["-6", "route", "add", "default", "via", SITE6]);
+        for a in [SITE, OTHER_SITE, UNNAMED_SITE, DNS] {
+            internet.ip(&["addr", "add", &format!("{a}/24"), "dev", "up0"]);
+        }
+        internet.ip(&["addr", "add", &format!("{SITE6}/64"), "dev", "up0", "nodad"]);
+        internet.ip(&["link", "set", "up0", "up"]);
+        // A node forwards allowed traffic; in its own namespace, the test turns that on.
+        node.sh("sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1");
+        let lab = Lab { node, internet };
+        for a in [SITE, OTHER_SITE, UNNAMED_SITE] {
+            for port in [80, 8080] {
+                lab.serve_tcp(format!("{a}:{port}").parse().unwrap());
+            }
+        }
+        lab.serve_tcp(format!("[{SITE6}]:80").parse().unwrap());
+        lab.serve_tcp(format!("{NODE_UPLINK}:2222").parse().unwrap());
+        lab.serve_udp(format!("{SITE}:9999").parse().unwrap());
+        lab.serve_dns(format!("{DNS}:53").parse().unwrap());
+        lab
+    }
+
+    /// The node's configuration for this lab (its resolver, short TTLs).
+    pub fn node_config(&self) -> String {
+        format!("[node.network]\ndns_upstream = \"{DNS}\"\ndns_min_ttl = 1\n")
+    }
+
+    /// A TCP server that greets each connection with "hi\n", then echoes; on the node's
+    /// uplink address it runs in the node's namespace.
+    fn serve_tcp(&self, addr: SocketAddr) {
+        let ns = if addr.ip().to_string() == NODE_UPLINK {
+            &self.node
+        } else {
+            &self.internet
+        };
+        let l = ns.run(|| TcpListener::bind(addr).unwrap());
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut s = s;
+                    let _ = s.write_all(b"hi\n");
+                    let mut buf = [0u8; 256];
+                    while let Ok(n) = s.read(&mut buf) {
+                        if n == 0 || s.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    fn serve_udp(&self, addr: SocketAddr) {
+        let s = self.internet.run(|| UdpSocket::bind(addr).unwrap());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(&buf[..n], from);
+            }
+        });
+    }
+
+    /// A DNS server for [`ZONE`] (A records; NXDOMAIN for other names).
+    fn serve_dns(&self, addr: SocketAddr) {
+        use hickory_proto::op::{Message, ResponseCode};
+        use hickory_proto::rr::{Name, RData, Record, RecordType};
+        let s = self.internet.run(|| UdpSocket::bind(addr).unwrap());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok((n, from)) = s.recv_from(&mut buf) {
+                let Ok(q) = Message::from_vec(&buf[..n]) else {
+                    continue;
+                };
+                let Some(query) = q.queries.first().cloned() else {
+                    continue;
+                };
+                let mut m = Message::response(q.metadata.id, q.metadata.op_code);
+                m.metadata.recursion_desired = q.metadata.recursion_desired;
+                m.metadata.recursion_available = true;
+                m.add_query(query.clone());
+                let asked = query
+                    .name()
+                    .to_ascii()
+                    .trim_end_matches('.')
+                    .to_ascii_lowercase();
+                match ZONE.iter().find(|(n, _, _)| *n == asked) {
+                    Some((name, a, ttl)) => {
+                        if query.query_type() == RecordType::A {
+                            let ip: std::net::Ipv4Addr = a.parse().unwrap();
+                            m.answers.push(Record::from_rdata(
+                                Name::from_ascii(format!("{name}.")).unwrap(),
+                                *ttl,
+                                RData::A(ip.into()),
+                            ));
+                        }
+                    }
+                    None => m.metadata.response_code = ResponseCode::NXDomain,
+                }
+                if let Ok(b) = m.to_vec() {
+                    let _ = s.send_to(&b, from);
+                }
+            }
+        });
+    }
+}
+
+/// Python for a sandbox: connects to `host:port` over TCP and prints `connected`,
+/// `refused`, `timeout` or the error's name.
+pub fn tcp_probe(host: &str, port: u16) -> String {
+    let family = if host.parse::<IpAddr>().is_ok_and(|a| a.is_ipv6()) {
+        "socket.AF_INET6"
+    } else {
+        "socket.AF_INET"
+    };
+    format!(
+        "import socket\ns=socket.socket({family}); s.settimeout(3)\ntry:\n    s.connect(('{host}',{port})); print('connected', s.recv(3))\nexcept ConnectionRefusedError: print('refused')\nexcept socket.timeout: print('timeout')\nexcept OSError as e: print(type(e).__name__, e.errno)\n"
+    )
+}
+
+/// How long a refused connection may take at most (a reset, not a hang).
+pub const QUICK: Duration = Duration::from_secs(2);

@@ -1,0 +1,341 @@
+//! Sandbox networks against the real kernel: default deny, allow by CIDR, port and domain,
+//! run-time changes for a sandbox and a task, the always-denied destinations, events, and no
+//! leftovers. Each test runs its node in a network namespace of its own with a fake internet
+//! beyond it (see `common::lab`); no traffic goes anywhere else.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Platform;
+use common::lab::{Lab, NODE_UPLINK, OTHER_SITE, QUICK, SITE, SITE6, UNNAMED_SITE, tcp_probe};
+use warren_sdk::{
+    CreateSandbox, EventFilter, EventKind, NetRule, NetworkMode, NetworkPolicy, Protocol, Sandbox,
+    argv,
+};
+
+async fn py(sb: &Sandbox, code: &str) -> String {
+    let r = sb.exec(&argv(["python3", "-c", code])).await.unwrap();
+    format!("{}{}", r.stdout.trim(), r.stderr.trim())
+}
+
+/// Connects from the sandbox; returns the outcome and how long it took.
+async fn probe(sb: &Sandbox, host: &str, port: u16) -> (String, Duration) {
+    let t = Instant::now();
+    let out = py(sb, &tcp_probe(host, port)).await;
+    (out, t.elapsed())
+}
+
+async fn refused(sb: &Sandbox, host: &str, port: u16) {
+    let (out, took) = probe(sb, host, port).await;
+    assert_eq!(out, "refused", "{host}:{port}");
+    // A reset from the node, not a connection that hangs until its timeout (3 s).
+    assert!(
+        took < QUICK + Duration::from_secs(1),
+        "{host}:{port} took {took:?}"
+    );
+}
+
+async fn connects(sb: &Sandbox, host: &str, port: u16) {
+    let (out, _) = probe(sb, host, port).await;
+    assert_eq!(out, "connected b'hi\\n'", "{host}:{port}");
+}
+
+fn create_req(task: Option<&str>, network: Option<NetworkPolicy>) -> CreateSandbox {
+    CreateSandbox {
+        image: "host".into(),
+        task: task.map(str::to_string),
+        network,
+        ..Default::default()
+    }
+}
+
+async fn network_events(p: &warren_sdk::Client, sb: &Sandbox) -> Vec<warren_sdk::Event> {
+    // Refused attempts are gathered for a fraction of a second before they are stored.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    p.events(&EventFilter {
+        sandbox: Some(sb.id().to_string()),
+        kind: Some(EventKind::Network),
+        ..EventFilter::default()
+    })
+    .await
+    .unwrap()
+    .items
+}
+
+#[test]
+fn deny_by_default_allow_by_cidr_and_port_and_change_at_run_time() {
+    require_root!();
+    let lab = Lab::new("a");
+    let p = Platform::start_in(&lab.node.name, Some(&lab.node_config()));
+    p.run(async || {
+        let c = p.client();
+        let sb = c.create(&create_req(None, None)).await.unwrap();
+        let info = sb.network().await.unwrap();
+        assert_eq!(info.mode, NetworkMode::Filtered);
+        let gw = info.gateway.clone().unwrap();
+        let other = c.create(&create_req(None, None)).await.unwrap();
+        let other_ip = other.network().await.unwrap().ipv4.unwrap();
+
+        // Deny by default: the internet (IPv4 and IPv6, TCP and UDP), the node (its gateway
+        // address and its uplink), metadata, another sandbox.
+        refused(&sb, SITE, 80).await;
+        refused(&sb, SITE6, 80).await;
+        refused(&sb, &gw, 22).await;
+        refused(&sb, NODE_UPLINK, 2222).await;
+        refused(&sb, "169.254.169.254", 80).await;
+        refused(&sb, &other_ip, 22).await;
+        let udp = format!(
+            "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.settimeout(2)\ns.connect(('{SITE}',9999)); s.send(b'x')\ntry: print(s.recv(9))\nexcept OSError as e: print(type(e).__name__)\n"
+        );
+        let u = py(&sb, &udp).await;
+        assert!(u.contains("Error") && !u.contains("timeout"), "UDP: {u}");
+        // DNS-over-TLS and QUIC to a well-known resolver address: denied like the rest.
+        refused(&sb, SITE, 853).await;
+
+        // Each refused attempt is an event: destination, protocol and port.
+        let ev = network_events(&c, &sb).await;
+        let on = |dst: &str| ev.iter().find(|e| e.network.as_ref().unwrap().destination == dst);
+        let e = on(&gw).unwrap_or_else(|| panic!("no event for {gw}: {ev:#?}"));
+        let n = e.network.as_ref().unwrap();
+        assert_eq!((n.protocol.as_str(), n.ports.as_str()), ("tcp", "22"), "{e:?}");
+        assert!(on("169.254.169.254").is_some() && on(SITE6).is_some(), "{ev:#?}");
+
+        // A port scan of the node: one event with the ports it tried.
+        py(
+            &sb,
+            &format!(
+                "import socket\nfor p in range(1,301):\n    s=socket.socket(); s.settimeout(1)\n    try: s.connect(('{gw}',p))\n    except OSError: pass\n    s.close()\n"
+            ),
+        )
+        .await;
+        let ev = network_events(&c, &sb).await;
+        let scans: Vec<_> = ev
+            .iter()
+            .filter(|e| e.network.as_ref().unwrap().destination == gw)
+            .collect();
+        assert_eq!(scans.len(), 1, "{scans:#?}");
+        let n = scans[0].network.as_ref().unwrap();
+        // Port 53 is the resolver's (open to the sandbox); every other port is refused.
+        assert_eq!(n.ports, "1-52,54-300", "{n:?}");
+        assert!(scans[0].count >= 299, "{:?}", scans[0]);
+
+        // Allow one address on one port: that port only; the rest stays denied.
+        let allow80 = NetworkPolicy {
+            allow: vec![NetRule {
+                cidr: Some(format!("{SITE}/32")),
+                ports: Some("80".into()),
+                protocol: Some(Protocol::Tcp),
+                ..NetRule::default()
+            }],
+            ..NetworkPolicy::default()
+        };
+        let t = Instant::now();
+        sb.set_network(&allow80).await.unwrap();
+        let took = t.elapsed();
+        connects(&sb, SITE, 80).await;
+        refused(&sb, SITE, 8080).await;
+        refused(&sb, OTHER_SITE, 80).await;
+        // The other sandbox's policy did not change.
+        refused(&other, SITE, 80).await;
+        eprintln!("policy change took {took:?}");
+
+        // A whole CIDR (every port), with a deny rule that wins over it.
+        let wide = NetworkPolicy {
+            allow: vec![NetRule::cidr("198.51.100.0/24")],
+            deny: vec![NetRule::cidr(&format!("{OTHER_SITE}/32"))],
+            ..NetworkPolicy::default()
+        };
+        sb.set_network(&wide).await.unwrap();
+        connects(&sb, SITE, 8080).await;
+        connects(&sb, UNNAMED_SITE, 80).await;
+        refused(&sb, OTHER_SITE, 80).await;
+        // The node's own uplink address is inside the CIDR and still unreachable.
+        refused(&sb, NODE_UPLINK, 2222).await;
+
+        // A connection open across a change that no longer allows it is reset.
+        let code = format!(
+            "import socket,time\ns=socket.create_connection(('{SITE}',80),3); s.recv(3)\nprint('open',flush=True)\ntime.sleep(2)\ntry:\n    s.send(b'x'); s.settimeout(3); print('read', s.recv(9))\nexcept OSError as e: print(type(e).__name__)\n"
+        );
+        let held = tokio::spawn({
+            let sb = sb.clone();
+            async move { py(&sb, &code).await }
+        });
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        sb.set_network(&NetworkPolicy::default()).await.unwrap();
+        let out = held.await.unwrap();
+        assert!(
+            out.contains("open") && out.contains("ConnectionResetError"),
+            "{out}"
+        );
+
+        // Bad input: 4xx with what was wrong, the sandbox's policy unchanged.
+        for (bad, says) in [
+            (NetRule::cidr("10.0.0.1/8"), "did you mean 10.0.0.0/8"),
+            (NetRule::cidr(&format!("{gw}/32")), "no sandbox on this node may reach"),
+            (NetRule::cidr("169.254.169.254"), "no sandbox on this node may reach"),
+            (NetRule::domain("-bad-.com"), "not valid"),
+            (
+                NetRule {
+                    ports: Some("70000".into()),
+                    ..NetRule::default()
+                },
+                "1-65535",
+            ),
+        ] {
+            let e = sb
+                .set_network(&NetworkPolicy {
+                    allow: vec![bad.clone()],
+                    ..NetworkPolicy::default()
+                })
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains(says), "{bad:?}: {e}");
+        }
+        assert!(sb.network().await.unwrap().allow.is_empty());
+    });
+}
+
+#[test]
+fn a_task_changes_phase_and_domains_resolve_through_the_node() {
+    require_root!();
+    let lab = Lab::new("b");
+    let p = Platform::start_in(&lab.node.name, Some(&lab.node_config()));
+    p.run(async || {
+        let c = p.client();
+        let setup = NetworkPolicy {
+            allow: vec![
+                NetRule::domain("pypi.test"),
+                NetRule::domain("*.host.test"),
+            ],
+            ..NetworkPolicy::default()
+        };
+        let a = c.create(&create_req(Some("t"), Some(setup.clone()))).await.unwrap();
+        let b = c.create(&create_req(Some("t"), None)).await.unwrap();
+        let outsider = c.create(&create_req(None, Some(setup.clone()))).await.unwrap();
+        let loopback_only = c
+            .create(&create_req(Some("t"), Some(NetworkPolicy::none())))
+            .await
+            .unwrap();
+
+        // Names resolve through the node's proxy, the sandbox's only resolver.
+        let resolve = |host: &str| {
+            format!(
+                "import socket\ntry: print(socket.gethostbyname('{host}'))\nexcept OSError as e: print('fail', e.errno)\n"
+            )
+        };
+        assert_eq!(py(&a, &resolve("pypi.test")).await, SITE);
+        connects(&a, "pypi.test", 80).await;
+        // Wildcards: names under the suffix (not the suffix itself).
+        assert_eq!(py(&a, &resolve("a.b.host.test")).await, OTHER_SITE);
+        connects(&a, OTHER_SITE, 8080).await;
+        // Not allowed: refused by the resolver, and recorded.
+        assert!(py(&a, &resolve("other.test")).await.starts_with("fail"));
+        assert!(py(&a, &resolve("host.test")).await.starts_with("fail"));
+        // An address that no allowed name resolved to stays denied.
+        refused(&a, UNNAMED_SITE, 80).await;
+        // An allowed name that answers with the node's address: the answer is dropped.
+        assert!(py(&a, &resolve("rebind.host.test")).await.starts_with("fail"));
+        let ev = network_events(&c, &a).await;
+        let domains: Vec<String> = ev
+            .iter()
+            .filter_map(|e| e.network.as_ref().and_then(|n| n.domain.clone()))
+            .collect();
+        assert!(domains.contains(&"other.test".to_string()), "{ev:#?}");
+        assert!(domains.contains(&"rebind.host.test".to_string()), "{ev:#?}");
+        // /etc/hosts in the sandbox changes nothing: names are not what the firewall checks.
+        // (The host image's /etc is read-only; the address behind a name is what counts.)
+
+        // TTL: pypi.test's answer lives 2 s (+5 s of grace); past it, a new connection to its
+        // address without a new lookup is refused.
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        refused(&a, SITE, 80).await;
+        connects(&a, "pypi.test", 80).await;
+
+        // The task moves to its agent phase: nothing reachable, for every sandbox of the
+        // task on every node, in one request; the sandbox outside the task keeps its policy.
+        let r = c.set_task_network("t", &NetworkPolicy::none()).await.unwrap();
+        assert_eq!(r.succeeded, 2, "{r:?}");
+        // The loopback-only sandbox has no interface: listed as failed, with why.
+        assert_eq!(r.failed.len(), 1, "{r:?}");
+        assert_eq!(r.failed[0].id.to_string(), loopback_only.id().to_string());
+        assert!(r.failed[0].error.message.contains("no network interface"));
+        assert!(py(&a, &resolve("pypi.test")).await.starts_with("fail"));
+        refused(&a, SITE, 80).await;
+        connects(&outsider, "pypi.test", 80).await;
+
+        // Back to a setup phase for the task: both sandboxes reach the site.
+        let open = NetworkPolicy {
+            allow: vec![NetRule::cidr(&format!("{SITE}/32"))],
+            ..NetworkPolicy::default()
+        };
+        let t = Instant::now();
+        let r = c.set_task_network("t", &open).await.unwrap();
+        eprintln!("task policy change took {:?}", t.elapsed());
+        assert_eq!(r.succeeded, 2);
+        connects(&a, SITE, 80).await;
+        connects(&b, SITE, 80).await;
+
+        // Loopback only: no interface, no route, nothing but lo.
+        let ifs = py(&loopback_only, "import os; print(sorted(os.listdir('/sys/class/net')))").await;
+        let routes = py(&loopback_only, "print(len(open('/proc/net/route').read().splitlines()))").await;
+        assert_eq!(routes, "1", "{ifs}");
+        assert!(loopback_only.network().await.unwrap().ipv4.is_none());
+    });
+}
+
+#[test]
+fn nothing_is_left_after_kills_and_a_daemon_crash() {
+    require_root!();
+    let lab = Lab::new("c");
+    let mut p = Platform::start_in(&lab.node.name, Some(&lab.node_config()));
+    let policy = NetworkPolicy {
+        allow: vec![NetRule::cidr(&format!("{SITE}/32"))],
+        ..NetworkPolicy::default()
+    };
+    let ids: Vec<String> = p.run(async || {
+        let c = p.client();
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let sb = c
+                .create(&create_req(None, Some(policy.clone())))
+                .await
+                .unwrap();
+            connects(&sb, SITE, 80).await;
+            ids.push(sb.id().to_string());
+        }
+        ids
+    });
+    // A crash: the sandboxes keep running, their interfaces and firewall too.
+    p.kill9();
+    p.start_again();
+    p.run(async || {
+        let c = p.client();
+        for id in &ids {
+            let sb = c.sandbox(id).unwrap();
+            // Adopted with its policy; a connection still works, the rest is still denied.
+            connects(&sb, SITE, 80).await;
+            refused(&sb, OTHER_SITE, 80).await;
+            assert_eq!(sb.network().await.unwrap().allow, policy.allow);
+        }
+        for id in &ids {
+            c.sandbox(id).unwrap().kill().await.unwrap();
+        }
+    });
+    // Every interface left belongs to a warm init, every element of the table too.
+    let links = lab.node.sh("ip -o link show");
+    let table = lab.node.sh("nft list table inet warren");
+    for id in &ids {
+        assert!(!p.leftovers().iter().any(|l| l.contains(id)));
+    }
+    let allow_elements = table.matches("198.51.100.1").count();
+    assert_eq!(allow_elements, 0, "{table}");
+    // Stopped for good (sandboxes killed): no interface, no table.
+    p.stop();
+    let links_after = lab.node.sh("ip -o link show");
+    assert!(
+        !links_after.contains(" wv"),
+        "before: {links}\nafter: {links_after}"
+    );
+    assert!(lab.node.sh("nft list tables").trim().is_empty());
+}
