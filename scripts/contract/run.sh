@@ -59,6 +59,11 @@ done
 [ -n "$port" ] || { echo "contract: no free port in 20000-31999" >&2; exit 1; }
 url=http://127.0.0.1:$port
 pid=
+# The node's sandbox network adds interfaces and a firewall table to the network namespace it
+# runs in: it and the fuzzer run in a namespace of this run's own (`nsenter`, not `ip netns
+# exec`, which would remount /sys and hide the cgroup hierarchies).
+netns=warren-contract-$$
+inns() { nsenter --net="/run/netns/$netns" -- "$@"; }
 
 cleanup() {
   local rc=$?
@@ -81,6 +86,7 @@ cleanup() {
   # Mounts under the data directory (layers, the disk pool), deepest first.
   awk -v d="$data" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r |
     while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  ip netns del "$netns" 2>/dev/null || true
   if [ "$rc" != 0 ] && [ -f "$work/warren-up.log" ]; then
     echo "contract: warren up's log (last lines):" >&2
     tail -n 40 "$work/warren-up.log" >&2
@@ -90,13 +96,15 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+ip netns add "$netns"
+ip -n "$netns" link set lo up
 
-WARREN_LOG=warn "$warren" up --config "$here/node.toml" --data-dir "$data" \
+WARREN_LOG=warn nsenter --net="/run/netns/$netns" -- "$warren" up --config "$here/node.toml" --data-dir "$data" \
   --listen "127.0.0.1:$port" --cgroup-parent "$cgroup_parent" --kill-sandboxes-on-exit \
   </dev/null >"$work/warren-up.log" 2>&1 &
 pid=$!
 for _ in $(seq 300); do
-  if [ -s "$data/admin.key" ] && "$venv/bin/python" -c \
+  if [ -s "$data/admin.key" ] && inns "$venv/bin/python" -c \
     "import urllib.request,sys; urllib.request.urlopen('$url/v1/health', timeout=1)" 2>/dev/null; then
     break
   fi
@@ -107,7 +115,7 @@ key=$(cat "$data/admin.key")
 
 # Never fuzzed: image pull reaches out to registries (traffic here stays on loopback).
 st() {
-  (cd "$here" && SCHEMATHESIS_HOOKS=hooks "$venv/bin/schemathesis" --no-color run "$url/v1/openapi.json" \
+  (cd "$here" && SCHEMATHESIS_HOOKS=hooks inns "$venv/bin/schemathesis" --no-color run "$url/v1/openapi.json" \
     --exclude-path /v1/images/pull \
     --max-examples "$examples" --seed "$seed" --workers 1 --request-timeout 60 \
     --generation-database none --suppress-health-check all "$@")
@@ -118,14 +126,18 @@ st() {
 # runs): a create's ranges are the node's (cpu up to 1000 x its cores, memory up to its
 # physical memory, pids up to its max_pids, timeout up to its max_timeout; the 400 names the
 # range), an image upload must be an image, and requests about the sandbox depend on its state
-# (its users, files, processes, image).
+# (its users, files, processes, image); a network policy's rules are checked against what the
+# node never lets a sandbox reach (its own addresses, the pools, link-local) and for host bits
+# in CIDRs, which no pattern says.
 stateful=(--include-name "POST /v1/sandboxes" --include-name "POST /v1/images"
+  --include-name "PUT /v1/tasks/{task}/network"
   --include-path-regex '^/v1/sandboxes/[{]id[}]')
 # A directory's tar is as large as the directory (the host image's / holds the host's /usr):
 # not downloaded with a good key.
 echo "contract: 1/3 valid key, every check"
 st --checks all -H "Authorization: Bearer $key" \
   --exclude-name "POST /v1/sandboxes" --exclude-name "POST /v1/images" \
+  --exclude-name "PUT /v1/tasks/{task}/network" \
   --exclude-path-regex '^/v1/sandboxes/[{]id[}]'
 st --checks all --exclude-checks positive_data_acceptance -H "Authorization: Bearer $key" \
   "${stateful[@]}" --exclude-name "GET /v1/sandboxes/{id}/files/tar"

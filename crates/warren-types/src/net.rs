@@ -48,15 +48,27 @@ pub struct NetRule {
     /// An address or CIDR, IPv4 or IPv6: `10.1.2.3`, `10.0.0.0/8`, `2001:db8::/32`. Host bits
     /// must be zero.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[0-9A-Fa-f:.]+(/[0-9]{1,3})?$")
+    )]
     pub cidr: Option<String>,
     /// A domain: `pypi.org` (that name only) or `*.pythonhosted.org` (every name under it, not
     /// the name itself). ASCII (`xn--` for international names). TCP only: a domain allows the
     /// addresses the node's resolver gave the sandbox for it, for their TTL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = "^(\\*\\.)?[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(\\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\\.?$",
+            max_length = 253
+        )
+    )]
     pub domain: Option<String>,
     /// A port (`443`) or range (`8000-8100`); none: every port (and, for a CIDR without a
     /// protocol, ICMP too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[0-9]{1,5}(-[0-9]{1,5})?$"))]
     pub ports: Option<String>,
     /// `tcp` or `udp`; none: both (a domain rule is always TCP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,9 +86,11 @@ pub struct NetworkPolicy {
     pub mode: NetworkMode,
     /// What the sandbox may reach (at most 4096 rules).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(max_items = 4096))]
     pub allow: Vec<NetRule>,
     /// What it may not, even where an allow rule matches (at most 4096 rules).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(max_items = 4096))]
     pub deny: Vec<NetRule>,
 }
 

@@ -85,7 +85,7 @@ fn dependencies_point_one_way() {
         );
     }
     // The control plane runs on any host: never the syscall layer or a backend.
-    for d in ["warren-sys", "warren-node", "warren-guest"] {
+    for d in ["warren-sys", "warren-node", "warren-guest", "warren-net"] {
         assert!(
             !has("warren-control", d),
             "warren-control must not depend on {d}"
