@@ -50,6 +50,21 @@ def why_no_server() -> Optional[str]:
     return None
 
 
+def in_own_netns() -> bool:
+    """Whether these tests run in the network namespace `run-tests.sh` made for them (its name in
+    $WARREN_PYTEST_NETNS), not the machine's own. Only then does the session's node get a
+    sandbox network: that adds interfaces, routes and an nftables table to its namespace."""
+    name = os.environ.get("WARREN_PYTEST_NETNS")
+    if not name:
+        return False
+    try:
+        ours = os.stat("/proc/self/ns/net")
+        made = os.stat(f"/run/netns/{name}")
+    except OSError:
+        return False
+    return (ours.st_dev, ours.st_ino) == (made.st_dev, made.st_ino)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -82,6 +97,8 @@ class Server:
     data_dir: Path
     cgroup_parent: str
     proc: subprocess.Popen  # type: ignore[type-arg]
+    network: bool = False
+    """Whether its sandboxes get networks (``[node.network]`` enabled)."""
 
     def client(self, **kw: object) -> warren.Client:
         return warren.Client(self.url, self.key, **kw)  # type: ignore[arg-type]
@@ -124,7 +141,16 @@ class Server:
                     pass
 
 
-def start_server(config: Optional[str] = None) -> Server:
+def start_server(config: Optional[str] = None, *, network: bool = False) -> Server:
+    """Starts a `warren up`. Only one node per network namespace may have the sandbox network
+    (a second one fails to start), and the session's main node has it when the tests run in a
+    namespace of their own. So unless ``network`` is asked for, or ``config`` has a
+    ``[node.network]`` table of its own (then say ``network=True`` if it enables it), the node
+    gets ``[node.network] enabled = false``."""
+    if network and not in_own_netns():
+        pytest.fail("a node with the sandbox network runs only in run-tests.sh's network namespace")
+    if not network and "[node.network]" not in (config or ""):
+        config = (config or "") + "\n[node.network]\nenabled = false\n"
     binary = find_binary()
     assert binary is not None
     data_dir = Path(tempfile.mkdtemp(prefix="warren-pytest-"))
@@ -167,7 +193,9 @@ def start_server(config: Optional[str] = None) -> Server:
     )
     log.close()
     url = f"http://127.0.0.1:{port}"
-    server = Server(url=url, key="", data_dir=data_dir, cgroup_parent=cgroup, proc=proc)
+    server = Server(
+        url=url, key="", data_dir=data_dir, cgroup_parent=cgroup, proc=proc, network=network
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -193,7 +221,9 @@ def server() -> Iterator[Server]:
     why = why_no_server()
     if why:
         pytest.skip(why)
-    s = start_server()
+    # The sandbox network only in a network namespace of the tests' own (run-tests.sh makes
+    # one), never the machine's.
+    s = start_server(network=in_own_netns())
     try:
         yield s
     finally:

@@ -45,6 +45,10 @@ from .types import (
     Health,
     IncidentEvent,
     Listing,
+    NetEvent,
+    NetRule,
+    NetworkPolicy,
+    NetworkStatus,
     NodeFailure,
     NodeInfo,
     ProcessInfo,
@@ -52,6 +56,7 @@ from .types import (
     SandboxInfo,
     TaskFailure,
     TaskInfo,
+    TaskNetworkResult,
     TaskResult,
 )
 
@@ -88,6 +93,10 @@ __all__ = [
     "FileEntry",
     "Health",
     "Listing",
+    "NetEvent",
+    "NetRule",
+    "NetworkPolicy",
+    "NetworkStatus",
     "NodeFailure",
     "NodeInfo",
     "ProcessInfo",
@@ -95,5 +104,6 @@ __all__ = [
     "SandboxInfo",
     "TaskFailure",
     "TaskInfo",
+    "TaskNetworkResult",
     "TaskResult",
 ]

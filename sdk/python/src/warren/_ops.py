@@ -20,10 +20,12 @@ from .types import (
     FileEntry,
     Health,
     Listing,
+    NetworkStatus,
     NodeInfo,
     ProcessInfo,
     SandboxInfo,
     TaskInfo,
+    TaskNetworkResult,
     TaskResult,
     unreachable_from_json,
 )
@@ -87,6 +89,7 @@ def create(
     labels: Any = None,
     env: Any = None,
     trajectory: Any = False,
+    network: Any = None,
     idempotency_key: Any = None,
     replay: Optional[List[TrajectoryEntry]] = None,
 ) -> Call[SandboxInfo]:
@@ -123,6 +126,9 @@ def create(
         body["env"] = envs
     if v.boolean(trajectory, "trajectory"):
         body["trajectory"] = True
+    net = v.network_policy(network)
+    if net is not None:
+        body["network"] = net
     if replay is not None:
         body["replay"] = replay
     key = (
@@ -191,6 +197,22 @@ def resume(sid: str) -> Call[SandboxInfo]:
 def set_timeout(sid: str, seconds: Any) -> Call[SandboxInfo]:
     n = v.whole(seconds, "timeout", minimum=1)
     return Call("POST", _sb(sid, "/timeout"), json={"timeout": n}, parse=_info)
+
+
+def _network(resp: httpx.Response) -> NetworkStatus:
+    return NetworkStatus.from_json(json_body(resp))
+
+
+def get_network(sid: str) -> Call[NetworkStatus]:
+    return Call("GET", _sb(sid, "/network"), parse=_network)
+
+
+def set_network(sid: str, policy: Any) -> Call[NetworkStatus]:
+    """``PUT``: the whole new policy replaces the old one, so sending it twice is the same."""
+    if policy is None:
+        raise InvalidArgument("no network policy given: NetworkPolicy.none() denies everything")
+    body = v.network_policy(policy, "policy")
+    return Call("PUT", _sb(sid, "/network"), json=body, parse=_network)
 
 
 def trajectory(sid: str) -> Call[List[TrajectoryEntry]]:
@@ -410,6 +432,24 @@ def task_action(name: Any, action: str) -> Call[TaskResult]:
         f"/v1/tasks/{quote(task, safe='')}/{action}",
         read_timeout=TASK_TIMEOUT,
         parse=_task_result,
+    )
+
+
+def task_network(name: Any, policy: Any) -> Call[TaskNetworkResult]:
+    task = v.string(name, "task name")
+    if policy is None:
+        raise InvalidArgument("no network policy given: NetworkPolicy.none() denies everything")
+    body = v.network_policy(policy, "policy")
+
+    def parse(resp: httpx.Response) -> TaskNetworkResult:
+        return TaskNetworkResult.from_json(json_body(resp))
+
+    return Call(
+        "PUT",
+        f"/v1/tasks/{quote(task, safe='')}/network",
+        json=body,
+        read_timeout=TASK_TIMEOUT,
+        parse=parse,
     )
 
 

@@ -8,9 +8,12 @@ import math
 import os
 import re
 import signal as _signal
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import ArgumentTypeError, InvalidArgument
+
+if TYPE_CHECKING:
+    from .types import NetRule
 
 Size = Union[int, str]
 """Bytes: an ``int``, or a string with a binary suffix such as ``"512Mi"`` or ``"2G"``."""
@@ -27,7 +30,15 @@ EVENT_KINDS = (
     "output_truncated",
     "pids_limit",
     "oom_kill",
+    "network",
 )
+NETWORK_MODES = ("filtered", "none")
+PROTOCOLS = ("tcp", "udp")
+#: Most rules in each of a policy's ``allow`` and ``deny`` (the server's limit).
+MAX_NET_RULES = 4096
+_PORTS = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+_RULE_FIELDS = ("cidr", "domain", "ports", "protocol")
+_POLICY_FIELDS = ("mode", "allow", "deny")
 
 
 def _type_name(v: Any) -> str:
@@ -267,3 +278,138 @@ def data(v: Any) -> bytes:
     if isinstance(v, (bytes, bytearray, memoryview)):
         return bytes(v)
     raise ArgumentTypeError(f"data must be str or bytes, not {_type_name(v)}")
+
+
+# Networks: light checks of what is plainly wrong; the server checks the rest (CIDR host bits,
+# domain syntax, destinations no sandbox may reach) and names the rule it refuses.
+
+
+def ports(v: Any, what: str) -> str:
+    """A port (``443``, ``"443"``) or an inclusive range (``"8000-8100"``), as the API's
+    string."""
+    bad = f"{what}: ports {v!r} are not valid: give a port (1-65535) or a range such as 8000-8100"
+    if _is_int(v):
+        if not 1 <= v <= 65535:
+            raise InvalidArgument(bad)
+        return str(v)
+    if not isinstance(v, str):
+        raise ArgumentTypeError(
+            f"{what}: ports must be an int or a str such as '8000-8100', not {_type_name(v)}"
+        )
+    m = _PORTS.match(v)
+    if not m:
+        raise InvalidArgument(bad)
+    lo = int(m.group(1))
+    hi = int(m.group(2)) if m.group(2) is not None else lo
+    if not (1 <= lo <= 65535 and 1 <= hi <= 65535):
+        raise InvalidArgument(bad)
+    if lo > hi:
+        raise InvalidArgument(
+            f"{what}: ports {v!r}: the range ends before it starts; write it low-high"
+        )
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
+def port_spec(v: Any) -> Tuple[str, Optional[str]]:
+    """``443``, ``"53/udp"``, ``"8000-8100/tcp"``: the ports and the protocol (``None``: both)."""
+    if isinstance(v, str) and "/" in v:
+        p, proto = v.rsplit("/", 1)
+        if proto.strip().lower() not in PROTOCOLS:
+            raise InvalidArgument(
+                f"port {v!r}: protocol {proto!r} is not tcp or udp (write 443/tcp or 53/udp)"
+            )
+        return ports(p, f"port {v!r}"), proto.strip().lower()
+    return ports(v, f"port {v!r}"), None
+
+
+def net_rule_of(v: Any, what: str) -> NetRule:
+    """A :class:`~warren.types.NetRule` from one, or from a dict of its fields."""
+    from .types import NetRule
+
+    if isinstance(v, NetRule):
+        return v
+    if isinstance(v, Mapping):
+        unknown = [k for k in v if k not in _RULE_FIELDS]
+        if unknown:
+            raise InvalidArgument(
+                f"{what}: unknown field {unknown[0]!r}: a rule has {', '.join(_RULE_FIELDS)}"
+            )
+        return NetRule(**{k: v[k] for k in _RULE_FIELDS if k in v})
+    raise ArgumentTypeError(
+        f"{what} must be a NetRule or a dict of its fields, not {_type_name(v)}"
+    )
+
+
+def net_rule(r: NetRule, what: str) -> Dict[str, Any]:
+    """A rule as it goes on the wire, after the checks that need no server."""
+    for name in ("cidr", "domain"):
+        val = getattr(r, name)
+        if val is not None:
+            string(val, f"{what}: {name}")
+    if r.cidr is not None and r.domain is not None:
+        raise InvalidArgument(f"{what}: a rule names a cidr or a domain, not both: make two rules")
+    out = r.to_json()
+    if r.ports is not None:
+        out["ports"] = ports(r.ports, what)
+    if r.protocol is not None:
+        if r.protocol not in PROTOCOLS:
+            raise InvalidArgument(f"{what}: protocol {r.protocol!r} is not 'tcp' or 'udp'")
+        if r.domain is not None and r.protocol == "udp":
+            raise InvalidArgument(
+                f"{what}: domain {r.domain!r} with protocol udp: a domain allows TCP only (QUIC "
+                "and other UDP need a cidr rule)"
+            )
+    if r.cidr is None and r.domain is None and r.ports is None:
+        raise InvalidArgument(
+            f"{what}: a rule needs a cidr, a domain or ports: for every address use "
+            "NetworkPolicy.internet() (cidr 0.0.0.0/0 and ::/0)"
+        )
+    return out
+
+
+def network_policy(v: Any, what: str = "network") -> Optional[Dict[str, Any]]:
+    """A network policy as the API takes it, from a :class:`~warren.types.NetworkPolicy`, a dict
+    of its JSON fields (``{"mode": ..., "allow": [...], "deny": [...]}``), or a mode's name
+    (``"none"``, ``"filtered"``: no rules). ``None`` stays ``None``."""
+    from .types import NetworkPolicy
+
+    if v is None:
+        return None
+    if isinstance(v, str):
+        if v not in NETWORK_MODES:
+            raise InvalidArgument(
+                f"{what} {v!r} is not 'none' or 'filtered': give a NetworkPolicy for rules"
+            )
+        return {"mode": v}
+    if isinstance(v, Mapping):
+        unknown = [k for k in v if k not in _POLICY_FIELDS]
+        if unknown:
+            raise InvalidArgument(
+                f"{what}: unknown field {unknown[0]!r}: a policy has mode, allow and deny"
+            )
+        for k in ("allow", "deny"):
+            if isinstance(v.get(k), (str, Mapping)):
+                raise ArgumentTypeError(f"{what}: {k} must be a list of rules")
+        v = NetworkPolicy(v.get("mode", "filtered"), v.get("allow") or (), v.get("deny") or ())
+    if not isinstance(v, NetworkPolicy):
+        raise ArgumentTypeError(
+            f"{what} must be a NetworkPolicy, a dict of its fields, or 'none', not {_type_name(v)}"
+        )
+    if v.mode is None:
+        raise InvalidArgument(f"{what}: mode is None: give 'filtered' or 'none'")
+    m = choice(v.mode, f"{what} mode", NETWORK_MODES)
+    if m == "none" and (v.allow or v.deny):
+        raise InvalidArgument(
+            f"{what}: mode 'none' has no interface, so it takes no rules: use mode 'filtered' "
+            "with the rules"
+        )
+    out: Dict[str, Any] = {"mode": m}
+    for name, rules in (("allow", v.allow), ("deny", v.deny)):
+        if len(rules) > MAX_NET_RULES:
+            raise InvalidArgument(
+                f"{what}: {len(rules)} {name} rules is more than {MAX_NET_RULES}: use wider "
+                "CIDRs or '*.' domains"
+            )
+        if rules:
+            out[name] = [net_rule(r, f"{name}[{i}]") for i, r in enumerate(rules)]
+    return out

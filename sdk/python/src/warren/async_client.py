@@ -16,9 +16,18 @@ from . import _validate as v
 from ._config import resolve_key, resolve_url
 from ._http import AsyncTransport
 from .async_sandbox import AsyncSandbox
-from .client import Size
+from .client import NetworkArg, Size
 from .trajectory import LogSource, load
-from .types import Health, IncidentEvent, Listing, NodeInfo, SandboxInfo, TaskInfo, TaskResult
+from .types import (
+    Health,
+    IncidentEvent,
+    Listing,
+    NodeInfo,
+    SandboxInfo,
+    TaskInfo,
+    TaskNetworkResult,
+    TaskResult,
+)
 
 
 class AsyncContainers:
@@ -44,6 +53,7 @@ class AsyncContainers:
         labels: Optional[Dict[str, str]] = None,
         env: Optional[Dict[str, str]] = None,
         trajectory: bool = False,
+        network: Optional[NetworkArg] = None,
         idempotency_key: Optional[str] = None,
     ) -> AsyncSandbox:
         """Creates a container sandbox (arguments as :meth:`warren.client.Containers.create`).
@@ -62,6 +72,7 @@ class AsyncContainers:
             labels=labels,
             env=env,
             trajectory=trajectory,
+            network=network,
             idempotency_key=idempotency_key,
         )
         return AsyncSandbox(self._t, await self._t.call(call))
@@ -113,6 +124,11 @@ class AsyncTasks:
         """Kills every sandbox of the task."""
         return await self._t.call(_ops.task_action(name, "stop"))
 
+    async def set_network(self, name: str, policy: NetworkArg) -> TaskNetworkResult:
+        """Gives every sandbox of the task this network policy (see
+        :meth:`warren.client.Tasks.set_network`)."""
+        return await self._t.call(_ops.task_network(name, policy))
+
     async def list(self) -> Listing[TaskInfo]:
         """Every task with sandboxes, and how many are running and paused. A list; its
         ``unreachable`` names the nodes that did not answer, whose sandboxes are not counted."""
@@ -121,8 +137,8 @@ class AsyncTasks:
 
 class AsyncEvents:
     """Incident events: ``client.events``. What sandboxes tried that the platform stopped or
-    cut (denied system calls, attempts on the guest agent, limits reached), gathered from every
-    node; events outlive their sandboxes."""
+    cut (denied system calls, attempts on the guest agent, limits reached, connections their
+    network policy refused), gathered from every node; events outlive their sandboxes."""
 
     def __init__(self, t: AsyncTransport) -> None:
         self._t = t
@@ -137,9 +153,10 @@ class AsyncEvents:
     ) -> Listing[IncidentEvent]:
         """Events, oldest first: only ``sandbox``'s, only ``task``'s, only of ``kind``
         (``"seccomp"``, ``"management"``, ``"disk_quota"``, ``"output_truncated"``,
-        ``"pids_limit"``, ``"oom_kill"``), only since ``since`` (RFC 3339, or a duration back
-        from now such as ``"10m"``). A list; its ``unreachable`` names the nodes that did not
-        answer, whose events are missing."""
+        ``"pids_limit"``, ``"oom_kill"``, ``"network"``), only since ``since`` (RFC 3339, or a
+        duration back from now such as ``"10m"``). A list; its ``unreachable`` names the nodes
+        that did not answer, whose events are missing. A ``network`` event's ``network`` says
+        what was refused (:class:`~warren.NetEvent`)."""
         return await self._t.call(_ops.list_events(sandbox, task, kind, since))
 
 

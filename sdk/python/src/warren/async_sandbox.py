@@ -23,10 +23,11 @@ from .errors import NotFound, ProtocolError, SandboxGone, Unavailable, WarrenErr
 from .events import ExecEvent, Exit, parse
 from .sandbox import Command, ProcessRef, Stdin
 from .trajectory import TrajectoryEntry
-from .types import ExecResult, ExitStatus, FileEntry, ProcessInfo, SandboxInfo
+from .types import ExecResult, ExitStatus, FileEntry, NetworkStatus, ProcessInfo, SandboxInfo
 
 if TYPE_CHECKING:
     from ._http import AsyncTransport, Opened
+    from .client import NetworkArg
 
 
 class AsyncEventStream:
@@ -236,6 +237,22 @@ class AsyncFiles:
         return _tar.unpack(data, local_dir)
 
 
+class AsyncNetwork:
+    """A sandbox's network: ``sandbox.network`` (see :class:`warren.sandbox.Network`)."""
+
+    def __init__(self, sb: AsyncSandbox) -> None:
+        self._sb = sb
+
+    async def get(self) -> NetworkStatus:
+        """Its mode, addresses (``ipv4``, ``ipv6``, ``gateway``) and policy."""
+        return await self._sb._t.call(_ops.get_network(self._sb.id))
+
+    async def update(self, policy: NetworkArg) -> NetworkStatus:
+        """Replaces its policy and returns the network as it now stands (see
+        :meth:`warren.sandbox.Network.update`)."""
+        return await self._sb._t.call(_ops.set_network(self._sb.id, policy))
+
+
 class AsyncSandbox:
     """A handle on one sandbox (asyncio). See :class:`warren.sandbox.Sandbox`; the methods are
     the same, awaited. ``async with`` kills the sandbox on leaving."""
@@ -248,6 +265,8 @@ class AsyncSandbox:
         """The sandbox as this handle last saw it; call :meth:`info` for how it is now."""
         self.files = AsyncFiles(self)
         self.processes = AsyncProcesses(self)
+        self.network = AsyncNetwork(self)
+        """Its network: ``await network.get()``, ``await network.update(policy)``."""
 
     def __repr__(self) -> str:
         return f"AsyncSandbox(id={self.id!r})"

@@ -5,7 +5,7 @@
     client
     ├── containers   create / replay container sandboxes   (a backend)
     ├── sandboxes    list, get (re-attach by id)            (any backend)
-    ├── tasks        pause / resume / stop a whole task, list tasks
+    ├── tasks        pause / resume / stop a whole task, set its network, list tasks
     ├── health()
     └── nodes()
 
@@ -17,7 +17,7 @@ same :class:`~warren.sandbox.Sandbox` handle.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from . import _ops
 from . import _validate as v
@@ -25,9 +25,22 @@ from ._config import resolve_key, resolve_url
 from ._http import SyncTransport
 from .sandbox import Sandbox
 from .trajectory import LogSource, load
-from .types import Health, IncidentEvent, Listing, NodeInfo, SandboxInfo, TaskInfo, TaskResult
+from .types import (
+    Health,
+    IncidentEvent,
+    Listing,
+    NetworkPolicy,
+    NodeInfo,
+    SandboxInfo,
+    TaskInfo,
+    TaskNetworkResult,
+    TaskResult,
+)
 
 Size = Union[int, str]
+NetworkArg = Union[NetworkPolicy, Mapping[str, Any], str]
+"""A :class:`~warren.types.NetworkPolicy`, a dict of its JSON fields, or ``"none"`` /
+``"filtered"`` (no rules)."""
 
 
 class Containers:
@@ -53,6 +66,7 @@ class Containers:
         labels: Optional[Dict[str, str]] = None,
         env: Optional[Dict[str, str]] = None,
         trajectory: bool = False,
+        network: Optional[NetworkArg] = None,
         idempotency_key: Optional[str] = None,
     ) -> Sandbox:
         """Creates a container sandbox and returns a handle once it is ready for commands.
@@ -73,6 +87,11 @@ class Containers:
             labels: Free-form labels, filterable in ``client.sandboxes.list``.
             env: Environment variables for every command.
             trajectory: Record every exec and file write (``sandbox.trajectory()``).
+            network: What it may reach: a :class:`~warren.NetworkPolicy` (rules of what to
+                allow and deny), a dict of its JSON fields, or ``"none"`` (loopback only, no
+                interface). Default: the node's, an interface with every outbound connection
+                denied (``"filtered"``, no rules). Change it later with
+                ``sandbox.network.update``.
             idempotency_key: Sent as ``Idempotency-Key``; a create with a key already used
                 returns the sandbox the first one made. Default: a fresh UUID, kept across this
                 call's retries, so a retry never makes a second sandbox.
@@ -96,6 +115,7 @@ class Containers:
             labels=labels,
             env=env,
             trajectory=trajectory,
+            network=network,
             idempotency_key=idempotency_key,
         )
         return Sandbox(self._t, self._t.call(call))
@@ -164,6 +184,15 @@ class Tasks:
         """Kills every sandbox of the task."""
         return self._t.call(_ops.task_action(name, "stop"))
 
+    def set_network(self, name: str, policy: NetworkArg) -> TaskNetworkResult:
+        """Gives every sandbox of the task this network policy, replacing its own (e.g.
+        :meth:`NetworkPolicy.none() <warren.NetworkPolicy.none>` for an agent phase after a
+        setup phase that could reach a package index). New connections follow it at once; an
+        open one it no longer allows is reset. A sandbox of the task created with network
+        mode ``none`` has no interface to filter: it is listed in ``failed``, whatever the
+        policy, and the others still take it."""
+        return self._t.call(_ops.task_network(name, policy))
+
     def list(self) -> Listing[TaskInfo]:
         """Every task with sandboxes, and how many are running and paused. A list; its
         ``unreachable`` names the nodes that did not answer, whose sandboxes are not counted."""
@@ -172,8 +201,8 @@ class Tasks:
 
 class Events:
     """Incident events: ``client.events``. What sandboxes tried that the platform stopped or
-    cut (denied system calls, attempts on the guest agent, limits reached), gathered from every
-    node; events outlive their sandboxes."""
+    cut (denied system calls, attempts on the guest agent, limits reached, connections their
+    network policy refused), gathered from every node; events outlive their sandboxes."""
 
     def __init__(self, t: SyncTransport) -> None:
         self._t = t
@@ -188,9 +217,10 @@ class Events:
     ) -> Listing[IncidentEvent]:
         """Events, oldest first: only ``sandbox``'s, only ``task``'s, only of ``kind``
         (``"seccomp"``, ``"management"``, ``"disk_quota"``, ``"output_truncated"``,
-        ``"pids_limit"``, ``"oom_kill"``), only since ``since`` (RFC 3339, or a duration back
-        from now such as ``"10m"``). A list; its ``unreachable`` names the nodes that did not
-        answer, whose events are missing."""
+        ``"pids_limit"``, ``"oom_kill"``, ``"network"``), only since ``since`` (RFC 3339, or a
+        duration back from now such as ``"10m"``). A list; its ``unreachable`` names the nodes
+        that did not answer, whose events are missing. A ``network`` event's ``network`` says
+        what was refused (:class:`~warren.NetEvent`)."""
         return self._t.call(_ops.list_events(sandbox, task, kind, since))
 
 

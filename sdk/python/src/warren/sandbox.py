@@ -1,4 +1,5 @@
-"""A handle on one sandbox (blocking): commands, background processes, files, lifecycle.
+"""A handle on one sandbox (blocking): commands, background processes, files, network,
+lifecycle.
 
 The async twin, with the same methods to ``await``, is :mod:`warren.async_sandbox`.
 """
@@ -15,10 +16,11 @@ from . import _validate as v
 from .errors import NotFound, ProtocolError, SandboxGone, Unavailable, WarrenError
 from .events import ExecEvent, Exit, parse
 from .trajectory import TrajectoryEntry
-from .types import ExecResult, ExitStatus, FileEntry, ProcessInfo, SandboxInfo
+from .types import ExecResult, ExitStatus, FileEntry, NetworkStatus, ProcessInfo, SandboxInfo
 
 if TYPE_CHECKING:
     from ._http import Opened, SyncTransport
+    from .client import NetworkArg
 
 Command = Union[str, Sequence[str]]
 """A shell command line (run by ``/bin/sh -c``), or a program and its arguments."""
@@ -227,6 +229,26 @@ class Files:
         return _tar.unpack(data, local_dir)
 
 
+class Network:
+    """A sandbox's network: ``sandbox.network``."""
+
+    def __init__(self, sb: Sandbox) -> None:
+        self._sb = sb
+
+    def get(self) -> NetworkStatus:
+        """Its mode, addresses (``ipv4``, ``ipv6``, ``gateway``) and policy."""
+        return self._sb._t.call(_ops.get_network(self._sb.id))
+
+    def update(self, policy: NetworkArg) -> NetworkStatus:
+        """Replaces its policy with ``policy`` (a :class:`~warren.NetworkPolicy`, a dict of
+        its JSON fields, or ``"none"``) and returns the network as it now stands. New
+        connections follow it at once; an open connection it no longer allows is reset at its
+        next packet. On a sandbox created with an interface, ``NetworkPolicy.none()`` denies
+        everything (the interface stays); one created with mode ``none`` has no interface, so
+        it takes no other policy (:class:`~warren.InvalidArgument`)."""
+        return self._sb._t.call(_ops.set_network(self._sb.id, policy))
+
+
 class Sandbox:
     """A handle on one sandbox. Made by ``client.containers.create`` (or ``replay``) and
     ``client.sandboxes.get``; holds only the id, so it is cheap, and every method asks the server.
@@ -243,6 +265,8 @@ class Sandbox:
         set_timeout); call :meth:`info` for how it is now."""
         self.files = Files(self)
         self.processes = Processes(self)
+        self.network = Network(self)
+        """Its network: ``network.get()``, ``network.update(policy)``."""
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r})"

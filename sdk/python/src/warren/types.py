@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, TypeVar
+from typing import Any, Dict, Iterable, List, Mapping, Optional, TypeVar, Union
 
 T = TypeVar("T")
 
@@ -39,6 +39,235 @@ class Resources:
         )
 
 
+# Networks.
+
+
+@dataclass(frozen=True)
+class NetRule:
+    """One network rule: a destination (a ``cidr`` or a ``domain``, or neither for every
+    address on ``ports``), optional ``ports`` and ``protocol``.
+
+    ::
+
+        NetRule(cidr="10.0.0.0/8")                  # every port and protocol of a range
+        NetRule(domain="*.pythonhosted.org")        # TCP to the names under it
+        NetRule(cidr="2001:db8::/32", ports="443", protocol="tcp")
+        NetRule.port("53/udp")                      # UDP port 53 of every address
+    """
+
+    cidr: Optional[str] = None
+    """An address or CIDR, IPv4 or IPv6 (``10.1.2.3``, ``10.0.0.0/8``); host bits must be 0."""
+    domain: Optional[str] = None
+    """``pypi.org`` (that name only) or ``*.pythonhosted.org`` (every name under it, not the
+    name itself). A domain rule is TCP only: it allows the addresses the node's resolver gave
+    the sandbox for the name, for their TTL."""
+    ports: Union[str, int, None] = None
+    """A port (``443``) or an inclusive range (``"8000-8100"``); ``None``: every port."""
+    protocol: Optional[str] = None
+    """``"tcp"`` or ``"udp"``; ``None``: both (a domain is always TCP)."""
+
+    @classmethod
+    def port(cls, spec: Union[str, int], protocol: Optional[str] = None) -> NetRule:
+        """Every address on a port or range, written as the CLI's ``--allow-port`` takes it:
+        ``443``, ``"53/udp"``, ``"8000-8100/tcp"`` (no protocol: TCP and UDP)."""
+        from ._validate import port_spec
+
+        ports, proto = port_spec(spec)
+        if protocol is not None and proto is not None and protocol != proto:
+            from .errors import InvalidArgument
+
+            raise InvalidArgument(f"port {spec!r} says {proto}, and protocol says {protocol!r}")
+        return cls(ports=ports, protocol=proto or protocol)
+
+    def to_json(self) -> Dict[str, Any]:
+        """The rule as the API takes it (unset fields left out)."""
+        d: Dict[str, Any] = {}
+        if self.cidr is not None:
+            d["cidr"] = self.cidr
+        if self.domain is not None:
+            d["domain"] = self.domain
+        if self.ports is not None:
+            d["ports"] = str(self.ports)
+        if self.protocol is not None:
+            d["protocol"] = self.protocol
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NetRule:
+        ports = d.get("ports")
+        return cls(
+            cidr=d.get("cidr"),
+            domain=d.get("domain"),
+            ports=None if ports is None else str(ports),
+            protocol=d.get("protocol"),
+        )
+
+
+def _rules(items: Iterable[Any], what: str) -> List[NetRule]:
+    from ._validate import net_rule_of
+
+    return [net_rule_of(r, f"{what}[{i}]") for i, r in enumerate(items)]
+
+
+@dataclass(frozen=True, init=False)
+class NetworkPolicy:
+    """What a sandbox may reach: ``mode`` ``"filtered"`` (the default: an interface, every
+    outbound connection denied unless an ``allow`` rule matches and no ``deny`` rule does) or
+    ``"none"`` (loopback only: no interface at all, the cheapest).
+
+    The rules as :class:`NetRule` objects (or dicts of the same fields), or by kind::
+
+        NetworkPolicy()                                         # an interface, nothing allowed
+        NetworkPolicy.none()                                    # loopback only
+        NetworkPolicy.internet(deny_cidrs=["10.0.0.0/8"])       # everything but a range
+        NetworkPolicy(allow_domains=["pypi.org", "*.pythonhosted.org"],
+                      allow_cidrs=["10.1.0.0/16"], allow_ports=["443/tcp", "53/udp"])
+
+    Some destinations are never reachable whatever the rules say (the node, other sandboxes,
+    loopback, link-local and cloud metadata addresses), unless the node's administrator allows
+    them. Rules are checked lightly before a request (:class:`~warren.InvalidArgument`); the
+    server checks the rest and names the rule it refuses (``allow[0]: ...``).
+    """
+
+    mode: str
+    """``"filtered"`` or ``"none"``."""
+    allow: List[NetRule]
+    deny: List[NetRule]
+
+    def __init__(
+        self,
+        mode: str = "filtered",
+        allow: Iterable[Union[NetRule, Mapping[str, Any]]] = (),
+        deny: Iterable[Union[NetRule, Mapping[str, Any]]] = (),
+        *,
+        allow_domains: Iterable[str] = (),
+        allow_cidrs: Iterable[str] = (),
+        allow_ports: Iterable[Union[str, int]] = (),
+        deny_domains: Iterable[str] = (),
+        deny_cidrs: Iterable[str] = (),
+        deny_ports: Iterable[Union[str, int]] = (),
+    ) -> None:
+        rules = {}
+        for what, given, domains, cidrs, ports in (
+            ("allow", allow, allow_domains, allow_cidrs, allow_ports),
+            ("deny", deny, deny_domains, deny_cidrs, deny_ports),
+        ):
+            for name, items in (
+                (what, given),
+                (f"{what}_domains", domains),
+                (f"{what}_cidrs", cidrs),
+                (f"{what}_ports", ports),
+            ):
+                if isinstance(items, (str, bytes, Mapping, NetRule)):
+                    from .errors import ArgumentTypeError
+
+                    raise ArgumentTypeError(
+                        f"{name} must be a list, not one {type(items).__name__}: "
+                        f"write {name}=[{items!r}]"
+                    )
+            rules[what] = (
+                _rules(given, what)
+                + [NetRule(domain=d) for d in domains]
+                + [NetRule(cidr=c) for c in cidrs]
+                + [NetRule.port(p) for p in ports]
+            )
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "allow", rules["allow"])
+        object.__setattr__(self, "deny", rules["deny"])
+
+    @classmethod
+    def none(cls) -> NetworkPolicy:
+        """Loopback only. At create: no interface at all. On a running sandbox created with an
+        interface: every connection denied (the interface stays)."""
+        return cls(mode="none")
+
+    @classmethod
+    def internet(
+        cls,
+        *,
+        deny: Iterable[Union[NetRule, Mapping[str, Any]]] = (),
+        deny_domains: Iterable[str] = (),
+        deny_cidrs: Iterable[str] = (),
+        deny_ports: Iterable[Union[str, int]] = (),
+    ) -> NetworkPolicy:
+        """Every address outside the always-denied ones, every port (``0.0.0.0/0`` and
+        ``::/0``), less what ``deny`` says."""
+        return cls(
+            allow_cidrs=["0.0.0.0/0", "::/0"],
+            deny=deny,
+            deny_domains=deny_domains,
+            deny_cidrs=deny_cidrs,
+            deny_ports=deny_ports,
+        )
+
+    def to_json(self) -> Dict[str, Any]:
+        """The policy as the API takes it."""
+        d: Dict[str, Any] = {"mode": self.mode}
+        if self.allow:
+            d["allow"] = [r.to_json() for r in self.allow]
+        if self.deny:
+            d["deny"] = [r.to_json() for r in self.deny]
+        return d
+
+
+@dataclass(frozen=True)
+class NetworkStatus:
+    """A sandbox's network as it stands (``sandbox.network.get()``, ``SandboxInfo.network``)."""
+
+    mode: str
+    """``"filtered"`` or ``"none"``."""
+    ipv4: Optional[str] = None
+    """Its IPv4 address (mode ``filtered``)."""
+    ipv6: Optional[str] = None
+    gateway: Optional[str] = None
+    """The node's address on its interface, and its only DNS resolver (mode ``filtered``)."""
+    allow: List[NetRule] = field(default_factory=list)
+    deny: List[NetRule] = field(default_factory=list)
+
+    @property
+    def policy(self) -> NetworkPolicy:
+        """Its policy, to change and give back to ``sandbox.network.update``."""
+        return NetworkPolicy(self.mode, self.allow, self.deny)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NetworkStatus:
+        return cls(
+            mode=d.get("mode", "filtered"),
+            ipv4=d.get("ipv4"),
+            ipv6=d.get("ipv6"),
+            gateway=d.get("gateway"),
+            allow=[NetRule.from_json(r) for r in d.get("allow") or []],
+            deny=[NetRule.from_json(r) for r in d.get("deny") or []],
+        )
+
+
+@dataclass(frozen=True)
+class NetEvent:
+    """What a ``network`` event refused: one destination (or, for a sweep across many, a
+    summary), the ports tried, or the name looked up."""
+
+    protocol: str
+    """``tcp``, ``udp``, ``icmp``, ``icmpv6``, ``dns``, ..."""
+    destination: str
+    """The address tried (for a name lookup: the resolver)."""
+    ports: str = ""
+    """The ports tried, as ranges (``"22"``, ``"1-52,54-300"``), up to 64 ranges (then ``…``)."""
+    port_count: int = 0
+    """How many distinct ports."""
+    domain: Optional[str] = None
+    """The name refused (a lookup)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NetEvent:
+        return cls(
+            protocol=d.get("protocol", ""),
+            destination=d.get("destination", ""),
+            ports=d.get("ports") or "",
+            port_count=int(d.get("port_count") or 0),
+            domain=d.get("domain"),
+        )
+
+
 @dataclass(frozen=True)
 class SandboxInfo:
     """A sandbox as the API shows it."""
@@ -66,6 +295,8 @@ class SandboxInfo:
     """Digest (``sha256:...``) of the guest agent binary it runs; None where unknown."""
     builder: bool = False
     """An image build's sandbox, whose root commands hold the build capabilities."""
+    network: Optional[NetworkStatus] = None
+    """Its network: mode, addresses and policy (``None`` from nodes older than networks)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SandboxInfo:
@@ -86,6 +317,7 @@ class SandboxInfo:
             layers=list(d.get("layers") or []),
             guest=d.get("guest"),
             builder=bool(d.get("builder", False)),
+            network=NetworkStatus.from_json(d["network"]) if d.get("network") else None,
         )
 
 
@@ -331,6 +563,13 @@ class TaskFailure:
     error: ErrorInfo
 
 
+def _task_failures(d: Mapping[str, Any]) -> List[TaskFailure]:
+    return [
+        TaskFailure(id=f["id"], error=ErrorInfo(f["error"]["code"], f["error"]["message"]))
+        for f in d.get("failed") or []
+    ]
+
+
 @dataclass(frozen=True)
 class TaskResult:
     """What a task-level operation did."""
@@ -355,10 +594,35 @@ class TaskResult:
             task=d["task"],
             action=d["action"],
             succeeded=int(d["succeeded"]),
-            failed=[
-                TaskFailure(id=f["id"], error=ErrorInfo(f["error"]["code"], f["error"]["message"]))
-                for f in d.get("failed") or []
-            ],
+            failed=_task_failures(d),
+            unreachable=unreachable_from_json(d),
+        )
+
+
+@dataclass(frozen=True)
+class TaskNetworkResult:
+    """How a task's sandboxes took a new network policy (``client.tasks.set_network``)."""
+
+    task: str
+    succeeded: int
+    """How many sandboxes took it."""
+    failed: List[TaskFailure] = field(default_factory=list)
+    """The ones that did not, with why (a sandbox created with network mode ``none`` has no
+    interface to filter)."""
+    unreachable: List[NodeFailure] = field(default_factory=list)
+    """Nodes that did not answer: their sandboxes of the task were not reached."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether every sandbox of the task, on every node, took the policy."""
+        return not self.failed and not self.unreachable
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TaskNetworkResult:
+        return cls(
+            task=d["task"],
+            succeeded=int(d["succeeded"]),
+            failed=_task_failures(d),
             unreachable=unreachable_from_json(d),
         )
 
@@ -448,8 +712,8 @@ class IncidentEvent:
     sandbox: str
     task: Optional[str]
     kind: str
-    """``seccomp``, ``management``, ``disk_quota``, ``output_truncated``, ``pids_limit`` or
-    ``oom_kill``."""
+    """``seccomp``, ``management``, ``disk_quota``, ``output_truncated``, ``pids_limit``,
+    ``oom_kill`` or ``network`` (a connection attempt or name lookup its policy refused)."""
     detail: str
     """Which: the system call, the stream, the limit."""
     count: int
@@ -458,6 +722,8 @@ class IncidentEvent:
     pid: Optional[int] = None
     """The process of the last occurrence (in the sandbox), when known."""
     comm: Optional[str] = None
+    network: Optional[NetEvent] = None
+    """What a ``network`` event refused: protocol, destination, ports, the domain looked up."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> IncidentEvent:
@@ -473,4 +739,5 @@ class IncidentEvent:
             last_at=d["last_at"],
             pid=d.get("pid"),
             comm=d.get("comm"),
+            network=NetEvent.from_json(d["network"]) if d.get("network") else None,
         )
