@@ -13,6 +13,7 @@
 
 mod containment;
 mod host;
+mod network;
 mod peers;
 mod report;
 mod soak;
@@ -97,6 +98,8 @@ pub fn cycle_result(r: &Result<CycleStats, String>) -> String {
 
 const USAGE: &str = "\
 usage: warren-bench [--quick]
+       warren-bench network [--quick]
+       warren-bench network-part warm|cold [--quick]
        warren-bench soak [--cycles N] [--every N] [--concurrency N]
        warren-bench containment [N]
 
@@ -117,9 +120,105 @@ exec with and without the disk quota and the system-call filter, and the disk-qu
 mechanisms (btrfs subvolume and quota group; an ext4 file system per sandbox).
 ";
 
+/// Runs this program with `args` in a new network namespace (made here, deleted after) and
+/// returns what it printed. Blocking.
+pub fn run_in_fresh_netns(args: &[String]) -> Result<String, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let name = format!(
+        "warren-bench-{}-{}",
+        std::process::id(),
+        args.get(1).map(String::as_str).unwrap_or("part")
+    );
+    let ip = |a: &[&str]| {
+        std::process::Command::new("ip")
+            .args(a)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !ip(&["netns", "add", &name]) || !ip(&["-n", &name, "link", "set", "lo", "up"]) {
+        ip(&["netns", "del", &name]);
+        return Err("could not make a network namespace (ip netns add)".into());
+    }
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{name}"))
+        .arg("--")
+        .arg(&exe)
+        .args(args)
+        .env("WARREN_BENCH_NETNS", &name)
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    ip(&["netns", "del", &name]);
+    let out = out.map_err(|e| format!("nsenter: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("exited with {}", out.status));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs this program again inside a network namespace of its own (made here, deleted after):
+/// the nodes it starts give sandboxes interfaces and a firewall table, which must not land in
+/// the machine's own namespace. `None` when already inside one (or not root: then nothing
+/// that needs a namespace runs anyway).
+fn in_own_netns(args: &[String]) -> Option<std::process::ExitCode> {
+    if std::env::var_os("WARREN_BENCH_NETNS").is_some() {
+        return None;
+    }
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .is_some_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        });
+    if !root {
+        return None;
+    }
+    let exe = std::env::current_exe().ok()?;
+    let name = format!("warren-bench-{}", std::process::id());
+    let ip = |a: &[&str]| {
+        std::process::Command::new("ip")
+            .args(a)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !ip(&["netns", "add", &name]) || !ip(&["-n", &name, "link", "set", "lo", "up"]) {
+        eprintln!("warren-bench: could not make a network namespace of its own (ip netns add)");
+        return Some(std::process::ExitCode::FAILURE);
+    }
+    let status = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{name}"))
+        .arg("--")
+        .arg(&exe)
+        .args(args)
+        .env("WARREN_BENCH_NETNS", &name)
+        .status();
+    ip(&["netns", "del", &name]);
+    Some(match status {
+        Ok(s) if s.success() => std::process::ExitCode::SUCCESS,
+        Ok(s) => std::process::ExitCode::from(s.code().unwrap_or(1).clamp(1, 255) as u8),
+        Err(e) => {
+            eprintln!("warren-bench: nsenter: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    })
+}
+
 fn main() -> std::process::ExitCode {
     let mut quick = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(code) = in_own_netns(&args) {
+        return code;
+    }
+    if args.first().map(String::as_str) == Some("network") {
+        print!(
+            "{}",
+            network::run_parts(args.iter().any(|a| a == "--quick"))
+        );
+        return std::process::ExitCode::SUCCESS;
+    }
+    if args.first().map(String::as_str) == Some("network-part") {
+        let warm = args.get(1).map(String::as_str) != Some("cold");
+        return network_main(args.iter().any(|a| a == "--quick"), warm);
+    }
     if args.first().map(String::as_str) == Some("soak") {
         return soak_main(&args[1..]);
     }
@@ -214,6 +313,33 @@ fn main() -> std::process::ExitCode {
     // Do not wait for stray blocking tasks (e.g. a stuck guest socket) at exit.
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     print!("{}", report::render(&plan, &machine, &results));
+    print!("{}", network::run_parts(quick));
+    std::process::ExitCode::SUCCESS
+}
+
+/// `warren-bench network [--quick]`.
+fn network_main(quick: bool, warm: bool) -> std::process::ExitCode {
+    let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(PathBuf::from))
+    else {
+        eprintln!("warren-bench: cannot tell where its own executable is");
+        return std::process::ExitCode::FAILURE;
+    };
+    let plan = Plan::new(quick);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("warren-bench: tokio runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let r = rt.block_on(network::part(&plan, &exe_dir, warm));
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    print!("{}", network::render(&plan, &r));
     std::process::ExitCode::SUCCESS
 }
 

@@ -71,19 +71,25 @@ async fn cycle(node: Arc<Node>) -> anyhow::Result<Phases> {
 /// setting is given by name through serde, so that this crate builds against a node without
 /// one (the cold run then reports that it has nothing to turn off).
 fn config(state_dir: &Path, guest: &Path, cold: bool) -> Result<NodeConfig, String> {
+    // Loopback-only sandboxes, the figures before sandbox networks (the `network` part of
+    // the run measures those, each node in a namespace of its own: two nodes with networks
+    // in one namespace is refused).
     if !cold {
-        return Ok(NodeConfig {
+        let mut cfg = NodeConfig {
             state_dir: state_dir.to_path_buf(),
             cgroup_parent: CGROUP_PARENT.into(),
             guest_binary: Some(guest.to_path_buf()),
             ..Default::default()
-        });
+        };
+        cfg.network.enabled = false;
+        return Ok(cfg);
     }
     serde_json::from_value(serde_json::json!({
         "state_dir": state_dir,
         "cgroup_parent": CGROUP_PARENT,
         "guest_binary": guest,
         "warm_pool": 0,
+        "network": { "enabled": false },
     }))
     .map_err(|e| format!("this build's NodeConfig cannot turn a warm pool off ({e})"))
 }

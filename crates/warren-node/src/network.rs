@@ -94,9 +94,11 @@ impl Node {
         for sb in &locked {
             guards.push(sb.lifecycle.lock().await);
         }
+        // Loopback-only sandboxes take `none` (nothing to change) and nothing else.
+        let none = parsed.mode == NetworkMode::None;
         let (with, without): (Vec<_>, Vec<_>) = all
             .into_iter()
-            .partition(|s| s.instance.network().is_some());
+            .partition(|s| none || s.instance.network().is_some());
         let mut failed: Vec<TaskFailure> = without
             .iter()
             .map(|s| TaskFailure {

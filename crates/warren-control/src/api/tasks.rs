@@ -63,8 +63,8 @@ pub async fn act(
 /// Replace the network policy of every sandbox of a task, on every node at once (one request
 /// per node; each node changes all of its sandboxes of the task in one firewall transaction).
 /// Typical use: a setup phase that allows package indexes, then an agent phase with no
-/// internet. Sandboxes created with network mode `none` are listed as failed (they have no
-/// interface to filter). A node that does not answer is named in `unreachable`, and when no
+/// internet. Sandboxes created with network mode `none` take a `none` policy as they are and
+/// are listed as failed for any other (they have no interface to filter). A node that does not answer is named in `unreachable`, and when no
 /// node answers the call fails with 503.
 #[utoipa::path(put, path = "/v1/tasks/{task}/network", tag = "network",
     params(("task" = String, Path, description = "Task name.")),

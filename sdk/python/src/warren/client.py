@@ -189,8 +189,8 @@ class Tasks:
         :meth:`NetworkPolicy.none() <warren.NetworkPolicy.none>` for an agent phase after a
         setup phase that could reach a package index). New connections follow it at once; an
         open one it no longer allows is reset. A sandbox of the task created with network
-        mode ``none`` has no interface to filter: it is listed in ``failed``, whatever the
-        policy, and the others still take it."""
+        mode ``none`` has no interface to filter: it takes a ``none`` policy as it is, and is
+        listed in ``failed`` for any other (the others still take it)."""
         return self._t.call(_ops.task_network(name, policy))
 
     def list(self) -> Listing[TaskInfo]:
