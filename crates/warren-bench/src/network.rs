@@ -248,6 +248,8 @@ pub async fn part(plan: &Plan, exe_dir: &Path, warm: bool) -> Result<NetResults,
     }
     node.shutdown().await;
     node.remove_network_if_unused();
+    node.unmount_unused_layers();
+    node.unmount_disk_pool_if_unused();
     tokio::time::sleep(Duration::from_millis(300)).await;
     for p in host::remove_cgroup_parent(CGROUP_PARENT, true) {
         notes.push(format!("cgroup left behind: {p}"));

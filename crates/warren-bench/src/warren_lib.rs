@@ -158,6 +158,9 @@ pub async fn run(plan: &Plan, exe_dir: &Path, cold: bool) -> Result<LibResults, 
             "{what}: {left} sandboxes were still running at the end and were killed"
         ));
     }
+    // Its disk pool's mount goes too (it was left mounted under the temp dir before).
+    node.unmount_unused_layers();
+    node.unmount_disk_pool_if_unused();
     drop(node);
     // Teardown deletes writable layers on background threads; let them finish before the
     // temp dir goes.

@@ -183,7 +183,13 @@ impl Node {
             layers.clone(),
             images.clone(),
         )
-        .map_err(StartError::Backend)?;
+        .map_err(|e| {
+            // Nothing runs: the disk pool mounted above goes again.
+            if let Some(pool) = &dirs.disk {
+                let _ = warren_sys::mount::unmount_detach(&pool.root);
+            }
+            StartError::Backend(e)
+        })?;
         let events = crate::events::EventStore::open(&root);
         let node = Arc::new(Node {
             id,

@@ -307,6 +307,32 @@ fn nothing_is_left_after_kills_and_a_daemon_crash() {
         }
         ids
     });
+    // A second node in the same namespace is refused at start, with why (it would replace the
+    // first one's firewall table).
+    let second = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", lab.node.name))
+        .arg("--")
+        .arg(common::warren_bin())
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:1",
+            "--cgroup-parent",
+            "warren-test-second",
+        ])
+        .arg("--data-dir")
+        .arg(second.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("another Warren node"),
+        "{err}"
+    );
+    let cg = warren_node::container::cgroups::Cgroups::new("warren-test-second").unwrap();
+    assert!(cg.existing().is_empty());
+    let _ = cg.remove_all();
     // A crash: the sandboxes keep running, their interfaces and firewall too.
     p.kill9();
     p.start_again();

@@ -150,11 +150,12 @@ impl ContainerBackend {
         layers: Arc<LayerMounts>,
         images: Arc<Images>,
     ) -> std::io::Result<Arc<ContainerBackend>> {
-        let cgroups = Cgroups::new(&cfg.cgroup_parent)?;
+        // The network first: a node refused for sharing a namespace makes nothing else.
         let net = match cfg.network {
             Some(n) => Some(net::NodeNet::new(n)?),
             None => None,
         };
+        let cgroups = Cgroups::new(&cfg.cgroup_parent)?;
         let host_net = net.is_some();
         let host = Arc::new(Host {
             net,

@@ -101,7 +101,7 @@ pub(crate) struct NodeNet {
     pub(crate) resolv_conf: std::path::PathBuf,
     _reader: Reader,
     /// Held for the node's life: one node's network per network namespace.
-    _lock: std::fs::File,
+    _lock: std::os::fd::OwnedFd,
     /// Refused attempts and names, to the node.
     tx: mpsc::Sender<NetDenial>,
     /// The DNS proxy on the gateway address (started once the node's network is).
@@ -183,25 +183,24 @@ fn raise_open_files(n: u64) {
 }
 
 /// Takes the lock of the calling thread's network namespace: two nodes in one namespace would
-/// replace each other's firewall table and share interface names and routes.
-fn lock_namespace() -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::MetadataExt;
-    let ino = std::fs::metadata("/proc/thread-self/ns/net")?.ino();
-    let dir = std::path::Path::new("/run/warren");
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join(format!("netns-{ino}.lock"));
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)?;
-    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(f),
-        Err(rustix::io::Errno::WOULDBLOCK) => Err(std::io::Error::other(format!(
-            "another Warren node runs its sandbox network in this network namespace ({}): \
-             give each node a namespace of its own, or set [node.network] enabled = false",
-            path.display()
-        ))),
+/// replace each other's firewall table and share interface names and routes. The lock is an
+/// abstract unix socket name, which exists per network namespace and goes with the process
+/// that holds it (a crash frees it; no file is left).
+fn lock_namespace() -> std::io::Result<std::os::fd::OwnedFd> {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let name = SocketAddrUnix::new_abstract_name(b"warren/node-network")?;
+    match rustix::net::bind(&fd, &name) {
+        Ok(()) => Ok(fd),
+        Err(rustix::io::Errno::ADDRINUSE) => Err(std::io::Error::other(
+            "another Warren node runs its sandbox network in this network namespace: give \
+             each node a namespace of its own, or set [node.network] enabled = false",
+        )),
         Err(e) => Err(e.into()),
     }
 }
