@@ -140,7 +140,17 @@ pub fn rootfs(cfg: &InitConfig) -> io::Result<()> {
 /// the sandbox's root (a link there points into the sandbox, never the host). An image without
 /// a regular file there keeps what it has (and its names do not resolve).
 fn bind_resolv_conf(source: std::os::fd::OwnedFd) {
-    let target = Path::new("/etc/resolv.conf");
+    // Where a link there leads, inside the sandbox; never onto the platform's own files.
+    let target = match std::fs::canonicalize("/etc/resolv.conf") {
+        Ok(t) if !["/proc", "/sys", "/dev"].iter().any(|d| t.starts_with(d)) => t,
+        _ => {
+            eprintln!(
+                "warren-guest: /etc/resolv.conf leads nowhere or into /proc, /sys or /dev: left as the image has it"
+            );
+            return;
+        }
+    };
+    let target = target.as_path();
     match std::fs::metadata(target) {
         Ok(m) if m.is_file() => {}
         _ => {

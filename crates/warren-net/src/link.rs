@@ -252,17 +252,53 @@ impl Links {
         }
     }
 
-    /// The names of every node end of the pools' form (`wv<index>`) that exists.
+    /// The names of every node end of the pools' form (`wv<index>`, a veth) that exists.
     pub async fn existing(&self) -> io::Result<Vec<(String, u32)>> {
+        Ok(self
+            .interfaces()
+            .await?
+            .into_iter()
+            .filter(|(_, veth)| *veth)
+            .filter_map(|(name, _)| self.addressing.index_of(&name).map(|i| (name, i)))
+            .collect())
+    }
+
+    /// Interfaces whose names Warren's firewall would match (`wv*`) but that are not node
+    /// ends of its form: another program's, which the node must not take over.
+    pub async fn foreign(&self) -> io::Result<Vec<String>> {
+        Ok(self
+            .interfaces()
+            .await?
+            .into_iter()
+            .filter(|(name, veth)| {
+                name.starts_with(HOST_PREFIX)
+                    && !(*veth && self.addressing.index_of(name).is_some())
+            })
+            .map(|(name, _)| name)
+            .collect())
+    }
+
+    /// Every interface's name, and whether it is a veth.
+    async fn interfaces(&self) -> io::Result<Vec<(String, bool)>> {
+        use netlink_packet_route::link::{InfoKind, LinkInfo};
         let mut out = Vec::new();
         let mut links = self.handle.link().get().execute();
         while let Some(msg) = links.try_next().await.map_err(nl)? {
+            let mut name = None;
+            let mut veth = false;
             for a in &msg.attributes {
-                if let LinkAttribute::IfName(name) = a
-                    && let Some(i) = self.addressing.index_of(name)
-                {
-                    out.push((name.clone(), i));
+                match a {
+                    LinkAttribute::IfName(n) => name = Some(n.clone()),
+                    LinkAttribute::LinkInfo(infos) => {
+                        veth |= infos
+                            .iter()
+                            .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth)))
+                    }
+                    _ => {}
                 }
+            }
+            if let Some(n) = name {
+                out.push((n, veth));
             }
         }
         Ok(out)

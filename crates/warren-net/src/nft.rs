@@ -34,7 +34,7 @@ use std::process::{Command, Stdio};
 
 use warren_types::net::{Cidr, Policy, PortRange, Protocol, Rule, Target};
 
-use crate::link::{Addressing, GATEWAY6, HOST_PREFIX, Lease};
+use crate::link::{Addressing, HOST_PREFIX, Lease};
 
 /// The table's name (family `inet`).
 pub const TABLE: &str = "warren";
@@ -44,6 +44,9 @@ pub const MAX_ELEMENTS: usize = 65_536;
 
 /// Refused packets logged per second, node-wide (the rest are refused unlogged).
 pub const LOG_RATE: u32 = 2000;
+
+/// Most addresses × port ranges one sandbox's domains may have open at once.
+pub const MAX_RESOLVED: usize = 1024;
 
 /// How the table is set up.
 #[derive(Debug, Clone)]
@@ -62,8 +65,8 @@ pub struct FirewallConfig {
 }
 
 /// The ranges no sandbox reaches by default: unspecified, loopback, link-local (cloud metadata
-/// included), multicast and reserved, IPv4-mapped IPv6, and `fd00:ec2::254` (the IPv6 metadata
-/// address), plus the pools.
+/// included), multicast and reserved, IPv4-mapped IPv6, the metadata and platform addresses
+/// clouds put elsewhere (AWS's IPv6 ones, Alibaba's, Azure's WireServer), plus the pools.
 pub fn default_internal(addressing: &Addressing) -> Vec<Cidr> {
     let mut v: Vec<Cidr> = [
         "0.0.0.0/8",
@@ -76,6 +79,11 @@ pub fn default_internal(addressing: &Addressing) -> Vec<Cidr> {
         "fe80::/10",
         "ff00::/8",
         "fd00:ec2::254/128",
+        // Other clouds' metadata and platform services.
+        "100.100.100.200/32",
+        "168.63.129.16/32",
+        "fd00:ec2::253/128",
+        "fd00:ec2::123/128",
     ]
     .iter()
     .filter_map(|c| Cidr::parse(c).ok())
@@ -486,7 +494,9 @@ impl Firewall {
     }
 
     /// Lets sandbox `index` reach `addrs` on `ports` over TCP for `ttl_s` seconds (what its
-    /// allowed domain resolved to). Addresses already allowed get the new expiry.
+    /// allowed domain resolved to). An address allowed already keeps its element while more
+    /// than half its time is left (no transaction at all); otherwise it gets the new expiry.
+    /// At most [`MAX_RESOLVED`] such elements per sandbox; the rest are not opened.
     pub fn allow_resolved(
         &mut self,
         index: u32,
@@ -494,34 +504,66 @@ impl Firewall {
         addrs: &[IpAddr],
         ports: &[PortRange],
         ttl_s: u32,
-        now_ms: u64,
     ) -> io::Result<()> {
         let Some(e) = self.entries.get(&index) else {
             return Ok(());
         };
         let k = iface(&e.lease);
+        let now = mono_ms();
+        self.dynamic.retain(|_, (exp, _)| *exp > now);
+        let mut held = self.dynamic.keys().filter(|(i, _, _)| *i == index).count();
+        let ttl_ms = u64::from(ttl_s) * 1000;
+        // Computed before the transaction: the kernel's timer starts later, so it never
+        // expires before this does.
+        let expiry = now + ttl_ms;
         let mut s = String::new();
-        self.dynamic.retain(|_, (exp, _)| *exp > now_ms);
-        let expiry = now_ms + u64::from(ttl_s) * 1000;
+        let mut added = Vec::new();
         for a in addrs {
             let set = if a.is_ipv6() { "dyn6" } else { "dyn4" };
             for p in ports {
                 let key = (index, set, format!("{a} . {}-{}", p.lo, p.hi));
-                if self.dynamic.contains_key(&key) {
-                    let _ = writeln!(s, "delete element inet {TABLE} {set} {{ {k} . {} }}", key.2);
+                match self.dynamic.get(&key) {
+                    Some((exp, _)) if exp.saturating_sub(now) > ttl_ms / 2 => continue,
+                    // Alive for more than a second in the kernel too: replace it.
+                    Some((exp, _)) if *exp > now + 1000 => {
+                        let _ =
+                            writeln!(s, "delete element inet {TABLE} {set} {{ {k} . {} }}", key.2);
+                    }
+                    // About to expire (or gone): `add` of an element that still exists is a
+                    // no-op, so refresh it by adding it with its short life, then deleting.
+                    Some(_) => {
+                        let _ = writeln!(
+                            s,
+                            "add element inet {TABLE} {set} {{ {k} . {} timeout 2s }}",
+                            key.2
+                        );
+                        let _ =
+                            writeln!(s, "delete element inet {TABLE} {set} {{ {k} . {} }}", key.2);
+                    }
+                    None => {
+                        if held >= MAX_RESOLVED {
+                            continue;
+                        }
+                        held += 1;
+                    }
                 }
                 let _ = writeln!(
                     s,
                     "add element inet {TABLE} {set} {{ {k} . {} timeout {ttl_s}s }}",
                     key.2
                 );
-                self.dynamic.insert(key, (expiry, domain.to_string()));
+                added.push(key);
             }
         }
         if s.is_empty() {
             return Ok(());
         }
-        run(&s)
+        run(&s)?;
+        // Only what the kernel took is recorded.
+        for key in added {
+            self.dynamic.insert(key, (expiry, domain.to_string()));
+        }
+        Ok(())
     }
 
     /// Writes the deletion of sandbox `index`'s dynamic elements that `keep` does not keep
@@ -533,7 +575,7 @@ impl Firewall {
         k: &str,
         keep: &dyn Fn(u32, &str, PortRange) -> bool,
     ) -> Vec<(u32, &'static str, String)> {
-        let now = now_ms();
+        let now = mono_ms();
         let mut gone = Vec::new();
         for (key, (exp, domain)) in &self.dynamic {
             if key.0 != index {
@@ -624,6 +666,7 @@ impl Firewall {
   chain input {{
     type filter hook input priority filter - 10; policy accept;
     iifname "{p}*" jump to_node
+    iifname != "{p}*" iifname != "lo" ip daddr {gw4} meta l4proto {{ tcp, udp }} th dport 53 drop
   }}
   chain output {{
     type filter hook output priority filter - 10; policy accept;
@@ -638,6 +681,8 @@ impl Firewall {
     ct state established,related iifname . ct mark @live accept
     ip daddr @internal4 ip daddr != @exempt4 goto refuse
     ip6 daddr @internal6 ip6 daddr != @exempt6 goto refuse
+    ct original ip daddr @internal4 ct original ip daddr != @exempt4 goto refuse
+    ct original ip6 daddr @internal6 ct original ip6 daddr != @exempt6 goto refuse
     iifname . ip daddr @denyany4 goto refuse
     iifname . ip6 daddr @denyany6 goto refuse
     meta l4proto {{ tcp, udp }} iifname . ip daddr . meta l4proto . th dport @deny4 goto refuse
@@ -660,15 +705,32 @@ impl Firewall {
     reject with icmpx admin-prohibited
   }}
   chain ingress {{
-    ct state established,related accept
+    ct state established,related oifname . ct mark @live accept
+    ct state established,related jump reverse
     reject with icmpx admin-prohibited
+  }}
+  chain reverse {{
+    oifname . ip saddr @denyany4 drop
+    oifname . ip6 saddr @denyany6 drop
+    meta l4proto {{ tcp, udp }} oifname . ip saddr . meta l4proto . th sport @deny4 drop
+    meta l4proto {{ tcp, udp }} oifname . ip6 saddr . meta l4proto . th sport @deny6 drop
+    oifname . ip saddr @any4 goto pass_in
+    oifname . ip6 saddr @any6 goto pass_in
+    meta l4proto {{ tcp, udp }} oifname . ip saddr . meta l4proto . th sport @allow4 goto pass_in
+    meta l4proto {{ tcp, udp }} oifname . ip6 saddr . meta l4proto . th sport @allow6 goto pass_in
+    meta l4proto tcp oifname . ip saddr . tcp sport @dyn4 goto pass_in
+    meta l4proto tcp oifname . ip6 saddr . tcp sport @dyn6 goto pass_in
+    drop
+  }}
+  chain pass_in {{
+    ct mark set oifname map @gen
+    accept
   }}
   chain to_node {{
     jump spoof
     icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit }} accept
     ct state established,related accept
     ip daddr {gw4} meta l4proto {{ tcp, udp }} th dport 53 accept
-    ip6 daddr {gw6} meta l4proto {{ tcp, udp }} th dport 53 accept
     goto refuse
   }}
   chain from_node {{
@@ -682,7 +744,6 @@ impl Firewall {
             i6 = list(true, &internal),
             e4 = list(false, &c.exempt),
             e6 = list(true, &c.exempt),
-            gw6 = GATEWAY6,
         )
     }
 }
@@ -741,11 +802,15 @@ fn sorted(e: &Elements) -> Vec<(&'static str, &Vec<String>)> {
     v
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+/// Milliseconds on a monotonic clock (the kernel's set timeouts are monotonic too: a wall
+/// clock that steps would make the bookkeeping disagree with the table).
+fn mono_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1
 }
 
 /// Runs one `nft -f -` transaction (all of it or nothing).

@@ -346,6 +346,7 @@ fn network_config(
             masquerade: n.masquerade,
         },
         resolv_conf: root.join("resolv.conf"),
+        generation_file: root.join("net-generation"),
     })
 }
 

@@ -19,49 +19,120 @@ use warren_net::dns::{self, Decision, DnsProxy, Refusal};
 use warren_net::link::{Addressing, Lease, Links};
 use warren_net::nflog::Reader;
 use warren_net::nft::{Elements, Firewall, FirewallConfig, expand};
-use warren_types::net::{Cidr, DomainSet, NetworkPolicy, Policy, PortRange, Target};
+use warren_types::net::{Cidr, DomainPattern, DomainSet, NetworkPolicy, Policy, PortRange, Target};
 
 /// A sandbox's domain rules, for the resolver.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DomainRules {
     pub allow: DomainSet,
     pub deny: DomainSet,
-    /// The ports its domain rules name (all: 0-65535).
-    pub ports: Vec<PortRange>,
+    /// Each allow rule's pattern and ports (a rule without ports: 0-65535).
+    rules: Vec<(DomainPattern, PortRange)>,
 }
 
 impl DomainRules {
     fn of(policy: &Policy) -> DomainRules {
-        let mut ports: Vec<PortRange> = policy
+        let rules = policy
             .allow
             .iter()
-            .filter(|r| matches!(r.target, Target::Domain(_)))
-            .map(|r| r.ports.unwrap_or(PortRange { lo: 0, hi: 65535 }))
+            .filter_map(|r| match &r.target {
+                Target::Domain(d) => {
+                    Some((d.clone(), r.ports.unwrap_or(PortRange { lo: 0, hi: 65535 })))
+                }
+                _ => None,
+            })
+            .collect();
+        DomainRules {
+            allow: policy.allowed_domains(),
+            deny: policy.denied_domains(),
+            rules,
+        }
+    }
+
+    /// Whether `name` may be resolved.
+    pub(crate) fn allows(&self, name: &str) -> bool {
+        !self.deny.matches(name) && self.allow.matches(name)
+    }
+
+    /// The ports the rules that match `name` allow, as disjoint ranges (the firewall's
+    /// interval sets refuse overlaps); none when it may not be resolved.
+    pub(crate) fn ports_for(&self, name: &str) -> Vec<PortRange> {
+        if !self.allows(name) {
+            return Vec::new();
+        }
+        let mut ports: Vec<PortRange> = self
+            .rules
+            .iter()
+            .filter(|(d, _)| d.matches(name))
+            .map(|(_, p)| *p)
             .collect();
         ports.sort_by_key(|p| (p.lo, p.hi));
-        ports.dedup();
-        // A range inside another adds nothing (and the firewall's interval set refuses it).
         let mut kept: Vec<PortRange> = Vec::new();
         for p in ports {
             if let Some(last) = kept.last_mut()
-                && p.lo <= last.hi
+                && p.lo as u32 <= last.hi as u32 + 1
             {
                 last.hi = last.hi.max(p.hi);
                 continue;
             }
             kept.push(p);
         }
-        DomainRules {
-            allow: policy.allowed_domains(),
-            deny: policy.denied_domains(),
-            ports: kept,
-        }
+        kept
     }
 }
 
 struct Owner {
     name: String,
     domains: DomainRules,
+    /// Its policy's generation (also in the firewall; here so that reading it takes no lock
+    /// a DNS answer may hold).
+    generation: u32,
+}
+
+/// Policy generations: unique on the node across leases, restarts included, so that a
+/// conntrack entry a sandbox left behind never matches the next holder of its lease. Blocks of
+/// them are reserved in a file, so a restart starts past every one handed out.
+struct Generations {
+    next: u32,
+    reserved: u32,
+    file: std::path::PathBuf,
+}
+
+const GENERATION_BLOCK: u32 = 1 << 16;
+
+impl Generations {
+    fn open(file: std::path::PathBuf, floor: u32) -> std::io::Result<Generations> {
+        let stored = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(1);
+        let mut g = Generations {
+            next: stored.max(floor).max(1),
+            reserved: 0,
+            file,
+        };
+        g.reserve()?;
+        Ok(g)
+    }
+
+    fn reserve(&mut self) -> std::io::Result<()> {
+        self.reserved = self.next.saturating_add(GENERATION_BLOCK);
+        let tmp = self.file.with_extension("tmp");
+        std::fs::write(&tmp, format!("{}\n", self.reserved))?;
+        std::fs::rename(&tmp, &self.file)
+    }
+
+    fn take(&mut self) -> u32 {
+        if self.next >= self.reserved
+            && let Err(e) = self.reserve()
+        {
+            tracing::warn!("reserving network policy generations: {e}");
+        }
+        let g = self.next;
+        // u32 marks: after 4 billion changes they wrap, skipping 0.
+        self.next = self.next.wrapping_add(1).max(1);
+        g
+    }
 }
 
 #[derive(Default)]
@@ -83,6 +154,8 @@ pub struct NetConfig {
     /// The firewall (pools, always-denied ranges, log group, NAT). The node's own addresses
     /// are added to its always-denied ranges at start.
     pub firewall: FirewallConfig,
+    /// Where the reserved policy generations are kept.
+    pub generation_file: std::path::PathBuf,
     /// Where to write the `resolv.conf` every sandbox with an interface gets (naming the
     /// gateway, the node's DNS proxy).
     pub resolv_conf: std::path::PathBuf,
@@ -102,6 +175,8 @@ pub(crate) struct NodeNet {
     _reader: Reader,
     /// Held for the node's life: one node's network per network namespace.
     _lock: std::os::fd::OwnedFd,
+    /// Policy generations handed out.
+    generations: Mutex<Generations>,
     /// Refused attempts and names, to the node.
     tx: mpsc::Sender<NetDenial>,
     /// The DNS proxy on the gateway address (started once the node's network is).
@@ -122,7 +197,7 @@ impl dns::Policy for DnsRules {
         };
         match net.domains_of(src) {
             None => Decision::Unknown,
-            Some((_, r)) if !r.deny.matches(name) && r.allow.matches(name) => Decision::Allow,
+            Some((_, r)) if r.allows(name) => Decision::Allow,
             Some(_) => Decision::Deny,
         }
     }
@@ -229,6 +304,23 @@ impl NodeNet {
                     .unwrap_or_else(|_| Err(std::io::Error::other("netlink thread panicked")))
             })?
         };
+        let foreign = {
+            let links = links.clone();
+            let rt2 = rt.clone();
+            std::thread::scope(|s| {
+                s.spawn(move || rt2.block_on(async move { links.foreign().await }))
+                    .join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("netlink thread panicked")))
+            })?
+        };
+        if !foreign.is_empty() {
+            return Err(std::io::Error::other(format!(
+                "interfaces named like the node's sandbox interfaces (wv*) exist and are not \
+                 its own: {}; the node's firewall would match them. Rename them, or run the \
+                 node in a network namespace of its own",
+                foreign.join(", ")
+            )));
+        }
         for t in &taken {
             for pool in [addressing.v4, addressing.v6] {
                 if t.net.covers(&pool) && t.net.prefix > 0 || pool.covers(&t.net) {
@@ -286,6 +378,7 @@ impl NodeNet {
             _lock: lock,
             tx: tx.clone(),
             dns: Mutex::new(None),
+            generations: Mutex::new(Generations::open(cfg.generation_file.clone(), 1)?),
         });
         let proxy = {
             let _enter = rt.enter();
@@ -430,25 +523,28 @@ impl NodeNet {
             let links = self.links.clone();
             self.block_on(async move { links.attach(ns.as_fd(), &lease).await })?;
             let deny_all = expand(&Policy::default()).map_err(std::io::Error::other)?;
-            self.fw
+            let mut fw = self.fw.lock().unwrap_or_else(|p| p.into_inner());
+            let generation = self
+                .generations
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .add(lease, 1, deny_all)
+                .take();
+            fw.add(lease, generation, deny_all)?;
+            self.owners
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    lease.index,
+                    Owner {
+                        name: name.to_string(),
+                        domains: DomainRules::default(),
+                        generation,
+                    },
+                );
+            Ok(())
         })();
         match r {
-            Ok(()) => {
-                self.owners
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(
-                        lease.index,
-                        Owner {
-                            name: name.to_string(),
-                            domains: DomainRules::default(),
-                        },
-                    );
-                Ok(lease)
-            }
+            Ok(()) => Ok(lease),
             Err(e) => {
                 self.release(lease);
                 Err(e)
@@ -470,71 +566,74 @@ impl NodeNet {
 
     /// The policy generation of lease `index`.
     pub(crate) fn generation(&self, index: u32) -> Option<u32> {
-        self.fw
-            .lock()
+        self.owners
+            .read()
             .unwrap_or_else(|p| p.into_inner())
-            .generation(index)
+            .get(&index)
+            .map(|o| o.generation)
     }
 
     /// Replaces the policies of many leases in one firewall transaction (all or none); each
-    /// one's generation moves on. Addresses its allowed domains resolved stay allowed where
-    /// the new policy still allows the domain on those ports. Blocking.
+    /// one gets a new generation. Addresses its allowed domains resolved stay allowed where
+    /// the new policy still allows the domain on exactly those ports. The resolver's view of
+    /// the rules changes under the same lock as the table, so no answer in flight opens what
+    /// the new policy refuses. Blocking.
     pub(crate) fn set_policies(&self, updates: &[(u32, &Policy)]) -> std::io::Result<()> {
         let mut batch = Vec::with_capacity(updates.len());
-        let mut rules: HashMap<u32, DomainRules> = HashMap::new();
+        let mut rules: HashMap<u32, (DomainRules, u32)> = HashMap::new();
         let mut fw = self.fw.lock().unwrap_or_else(|p| p.into_inner());
         for (index, policy) in updates {
             let elements = expand(policy).map_err(std::io::Error::other)?;
-            let generation = fw
-                .generation(*index)
-                .ok_or_else(|| std::io::Error::other("the sandbox has no interface"))?
-                .wrapping_add(1)
-                .max(1);
+            if fw.generation(*index).is_none() {
+                return Err(std::io::Error::other("the sandbox has no interface"));
+            }
+            let generation = self
+                .generations
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
             batch.push((*index, generation, elements));
-            rules.insert(*index, DomainRules::of(policy));
+            rules.insert(*index, (DomainRules::of(policy), generation));
         }
         fw.update_keeping(batch, |index, domain, ports| {
-            rules.get(&index).is_some_and(|r| {
-                !r.deny.matches(domain)
-                    && r.allow.matches(domain)
-                    && r.ports.iter().any(|p| p.lo <= ports.lo && ports.hi <= p.hi)
-            })
+            rules
+                .get(&index)
+                .is_some_and(|(r, _)| r.ports_for(domain).contains(&ports))
         })?;
-        drop(fw);
         let mut owners = self.owners.write().unwrap_or_else(|p| p.into_inner());
-        for (index, r) in rules {
+        for (index, (r, generation)) in rules {
             if let Some(o) = owners.get_mut(&index) {
                 o.domains = r;
+                o.generation = generation;
             }
         }
         Ok(())
     }
 
-    /// Lets lease `index` reach what its allowed domain resolved to, for `ttl` seconds.
+    /// Lets lease `index` reach what its allowed domain resolved to, for `ttl` seconds (plus
+    /// grace). The rules are read again under the firewall's lock: a policy change since the
+    /// query was decided wins.
     pub(crate) fn allow_resolved(&self, index: u32, domain: &str, addrs: &[IpAddr], ttl: u32) {
+        let mut fw = self.fw.lock().unwrap_or_else(|p| p.into_inner());
         let ports = match self
             .owners
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&index)
         {
-            Some(o) => o.domains.ports.clone(),
+            Some(o) => o.domains.ports_for(domain),
             None => return,
         };
-        let now = crate::state::now_ms();
-        if let Err(e) = self
-            .fw
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .allow_resolved(
-                index,
-                domain,
-                addrs,
-                &ports,
-                ttl.saturating_add(RESOLVED_GRACE),
-                now,
-            )
-        {
+        if ports.is_empty() {
+            return;
+        }
+        if let Err(e) = fw.allow_resolved(
+            index,
+            domain,
+            addrs,
+            &ports,
+            ttl.saturating_add(RESOLVED_GRACE),
+        ) {
             tracing::warn!("allowing resolved addresses: {e}");
         }
     }
@@ -555,6 +654,12 @@ impl NodeNet {
         let parsed = policy.parse()?;
         let elements: Elements = expand(&parsed)?;
         {
+            let mut g = self.generations.lock().unwrap_or_else(|p| p.into_inner());
+            if generation >= g.next {
+                g.next = generation.saturating_add(1);
+            }
+        }
+        {
             let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
             if !l.used.insert(index) {
                 return Err(format!("network lease {index} is taken twice"));
@@ -574,6 +679,7 @@ impl NodeNet {
                 Owner {
                     name: name.to_string(),
                     domains: DomainRules::of(&parsed),
+                    generation,
                 },
             );
         Ok(lease)
@@ -643,5 +749,53 @@ impl NodeNet {
     /// Removes the whole table (the node's last sandbox is gone and it stops for good).
     pub(crate) fn remove_table(&self) -> std::io::Result<()> {
         self.fw.lock().unwrap_or_else(|p| p.into_inner()).remove()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_types::net::NetRule;
+
+    #[test]
+    fn each_domain_gets_the_ports_of_the_rules_that_match_it() {
+        let p = NetworkPolicy {
+            allow: vec![
+                NetRule {
+                    ports: Some("443".into()),
+                    ..NetRule::domain("a.test")
+                },
+                NetRule::domain("*.b.test"),
+                NetRule {
+                    ports: Some("80".into()),
+                    ..NetRule::domain("*.test")
+                },
+            ],
+            deny: vec![NetRule::domain("x.b.test")],
+            ..NetworkPolicy::default()
+        }
+        .parse()
+        .unwrap();
+        let r = DomainRules::of(&p);
+        let pr = |lo, hi| PortRange { lo, hi };
+        // a.test matches its own rule and *.test: 80 and 443, not *.b.test's every port.
+        assert_eq!(r.ports_for("a.test"), vec![pr(80, 80), pr(443, 443)]);
+        assert_eq!(r.ports_for("c.a.test"), vec![pr(80, 80)]);
+        assert_eq!(r.ports_for("y.b.test"), vec![pr(0, 65535)]);
+        assert!(r.ports_for("x.b.test").is_empty(), "deny wins");
+        assert!(r.ports_for("elsewhere.org").is_empty());
+    }
+
+    #[test]
+    fn generations_never_repeat_across_restarts() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("net-generation");
+        let mut g = Generations::open(f.clone(), 1).unwrap();
+        let first: Vec<u32> = (0..10).map(|_| g.take()).collect();
+        drop(g);
+        // A restart starts past every generation the last run could have handed out.
+        let mut g = Generations::open(f, 1).unwrap();
+        let next = g.take();
+        assert!(first.iter().all(|x| *x < next), "{first:?} then {next}");
     }
 }
