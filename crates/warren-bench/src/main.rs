@@ -120,14 +120,17 @@ exec with and without the disk quota and the system-call filter, and the disk-qu
 mechanisms (btrfs subvolume and quota group; an ext4 file system per sandbox).
 ";
 
-/// Runs this program with `args` in a new network namespace (made here, deleted after) and
-/// returns what it printed. Blocking.
-pub fn run_in_fresh_netns(args: &[String]) -> Result<String, String> {
+/// Runs this program with `args` in a new network namespace (made here, deleted after), its
+/// stdout captured or passed through. Blocking.
+fn in_fresh_netns(
+    args: &[String],
+    capture: bool,
+) -> Result<(std::process::ExitStatus, String), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let name = format!(
         "warren-bench-{}-{}",
         std::process::id(),
-        args.get(1).map(String::as_str).unwrap_or("part")
+        args.get(1).map(String::as_str).unwrap_or("main")
     );
     let ip = |a: &[&str]| {
         std::process::Command::new("ip")
@@ -139,26 +142,34 @@ pub fn run_in_fresh_netns(args: &[String]) -> Result<String, String> {
         ip(&["netns", "del", &name]);
         return Err("could not make a network namespace (ip netns add)".into());
     }
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{name}"))
+    let mut cmd = std::process::Command::new("nsenter");
+    cmd.arg(format!("--net=/run/netns/{name}"))
         .arg("--")
         .arg(&exe)
         .args(args)
-        .env("WARREN_BENCH_NETNS", &name)
-        .stderr(std::process::Stdio::inherit())
-        .output();
+        .env("WARREN_BENCH_NETNS", &name);
+    let out = if capture {
+        cmd.output()
+            .map(|o| (o.status, String::from_utf8_lossy(&o.stdout).into_owned()))
+    } else {
+        cmd.status().map(|s| (s, String::new()))
+    };
     ip(&["netns", "del", &name]);
-    let out = out.map_err(|e| format!("nsenter: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("exited with {}", out.status));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    out.map_err(|e| format!("nsenter: {e}"))
 }
 
-/// Runs this program again inside a network namespace of its own (made here, deleted after):
-/// the nodes it starts give sandboxes interfaces and a firewall table, which must not land in
-/// the machine's own namespace. `None` when already inside one (or not root: then nothing
-/// that needs a namespace runs anyway).
+/// Runs this program with `args` in a new network namespace and returns what it printed.
+pub fn run_in_fresh_netns(args: &[String]) -> Result<String, String> {
+    match in_fresh_netns(args, true)? {
+        (status, out) if status.success() => Ok(out),
+        (status, _) => Err(format!("exited with {status}")),
+    }
+}
+
+/// Runs this program again inside a network namespace of its own: the nodes it starts give
+/// sandboxes interfaces and a firewall table, which must not land in the machine's own
+/// namespace. `None` when already inside one (or not root: then nothing that needs a
+/// namespace runs anyway).
 fn in_own_netns(args: &[String]) -> Option<std::process::ExitCode> {
     if std::env::var_os("WARREN_BENCH_NETNS").is_some() {
         return None;
@@ -172,31 +183,11 @@ fn in_own_netns(args: &[String]) -> Option<std::process::ExitCode> {
     if !root {
         return None;
     }
-    let exe = std::env::current_exe().ok()?;
-    let name = format!("warren-bench-{}", std::process::id());
-    let ip = |a: &[&str]| {
-        std::process::Command::new("ip")
-            .args(a)
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if !ip(&["netns", "add", &name]) || !ip(&["-n", &name, "link", "set", "lo", "up"]) {
-        eprintln!("warren-bench: could not make a network namespace of its own (ip netns add)");
-        return Some(std::process::ExitCode::FAILURE);
-    }
-    let status = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{name}"))
-        .arg("--")
-        .arg(&exe)
-        .args(args)
-        .env("WARREN_BENCH_NETNS", &name)
-        .status();
-    ip(&["netns", "del", &name]);
-    Some(match status {
-        Ok(s) if s.success() => std::process::ExitCode::SUCCESS,
-        Ok(s) => std::process::ExitCode::from(s.code().unwrap_or(1).clamp(1, 255) as u8),
+    Some(match in_fresh_netns(args, false) {
+        Ok((s, _)) if s.success() => std::process::ExitCode::SUCCESS,
+        Ok((s, _)) => std::process::ExitCode::from(s.code().unwrap_or(1).clamp(1, 255) as u8),
         Err(e) => {
-            eprintln!("warren-bench: nsenter: {e}");
+            eprintln!("warren-bench: {e}");
             std::process::ExitCode::FAILURE
         }
     })

@@ -151,11 +151,6 @@ impl Links {
         Ok(Links { handle, addressing })
     }
 
-    /// The pools.
-    pub fn addressing(&self) -> &Addressing {
-        &self.addressing
-    }
-
     /// Makes `lease`'s interface for the sandbox whose network namespace is `netns`: the pair
     /// in one request (the sandbox's end born inside `netns` as `eth0`), then both ends'
     /// addresses and routes. On failure the pair is deleted again.

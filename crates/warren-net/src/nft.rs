@@ -32,7 +32,7 @@ use std::io::{self, Write as _};
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
 
-use warren_types::net::{Cidr, Policy, PortRange, Protocol, Rule, Target};
+use warren_types::net::{Cidr, Policy, PortRange, Protocol, Target};
 
 use crate::link::{Addressing, HOST_PREFIX, Lease};
 
@@ -327,11 +327,6 @@ impl Firewall {
             entries: HashMap::new(),
             dynamic: HashMap::new(),
         }
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &FirewallConfig {
-        &self.cfg
     }
 
     /// Why no rule can allow `c` here, if none can: it lies inside an always-denied range
@@ -835,11 +830,6 @@ fn run(script: &str) -> io::Result<()> {
         let first: String = err.lines().take(6).collect::<Vec<_>>().join("; ");
         Err(io::Error::other(format!("nft: {first}")))
     }
-}
-
-/// Whether a rule is by domain (resolved through the DNS proxy rather than the sets).
-pub fn is_domain(r: &Rule) -> bool {
-    matches!(r.target, Target::Domain(_))
 }
 
 #[cfg(test)]

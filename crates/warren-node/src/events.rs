@@ -197,41 +197,7 @@ impl EventStore {
         detail: String,
         n: u64,
     ) {
-        let now = state::now_ms();
-        let mut g = self.lock();
-        let key = (sandbox.clone(), kind, detail);
-        let open = g
-            .open
-            .get(&key)
-            .and_then(|id| g.by_id.get(id))
-            .filter(|r| now.saturating_sub(r.first_ms) < WINDOW.as_millis() as u64)
-            .cloned();
-        let rec = match open {
-            Some(mut r) => {
-                r.count += n;
-                r.last_ms = now;
-                r
-            }
-            None => {
-                g.next += 1;
-                let id = format!("{}-n{}", sandbox, g.next);
-                g.open.insert(key.clone(), id.clone());
-                Record {
-                    id,
-                    sandbox: sandbox.clone(),
-                    task: task.map(str::to_string),
-                    kind,
-                    detail: key.2,
-                    count: n,
-                    first_ms: now,
-                    last_ms: now,
-                    pid: None,
-                    comm: None,
-                    net: None,
-                }
-            }
-        };
-        g.save(rec);
+        self.occur_with(sandbox, task, kind, detail, n, None);
     }
 
     /// Adds `n` refused network attempts to one destination (or name): within the window,
@@ -248,9 +214,23 @@ impl EventStore {
             Some(d) => format!("lookup of {d} refused"),
             None => format!("{} to {} refused", what.protocol, what.destination),
         };
+        self.occur_with(sandbox, task, EventKind::Network, detail, n, Some(what));
+    }
+
+    /// Adds `n` occurrences to the open event of (sandbox, kind, detail), or opens one; a
+    /// network occurrence's ports are merged into it.
+    fn occur_with(
+        &self,
+        sandbox: &SandboxId,
+        task: Option<&str>,
+        kind: EventKind,
+        detail: String,
+        n: u64,
+        net: Option<NetOccurrence>,
+    ) {
         let now = state::now_ms();
         let mut g = self.lock();
-        let key = (sandbox.clone(), EventKind::Network, detail);
+        let key = (sandbox.clone(), kind, detail);
         let open = g
             .open
             .get(&key)
@@ -271,26 +251,26 @@ impl EventStore {
                     id,
                     sandbox: sandbox.clone(),
                     task: task.map(str::to_string),
-                    kind: EventKind::Network,
+                    kind,
                     detail: key.2,
                     count: n,
                     first_ms: now,
                     last_ms: now,
                     pid: None,
                     comm: None,
-                    net: Some(NetRecord {
-                        protocol: what.protocol.clone(),
-                        destination: what.destination.clone(),
+                    net: net.as_ref().map(|w| NetRecord {
+                        protocol: w.protocol.clone(),
+                        destination: w.destination.clone(),
                         ranges: Vec::new(),
                         port_count: 0,
                         more: false,
-                        domain: what.domain.clone(),
+                        domain: w.domain.clone(),
                     }),
                 }
             }
         };
-        if let Some(net) = &mut rec.net {
-            net.add_ports(&what.ports);
+        if let (Some(r), Some(w)) = (&mut rec.net, &net) {
+            r.add_ports(&w.ports);
         }
         g.save(rec);
     }

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Platform;
-use common::lab::{Lab, NODE_UPLINK, OTHER_SITE, QUICK, SITE, SITE6, UNNAMED_SITE, tcp_probe};
+use common::lab::{Lab, NODE_UPLINK, OTHER_SITE, SITE, SITE6, UNNAMED_SITE, tcp_probe};
 use warren_sdk::{
     CreateSandbox, EventFilter, EventKind, NetRule, NetworkMode, NetworkPolicy, Protocol, Sandbox,
     argv,
@@ -19,26 +19,23 @@ async fn py(sb: &Sandbox, code: &str) -> String {
     format!("{}{}", r.stdout.trim(), r.stderr.trim())
 }
 
-/// Connects from the sandbox; returns the outcome and how long it took.
-async fn probe(sb: &Sandbox, host: &str, port: u16) -> (String, Duration) {
-    let t = Instant::now();
-    let out = py(sb, &tcp_probe(host, port)).await;
-    (out, t.elapsed())
+/// Connects from the sandbox and says how it went (see `tcp_probe`).
+async fn probe(sb: &Sandbox, host: &str, port: u16) -> String {
+    py(sb, &tcp_probe(host, port)).await
 }
 
 async fn refused(sb: &Sandbox, host: &str, port: u16) {
-    let (out, took) = probe(sb, host, port).await;
-    assert_eq!(out, "refused", "{host}:{port}");
-    // A reset from the node, not a connection that hangs until its timeout (3 s).
-    assert!(
-        took < QUICK + Duration::from_secs(1),
-        "{host}:{port} took {took:?}"
-    );
+    // "refused" is a reset (or an ICMP error) from the node; a connection left to hang would
+    // end as "timeout" (the probe's own 3 s).
+    assert_eq!(probe(sb, host, port).await, "refused", "{host}:{port}");
 }
 
 async fn connects(sb: &Sandbox, host: &str, port: u16) {
-    let (out, _) = probe(sb, host, port).await;
-    assert_eq!(out, "connected b'hi\\n'", "{host}:{port}");
+    assert_eq!(
+        probe(sb, host, port).await,
+        "connected b'hi\\n'",
+        "{host}:{port}"
+    );
 }
 
 fn create_req(task: Option<&str>, network: Option<NetworkPolicy>) -> CreateSandbox {

@@ -138,7 +138,7 @@ pub(crate) async fn pass(
     forward::forward(&node, method, pq, headers, body).await
 }
 
-/// Forwards a checked JSON body about sandbox `id`.
+/// Forwards a checked JSON body about sandbox `id` (a POST).
 pub(crate) async fn pass_json<T: serde::Serialize>(
     c: &Control,
     id: &str,
@@ -146,12 +146,7 @@ pub(crate) async fn pass_json<T: serde::Serialize>(
     headers: &axum::http::HeaderMap,
     value: &T,
 ) -> Result<axum::response::Response, warren_http::Error> {
-    let (_, node) = forward::route(c, id)?;
-    let pq = uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or(uri.path());
-    forward::forward_json(&node, axum::http::Method::POST, pq, headers, value).await
+    pass_json_as(c, id, axum::http::Method::POST, uri, headers, value).await
 }
 
 /// Forwards a checked JSON body about sandbox `id` with `method`.

@@ -6,7 +6,6 @@
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::process::Command;
-use std::time::Duration;
 
 use super::in_netns;
 
@@ -235,6 +234,3 @@ pub fn tcp_probe(host: &str, port: u16) -> String {
         "import socket\ns=socket.socket({family}); s.settimeout(3)\ntry:\n    s.connect(('{host}',{port})); print('connected', s.recv(3))\nexcept ConnectionRefusedError: print('refused')\nexcept socket.timeout: print('timeout')\nexcept OSError as e: print(type(e).__name__, e.errno)\n"
     )
 }
-
-/// How long a refused connection may take at most (a reset, not a hang).
-pub const QUICK: Duration = Duration::from_secs(2);
