@@ -26,6 +26,10 @@ pub struct ControlConfig {
     pub node_timeout_ms: u64,
     /// The same for task-level pause, resume and stop, milliseconds. Default 600000.
     pub node_task_timeout_ms: u64,
+    /// The domain of the `<port>-<sandbox id>.<domain>` route: a request whose `Host` is such
+    /// a name goes to that exposed port of that sandbox (point a wildcard DNS record
+    /// `*.<domain>` at the control plane). Default none: no such route.
+    pub sandbox_domain: Option<String>,
 }
 
 impl Default for ControlConfig {
@@ -39,6 +43,7 @@ impl Default for ControlConfig {
             max_image_upload: warren_types::ByteSize(64 << 30),
             node_timeout_ms: 30_000,
             node_task_timeout_ms: 600_000,
+            sandbox_domain: None,
         }
     }
 }

@@ -19,6 +19,7 @@ use crate::api;
         api::sandboxes::create, api::sandboxes::list, api::sandboxes::get, api::sandboxes::kill,
         api::sandboxes::pause, api::sandboxes::resume, api::sandboxes::set_timeout,
         api::sandboxes::trajectory, api::sandboxes::get_network, api::sandboxes::set_network,
+        api::ports::connect,
         api::tasks::act, api::tasks::list, api::tasks::set_network,
         api::commands::exec, api::commands::start, api::commands::list, api::commands::get,
         api::commands::forget, api::commands::wait, api::commands::signal, api::commands::output,

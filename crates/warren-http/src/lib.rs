@@ -8,10 +8,12 @@
 //!   answer.
 //! - [`ndjson`]: streaming bodies of newline-delimited JSON.
 //! - [`serve`]: serving with header-read and idle timeouts.
+//! - [`tunnel`]: TCP streams over an HTTP upgrade, to sandboxes' exposed ports.
 //! - [`token_matches`]: constant-time comparison of presented secrets.
 
 pub mod drain;
 pub mod serve;
+pub mod tunnel;
 
 /// Whether a presented secret equals the expected one, in time that does not depend on where
 /// they differ (only on their lengths).

@@ -5,8 +5,10 @@
 //! - [`nft`]: the node's firewall, one nftables table whose rules never grow per sandbox.
 //! - [`nflog`]: the packets the firewall refused, read from its NFLOG group.
 //! - [`dns`]: the DNS proxy, each sandbox's only resolver: allowed names only, no rebinding.
+//! - [`expose`]: exposed ports, a listener on the node's host per port a sandbox exposes.
 
 pub mod dns;
+pub mod expose;
 pub mod link;
 pub mod nflog;
 pub mod nft;

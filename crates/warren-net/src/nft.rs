@@ -24,7 +24,9 @@
 //! its next packet: still allowed, it is marked anew; no longer allowed, it is reset.
 //!
 //! Inbound, nothing reaches a sandbox but replies to its own connections (and neighbour
-//! discovery); to the node itself it may reach only the DNS proxy on the gateway address.
+//! discovery) and the node's connections to the ports it exposes (`expose`: the node's
+//! forwarders, see [`crate::expose`]); to the node itself it may reach only the DNS proxy on
+//! the gateway address.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -193,6 +195,11 @@ pub fn expand(policy: &Policy) -> Result<Elements, String> {
             }
         }
     }
+    // Exposed ports: the node may open connections to these (its forwarders do).
+    out.sets
+        .entry("expose")
+        .or_default()
+        .extend(policy.expose.iter().map(|p| p.to_string()));
     out.sets.retain(|_, v| !v.is_empty());
     if out.len() > MAX_ELEMENTS {
         return Err(format!(
@@ -653,6 +660,7 @@ impl Firewall {
   set deny6 {{ type ifname . ipv6_addr . inet_proto . inet_service; flags interval; }}
   set dyn4 {{ type ifname . ipv4_addr . inet_service; flags interval, timeout; }}
   set dyn6 {{ type ifname . ipv6_addr . inet_service; flags interval, timeout; }}
+  set expose {{ type ifname . inet_service; }}
   chain forward {{
     type filter hook forward priority filter - 10; policy accept;
     iifname "{p}*" jump egress
@@ -731,6 +739,7 @@ impl Firewall {
   chain from_node {{
     icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert, nd-router-advert }} accept
     ct state established,related accept
+    ct state new meta l4proto tcp oifname . tcp dport @expose accept
     reject with icmpx admin-prohibited
   }}
 {nat}}}

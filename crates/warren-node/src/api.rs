@@ -45,6 +45,7 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
             get(get_network).put(put_network),
         )
         .route("/v1/tasks/{task}/network", put(put_task_network))
+        .route("/v1/sandboxes/{id}/ports/{port}/connect", get(connect_port))
         .route("/v1/sandboxes/{id}/trajectory", get(trajectory))
         .route("/v1/sandboxes/{id}/commit", post(commit))
         .route("/v1/images/stats", get(image_stats))
@@ -292,6 +293,17 @@ async fn put_network(
 ) -> Result<Json<warren_types::net::NetworkStatus>, Error> {
     let id = parse_id(&n, &id)?;
     Ok(Json(n.set_network(&id, req).await?))
+}
+
+async fn connect_port(
+    State(n): S,
+    Path((id, port)): Path<(String, u16)>,
+    mut req: Request,
+) -> Result<Response, Error> {
+    let id = parse_id(&n, &id)?;
+    warren_http::tunnel::check(req.headers())?;
+    let (stream, busy) = n.connect_port(&id, port).await?;
+    Ok(warren_http::tunnel::accept(&mut req, stream, busy))
 }
 
 async fn put_task_network(

@@ -110,6 +110,10 @@ pub trait Instance: Send + Sync {
     fn prepared(&self) -> bool;
     /// Its network interface, if it has one (network mode `filtered`).
     fn network(&self) -> Option<NetInfo>;
+    /// Its exposed ports and where the node's host takes connections for each.
+    fn exposed(&self) -> Vec<(u16, std::net::SocketAddr)> {
+        Vec::new()
+    }
     /// Kills it and frees everything it holds. Idempotent. Blocking.
     fn release(&self);
 

@@ -152,6 +152,13 @@ pub struct NetworkConfig {
     /// (`net.ipv4.ip_forward`, `net.ipv6.conf.all.forwarding`) is the host's setting: Warren
     /// leaves it as it is, so without it no allowed traffic leaves the node.
     pub masquerade: bool,
+    /// The host address exposed ports listen on. Default `127.0.0.1`: this host only (the
+    /// control plane's `<port>-<id>.<domain>` route reaches them through the node's API
+    /// anyway); `0.0.0.0` makes them reachable from every network the host is on.
+    pub expose_address: String,
+    /// The host ports exposed ports are given, a range. Default `28000-29999` (below the
+    /// kernel's ephemeral ports, 32768 and up).
+    pub expose_ports: String,
 }
 
 impl Default for NetworkConfig {
@@ -167,6 +174,8 @@ impl Default for NetworkConfig {
             dns_min_ttl: 30,
             dns_max_ttl: 600,
             masquerade: true,
+            expose_address: "127.0.0.1".into(),
+            expose_ports: "28000-29999".into(),
         }
     }
 }

@@ -191,6 +191,7 @@ impl Node {
             builder: req.builder,
             network,
             net_lease: None,
+            host_ports: Default::default(),
         };
         // The launch runs to its end in a task of its own, even when this request is dropped
         // (a client that gives up mid-create): a started sandbox is then registered, with its

@@ -50,6 +50,15 @@ pub enum NodeError {
     /// A request body was larger than allowed.
     #[error("{0}")]
     TooLarge(String),
+    /// An exposed port could not be reached: not exposed (`not_found`), or nothing listens
+    /// on it (`unavailable`).
+    #[error("{message}")]
+    Port {
+        /// What to report.
+        code: ErrorCode,
+        /// Why, and what to do.
+        message: String,
+    },
     /// An image or layer operation failed; reported with the image store's one code mapping
     /// ([`warren_images::ImageError::code`]), as the control plane reports it.
     #[error(transparent)]
@@ -99,6 +108,7 @@ impl NodeError {
             NodeError::Gone(_) => ErrorCode::SandboxGone,
             NodeError::Guest { code, .. } => *code,
             NodeError::TooLarge(_) => ErrorCode::PayloadTooLarge,
+            NodeError::Port { code, .. } => *code,
             NodeError::Image(e) => return e.to_api(),
             NodeError::Host { .. } => ErrorCode::Internal,
         };

@@ -347,6 +347,17 @@ fn network_config(
         },
         resolv_conf: root.join("resolv.conf"),
         generation_file: root.join("net-generation"),
+        expose: crate::container::expose::ExposeConfig {
+            address: n.expose_address.parse().map_err(|_| {
+                format!(
+                    "[node.network] expose_address {:?} is not an IP address: give the host \
+                     address exposed ports listen on, e.g. 127.0.0.1 (this host only) or 0.0.0.0",
+                    n.expose_address
+                )
+            })?,
+            ports: warren_types::net::PortRange::parse(&n.expose_ports)
+                .map_err(|e| format!("[node.network] expose_ports: {e}"))?,
+        },
     })
 }
 

@@ -13,7 +13,8 @@ use warren_types::net::{NetworkMode, NetworkPolicy, NetworkStatus, Policy};
 use crate::backend::NetDenial;
 use crate::error::NodeError;
 use crate::events::NetOccurrence;
-use crate::node::{Node, Phase, Sandbox, blocking};
+use crate::node::{Busy, Node, Phase, Sandbox, blocking};
+use warren_types::error::ErrorCode;
 
 /// How long refused attempts are gathered before they are stored (one event write per
 /// destination per window, however fast a scan goes).
@@ -254,6 +255,55 @@ impl Node {
                     n,
                 );
             }
+        }
+    }
+}
+
+impl Node {
+    /// Opens a connection from the node to exposed port `port` of a sandbox, resuming it
+    /// first if it is paused; the sandbox counts as busy while the returned guard lives (an
+    /// idle timeout does not pause a sandbox that is serving).
+    pub(crate) async fn connect_port(
+        &self,
+        id: &SandboxId,
+        port: u16,
+    ) -> Result<(tokio::net::TcpStream, Busy), NodeError> {
+        let sb = self.get(id)?;
+        let exposed = sb.network_policy().expose;
+        let Some(net) = sb.instance.network().filter(|_| exposed.contains(&port)) else {
+            return Err(NodeError::Port {
+                code: ErrorCode::NotFound,
+                message: format!(
+                    "port {port} of sandbox {id} is not exposed (exposed: {exposed:?}): add it \
+                     to the sandbox's network policy's `expose` (PUT /v1/sandboxes/{id}/network)"
+                ),
+            });
+        };
+        self.ensure_running(&sb).await?;
+        let busy = Busy::new(&sb);
+        let target = std::net::SocketAddr::new(std::net::IpAddr::V4(net.v4), port);
+        match tokio::time::timeout(
+            warren_net::expose::CONNECT_TIMEOUT,
+            warren_net::expose::connect(target),
+        )
+        .await
+        {
+            Ok(Ok(s)) => Ok((s, busy)),
+            Ok(Err(e)) => Err(NodeError::Port {
+                code: ErrorCode::Unavailable,
+                message: format!(
+                    "nothing accepts connections on port {port} of sandbox {id} ({e}): a \
+                     service must listen there on the sandbox's interface (0.0.0.0 or ::), \
+                     not only on 127.0.0.1"
+                ),
+            }),
+            Err(_) => Err(NodeError::Port {
+                code: ErrorCode::Unavailable,
+                message: format!(
+                    "port {port} of sandbox {id} did not accept a connection within {} s",
+                    warren_net::expose::CONNECT_TIMEOUT.as_secs()
+                ),
+            }),
         }
     }
 }

@@ -171,6 +171,12 @@ impl Sandbox {
             expires_ms: self.deadline_ms.load(Ordering::Relaxed),
             network: self.network_policy(),
             net_lease: self.instance.network().map(|n| (n.index, n.generation)),
+            host_ports: self
+                .instance
+                .exposed()
+                .into_iter()
+                .map(|(p, a)| (p, a.port()))
+                .collect(),
             ..self.record.clone()
         }
     }
@@ -194,6 +200,15 @@ impl Sandbox {
             gateway: info.map(|n| n.gateway4.to_string()),
             allow: policy.allow,
             deny: policy.deny,
+            exposed: self
+                .instance
+                .exposed()
+                .into_iter()
+                .map(|(port, a)| warren_types::net::ExposedPort {
+                    port,
+                    host: a.to_string(),
+                })
+                .collect(),
         }
     }
 

@@ -89,6 +89,9 @@ pub struct Record {
     /// Its interface's lease in the node's pools, and its policy's generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_lease: Option<(u32, u32)>,
+    /// The host port of each exposed port, so a restarted daemon listens on the same ones.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub host_ports: std::collections::BTreeMap<u16, u16>,
 }
 
 /// Writes `record` to `dir/state.json` atomically (temp file, rename).
@@ -157,9 +160,11 @@ mod tests {
             builder: true,
             network: warren_types::net::NetworkPolicy {
                 allow: vec![warren_types::net::NetRule::domain("pypi.org")],
+                expose: vec![8000],
                 ..Default::default()
             },
             net_lease: Some((7, 3)),
+            host_ports: BTreeMap::from([(8000, 28001)]),
         };
         save(dir.path(), &r).unwrap();
         assert_eq!(load(dir.path()).unwrap(), r);

@@ -323,10 +323,15 @@ impl Client {
     /// Sends a request; a reply with a failure status becomes an [`Error::Api`].
     pub(crate) async fn send(&self, rb: RequestBuilder) -> Result<Response> {
         let resp = rb.send().await.map_err(|e| self.transport(e))?;
-        let status = resp.status();
-        if status.is_success() {
+        if resp.status().is_success() {
             return Ok(resp);
         }
+        Err(self.failure(resp).await)
+    }
+
+    /// A reply with a failure status as the error it carries.
+    pub(crate) async fn failure(&self, resp: Response) -> Error {
+        let status = resp.status();
         let retry_after = resp
             .headers()
             .get(RETRY_AFTER)
@@ -339,7 +344,7 @@ impl Client {
         {
             message.push_str(&format!(" (this client sent no API key: {why})"));
         }
-        Err(err)
+        err
     }
 
     /// Sends a request and decodes its JSON reply.

@@ -61,7 +61,9 @@ pub use warren_types::api::{
 };
 pub use warren_types::events::NetEvent;
 pub use warren_types::events::{Event, EventKind};
-pub use warren_types::net::{NetRule, NetworkMode, NetworkPolicy, NetworkStatus, Protocol};
+pub use warren_types::net::{
+    ExposedPort, NetRule, NetworkMode, NetworkPolicy, NetworkStatus, Protocol,
+};
 pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};
 
 #[cfg(test)]

@@ -115,6 +115,39 @@ impl Sandbox {
         self.client.json(rb).await
     }
 
+    /// Exposes exactly `ports` (TCP), keeping the rest of its policy: each gets a port on its
+    /// node's host (`exposed` in the answer) and the control plane's
+    /// `<port>-<id>.<sandbox_domain>` route. An empty list unexposes every port.
+    pub async fn expose(&self, ports: &[u16]) -> Result<crate::NetworkStatus> {
+        let now = self.network().await?;
+        let policy = crate::NetworkPolicy {
+            mode: now.mode,
+            allow: now.allow,
+            deny: now.deny,
+            expose: ports.to_vec(),
+        };
+        self.set_network(&policy).await
+    }
+
+    /// A TCP stream to exposed port `port` of the sandbox, through the control plane and its
+    /// node (`GET /v1/sandboxes/{id}/ports/{port}/connect`, an HTTP upgrade); a paused sandbox
+    /// is resumed first.
+    pub async fn connect_port(&self, port: u16) -> Result<reqwest::Upgraded> {
+        let rb = self
+            .client
+            .request(
+                Method::GET,
+                self.endpoint(&format!("/ports/{port}/connect"), &[])?,
+            )
+            .header(reqwest::header::CONNECTION, "upgrade")
+            .header(reqwest::header::UPGRADE, "tcp");
+        let resp = rb.send().await.map_err(|e| self.client.transport(e))?;
+        if resp.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(self.client.failure(resp).await);
+        }
+        resp.upgrade().await.map_err(crate::Error::Transport)
+    }
+
     /// The trajectory log so far (`GET /v1/sandboxes/{id}/trajectory`), for sandboxes created
     /// with `trajectory: true`.
     pub async fn trajectory(&self) -> Result<Vec<warren_types::api::TrajectoryEntry>> {

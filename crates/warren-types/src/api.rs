@@ -789,6 +789,10 @@ pub struct Health {
     pub nodes_up: u32,
     /// Nodes known.
     pub nodes: u32,
+    /// The domain of the `<port>-<sandbox id>.<domain>` route to exposed ports, where the
+    /// control plane has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_domain: Option<String>,
 }
 
 /// Accepts an image as a string or an array of strings; arrays become comma-separated.

@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 /// Most rules in each of `allow` and `deny`.
 pub const MAX_RULES: usize = 4096;
 
+/// Most ports one sandbox may expose.
+pub const MAX_EXPOSED: usize = 32;
+
 /// Whether a sandbox has a network interface.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -92,6 +95,28 @@ pub struct NetworkPolicy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(feature = "openapi", schema(max_items = 4096))]
     pub deny: Vec<NetRule>,
+    /// TCP ports of the sandbox reachable from outside it (at most 32; mode `filtered`).
+    /// Inbound connections are denied except to these. Each gets a port on its node's host
+    /// (`exposed` in the sandbox's network status) and, where the control plane has a
+    /// `sandbox_domain`, the address `<port>-<sandbox id>.<domain>`. A service must listen on
+    /// the sandbox's interface (`0.0.0.0` or `::`), not only on loopback.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_items = 32, value_type = Vec<u16>, minimum = 1, maximum = 65535)
+    )]
+    pub expose: Vec<u16>,
+}
+
+/// A port of a sandbox reachable from outside it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ExposedPort {
+    /// The sandbox's port (TCP).
+    pub port: u16,
+    /// Where the node's host takes connections for it: `ADDRESS:PORT` (the node's
+    /// `[node.network] expose_address` and a port of its `expose_ports` range).
+    pub host: String,
 }
 
 /// A sandbox's network as it stands: `GET`/`PUT /v1/sandboxes/{id}/network`, and in its info.
@@ -115,6 +140,9 @@ pub struct NetworkStatus {
     /// Its deny rules.
     #[serde(default)]
     pub deny: Vec<NetRule>,
+    /// Its exposed ports and where the node's host takes connections for each.
+    #[serde(default)]
+    pub exposed: Vec<ExposedPort>,
 }
 
 impl NetworkPolicy {
@@ -132,6 +160,7 @@ impl NetworkPolicy {
             mode: NetworkMode::Filtered,
             allow: vec![NetRule::cidr("0.0.0.0/0"), NetRule::cidr("::/0")],
             deny: Vec::new(),
+            expose: Vec::new(),
         }
     }
 
@@ -145,8 +174,29 @@ impl NetworkPolicy {
                     .into(),
             );
         }
+        if self.mode == NetworkMode::None && !self.expose.is_empty() {
+            return Err(
+                "network mode `none` has no interface, so it exposes no ports: use mode \
+                 `filtered` with `expose`"
+                    .into(),
+            );
+        }
+        if self.expose.len() > MAX_EXPOSED {
+            return Err(format!(
+                "{} exposed ports is more than {MAX_EXPOSED}: expose fewer (one port can serve \
+                 many paths through a reverse proxy in the sandbox)",
+                self.expose.len()
+            ));
+        }
+        if self.expose.contains(&0) {
+            return Err("expose: port 0 is not a port; give ports 1-65535".into());
+        }
+        let mut expose = self.expose.clone();
+        expose.sort_unstable();
+        expose.dedup();
         let mut out = Policy {
             mode: self.mode,
+            expose,
             ..Policy::default()
         };
         for (name, rules, into) in [
@@ -236,6 +286,8 @@ pub struct Policy {
     pub allow: Vec<Rule>,
     /// Deny rules.
     pub deny: Vec<Rule>,
+    /// Exposed TCP ports, sorted, once each.
+    pub expose: Vec<u16>,
 }
 
 impl Policy {
@@ -660,8 +712,10 @@ mod tests {
                 },
             ],
             deny: vec![NetRule::cidr("10.0.0.0/9")],
+            expose: vec![8080, 80, 8080],
         };
         let parsed = p.parse().unwrap();
+        assert_eq!(parsed.expose, vec![80, 8080], "sorted, once each");
         assert_eq!(parsed.allow[0].protocol, Some(Protocol::Tcp));
         assert!(parsed.allowed_domains().matches("pypi.org"));
         let e = NetworkPolicy {
@@ -681,11 +735,32 @@ mod tests {
         let e = NetworkPolicy {
             mode: NetworkMode::None,
             allow: vec![NetRule::cidr("1.2.3.4")],
-            deny: vec![],
+            ..NetworkPolicy::default()
         }
         .parse()
         .unwrap_err();
         assert!(e.contains("takes no rules"), "{e}");
+        let e = NetworkPolicy {
+            expose: vec![8000],
+            ..NetworkPolicy::none()
+        }
+        .parse()
+        .unwrap_err();
+        assert!(e.contains("exposes no ports"), "{e}");
+        let e = NetworkPolicy {
+            expose: vec![0],
+            ..NetworkPolicy::default()
+        }
+        .parse()
+        .unwrap_err();
+        assert!(e.contains("port 0"), "{e}");
+        let e = NetworkPolicy {
+            expose: (1..=40).collect(),
+            ..NetworkPolicy::default()
+        }
+        .parse()
+        .unwrap_err();
+        assert!(e.contains("more than 32"), "{e}");
         let udp_domain = NetRule {
             protocol: Some(Protocol::Udp),
             ..NetRule::domain("a.com")

@@ -363,3 +363,179 @@ fn nothing_is_left_after_kills_and_a_daemon_crash() {
     );
     assert!(lab.node.sh("nft list tables").trim().is_empty());
 }
+
+/// An HTTP/1.0 GET of `/` on `addr` with `host`, from the calling thread's namespace: the
+/// status line, or what went wrong.
+fn http_get(addr: &str, host: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = match std::net::TcpStream::connect(addr) {
+        Ok(s) => s,
+        Err(e) => return format!("connect: {:?}", e.kind()),
+    };
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(format!("GET / HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes());
+    let mut out = Vec::new();
+    match s.read_to_end(&mut out) {
+        Ok(_) => String::from_utf8_lossy(&out)
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string(),
+        Err(e) => format!("read: {:?}", e.kind()),
+    }
+}
+
+/// Starts an HTTP server on `port` (all addresses) in the sandbox and waits until it answers.
+async fn serve_http(sb: &Sandbox, port: u16) {
+    sb.start_process(&argv([
+        "python3",
+        "-m",
+        "http.server",
+        &port.to_string(),
+        "--bind",
+        "0.0.0.0",
+    ]))
+    .await
+    .unwrap();
+    let wait = format!(
+        "import socket,time\nfor _ in range(100):\n    try: socket.create_connection(('127.0.0.1',{port}),1); print('up'); break\n    except OSError: time.sleep(0.1)\n"
+    );
+    assert_eq!(py(sb, &wait).await, "up");
+}
+
+#[test]
+fn exposed_ports_are_reachable_from_the_host_and_through_the_control_plane() {
+    require_root!();
+    let lab = Lab::new("e");
+    let cfg = format!(
+        "{}expose_ports = \"28100-28109\"\n\n[control]\nsandbox_domain = \"sb.test\"\n",
+        lab.node_config()
+    );
+    let mut p = Platform::start_in(&lab.node.name, Some(&cfg));
+    let exposing = NetworkPolicy {
+        expose: vec![8000],
+        ..NetworkPolicy::default()
+    };
+    let (id, host) = p.run(async || {
+        let c = p.client();
+        let sb = c
+            .create(&create_req(None, Some(exposing.clone())))
+            .await
+            .unwrap();
+        serve_http(&sb, 8000).await;
+        serve_http(&sb, 8001).await;
+        let st = sb.network().await.unwrap();
+        assert_eq!(st.exposed.len(), 1, "{st:?}");
+        assert_eq!(st.exposed[0].port, 8000);
+        let host = st.exposed[0].host.clone();
+        assert!(host.starts_with("127.0.0.1:281"), "{host}");
+        let ip = st.ipv4.clone().unwrap();
+
+        // From the node's host: the exposed port through its host port, and straight to the
+        // sandbox's address; a port it does not expose is refused, not left to hang.
+        let (h, ip2) = (host.clone(), ip.clone());
+        let (via_host, direct, closed) = tokio::task::spawn_blocking(move || {
+            (
+                http_get(&h, "x"),
+                http_get(&format!("{ip2}:8000"), "x"),
+                http_get(&format!("{ip2}:8001"), "x"),
+            )
+        })
+        .await
+        .unwrap();
+        assert!(via_host.contains(" 200 "), "{via_host}");
+        assert!(direct.contains(" 200 "), "{direct}");
+        assert!(closed.starts_with("connect:"), "{closed}");
+
+        // Through the control plane: the host route, and a TCP stream from the SDK.
+        let cp = p.url.trim_start_matches("http://").to_string();
+        let (cp2, id2) = (cp.clone(), sb.id().to_string());
+        let (routed, not_exposed, unknown) = tokio::task::spawn_blocking(move || {
+            (
+                http_get(&cp2, &format!("8000-{id2}.sb.test")),
+                http_get(&cp2, &format!("8001-{id2}.SB.test:80")),
+                http_get(&cp2, "8000-aaaaaaaaaaaaaaaaaaaa.sb.test"),
+            )
+        })
+        .await
+        .unwrap();
+        assert!(routed.contains(" 200 "), "{routed}");
+        assert!(not_exposed.contains(" 404 "), "{not_exposed}");
+        assert!(unknown.contains(" 404 "), "{unknown}");
+        {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = sb.connect_port(8000).await.unwrap();
+            s.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).await.unwrap();
+            assert!(
+                out.starts_with(b"HTTP/1.0 200"),
+                "{:?}",
+                &out[..20.min(out.len())]
+            );
+        }
+        let e = sb.connect_port(8001).await.unwrap_err();
+        assert!(e.to_string().contains("not exposed"), "{e}");
+
+        // A paused sandbox is resumed by a request through the control plane.
+        sb.pause().await.unwrap();
+        let (cp2, id2) = (cp.clone(), sb.id().to_string());
+        let resumed =
+            tokio::task::spawn_blocking(move || http_get(&cp2, &format!("8000-{id2}.sb.test")))
+                .await
+                .unwrap();
+        assert!(resumed.contains(" 200 "), "{resumed}");
+        assert_eq!(
+            sb.info().await.unwrap().state,
+            warren_sdk::SandboxState::Running
+        );
+
+        // Bad input: loopback-only sandboxes and too many ports are refused, the policy kept.
+        for bad in [
+            NetworkPolicy {
+                expose: vec![8000],
+                ..NetworkPolicy::none()
+            },
+            NetworkPolicy {
+                expose: (1..=33).collect(),
+                ..NetworkPolicy::default()
+            },
+        ] {
+            let e = sb.set_network(&bad).await.unwrap_err();
+            assert!(e.to_string().contains("expose"), "{e}");
+        }
+        assert_eq!(sb.network().await.unwrap().exposed.len(), 1);
+
+        // Unexposed: the host port closes; exposed again: a host port of the range.
+        let st = sb.expose(&[]).await.unwrap();
+        assert!(st.exposed.is_empty());
+        let h = host.clone();
+        let gone = tokio::task::spawn_blocking(move || http_get(&h, "x"))
+            .await
+            .unwrap();
+        assert!(gone.starts_with("connect:"), "{gone}");
+        let st = sb.expose(&[8000, 8001]).await.unwrap();
+        assert_eq!(st.exposed.len(), 2, "{st:?}");
+        (sb.id().to_string(), st.exposed[0].host.clone())
+    });
+    // The daemon crashes and comes back: the sandbox's ports listen on the same host ports.
+    p.kill9();
+    p.start_again();
+    p.run(async || {
+        let c = p.client();
+        let sb = c.sandbox(&id).unwrap();
+        let st = sb.network().await.unwrap();
+        assert_eq!(st.exposed.len(), 2, "{st:?}");
+        assert_eq!(st.exposed[0].host, host);
+        let h = host.clone();
+        let again = tokio::task::spawn_blocking(move || http_get(&h, "x"))
+            .await
+            .unwrap();
+        assert!(again.contains(" 200 "), "{again}");
+        sb.kill().await.unwrap();
+        let gone = tokio::task::spawn_blocking(move || http_get(&host, "x"))
+            .await
+            .unwrap();
+        assert!(gone.starts_with("connect:"), "{gone}");
+    });
+}

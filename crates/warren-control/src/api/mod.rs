@@ -9,6 +9,7 @@ pub(crate) mod events;
 pub(crate) mod files;
 pub mod forward;
 pub(crate) mod images;
+pub mod ports;
 pub(crate) mod sandboxes;
 pub(crate) mod system;
 pub(crate) mod tasks;
@@ -46,6 +47,10 @@ pub fn router(c: Arc<Control>) -> Router {
             get(sandboxes::get_network).put(sandboxes::set_network),
         )
         .route("/v1/tasks/{task}/network", put(tasks::set_network))
+        .route(
+            "/v1/sandboxes/{id}/ports/{port}/connect",
+            get(ports::connect),
+        )
         .route("/v1/sandboxes/{id}/trajectory", get(sandboxes::trajectory))
         .route("/v1/images", get(images::list))
         .route("/v1/images/stats", get(images::stats))
@@ -117,6 +122,8 @@ pub fn router(c: Arc<Control>) -> Router {
         // A request refused before its body was read (no key, a bad path) still gets its
         // answer, not a reset connection.
         .layer(middleware::from_fn(warren_http::drain::unread_body))
+        // `<port>-<id>.<sandbox_domain>` goes to the sandbox's port before anything else.
+        .layer(middleware::from_fn_with_state(c.clone(), ports::host_route))
         .with_state(c)
 }
 

@@ -24,6 +24,7 @@ pub async fn health(axum::extract::State(c): S) -> Json<Health> {
         version: env!("CARGO_PKG_VERSION").into(),
         nodes_up: up,
         nodes: nodes.len() as u32,
+        sandbox_domain: c.cfg.sandbox_domain.clone(),
     })
 }
 

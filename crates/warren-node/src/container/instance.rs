@@ -269,6 +269,13 @@ impl Instance for ContainerInstance {
         })
     }
 
+    fn exposed(&self) -> Vec<(u16, std::net::SocketAddr)> {
+        match (self.net, self.host.net.as_ref()) {
+            (Some(lease), Some(net)) => net.exposed(lease.index),
+            _ => Vec::new(),
+        }
+    }
+
     fn release(&self) {
         self.held
             .lock()

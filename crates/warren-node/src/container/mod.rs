@@ -11,6 +11,7 @@
 //! - `net`: sandbox interfaces, the node's firewall elements and its refused-packet log.
 
 pub mod cgroups;
+pub mod expose;
 mod instance;
 pub mod net;
 mod pool;
@@ -207,8 +208,10 @@ impl ContainerBackend {
             layers: record.layers.clone(),
             net: policy.mode == NetworkMode::Filtered,
         };
-        // Rules beyond deny-everything (what every new interface starts with).
-        let rules = !(policy.allow.is_empty() && policy.deny.is_empty());
+        // Rules beyond deny-everything (what every new interface starts with), or ports to
+        // expose.
+        let rules =
+            !(policy.allow.is_empty() && policy.deny.is_empty() && policy.expose.is_empty());
         // A builder's init is its own: warm inits are made without the build capabilities.
         if let Some(mut w) = (!record.builder)
             .then(|| self.pool.take(&key, self))
@@ -293,7 +296,8 @@ impl Backend for ContainerBackend {
                  enabled = false)"
                     .to_string()
             })?;
-            held.net = Some(net.adopt(name, index, generation, &record.network)?);
+            held.net =
+                Some(net.adopt(name, index, generation, &record.network, &record.host_ports)?);
         }
         if !record.layers.is_empty() {
             // Its layers are mounted (taken over at start): count it as a user.

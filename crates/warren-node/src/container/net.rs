@@ -7,13 +7,14 @@
 //! pays nothing for the network unless its policy has rules (one firewall transaction). The
 //! index of an ended sandbox's lease is reused last (a FIFO), after its interface is deleted.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
 use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::mpsc;
 
+use super::expose::{ExposeConfig, Exposures};
 use crate::backend::NetDenial;
 use warren_net::dns::{self, Decision, DnsProxy, Refusal};
 use warren_net::link::{Addressing, Lease, Links};
@@ -159,6 +160,8 @@ pub struct NetConfig {
     /// Where to write the `resolv.conf` every sandbox with an interface gets (naming the
     /// gateway, the node's DNS proxy).
     pub resolv_conf: std::path::PathBuf,
+    /// Where exposed ports listen.
+    pub expose: ExposeConfig,
 }
 
 /// The node's sandbox network.
@@ -181,6 +184,8 @@ pub(crate) struct NodeNet {
     tx: mpsc::Sender<NetDenial>,
     /// The DNS proxy on the gateway address (started once the node's network is).
     dns: Mutex<Option<DnsProxy>>,
+    /// Exposed ports (taken after `fw` where both are held).
+    exposures: Mutex<Exposures>,
 }
 
 /// Seconds the firewall keeps a resolved address open past its TTL: a client that connects
@@ -378,6 +383,7 @@ impl NodeNet {
             _lock: lock,
             tx: tx.clone(),
             dns: Mutex::new(None),
+            exposures: Mutex::new(Exposures::new(cfg.expose)),
             generations: Mutex::new(Generations::open(cfg.generation_file.clone(), 1)?),
         });
         let proxy = {
@@ -564,6 +570,14 @@ impl NodeNet {
         }
     }
 
+    /// The ports lease `index` exposes and where the node's host takes connections for each.
+    pub(crate) fn exposed(&self, index: u32) -> Vec<(u16, std::net::SocketAddr)> {
+        self.exposures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .of(index)
+    }
+
     /// The policy generation of lease `index`.
     pub(crate) fn generation(&self, index: u32) -> Option<u32> {
         self.owners
@@ -595,11 +609,34 @@ impl NodeNet {
             batch.push((*index, generation, elements));
             rules.insert(*index, (DomainRules::of(policy), generation));
         }
-        fw.update_keeping(batch, |index, domain, ports| {
+        // Host ports for newly exposed ports are bound before the firewall changes, so a
+        // change that cannot have them changes nothing.
+        let mut ex = self.exposures.lock().unwrap_or_else(|p| p.into_inner());
+        let mut staged = Vec::new();
+        for (index, policy) in updates {
+            ex.stage(*index, &policy.expose, &BTreeMap::new(), &mut staged)?;
+        }
+        if let Err(e) = fw.update_keeping(batch, |index, domain, ports| {
             rules
                 .get(&index)
                 .is_some_and(|(r, _)| r.ports_for(domain).contains(&ports))
-        })?;
+        }) {
+            ex.unstage(staged);
+            return Err(e);
+        }
+        for (index, policy) in updates {
+            if let Some(lease) = self.addressing.lease(*index) {
+                ex.commit(
+                    &self.rt,
+                    *index,
+                    IpAddr::V4(lease.v4),
+                    &policy.expose,
+                    &mut staged,
+                );
+            }
+        }
+        ex.unstage(staged);
+        drop(ex);
         let mut owners = self.owners.write().unwrap_or_else(|p| p.into_inner());
         for (index, (r, generation)) in rules {
             if let Some(o) = owners.get_mut(&index) {
@@ -639,13 +676,15 @@ impl NodeNet {
     }
 
     /// Takes over the interface of a sandbox a previous daemon started (its elements are put
-    /// back by [`NodeNet::install`]).
+    /// back by [`NodeNet::install`]) and its exposed ports, on the host ports it had where
+    /// they are still free.
     pub(crate) fn adopt(
         &self,
         name: &str,
         index: u32,
         generation: u32,
         policy: &NetworkPolicy,
+        host_ports: &BTreeMap<u16, u16>,
     ) -> Result<Lease, String> {
         let lease = self
             .addressing
@@ -671,6 +710,21 @@ impl NodeNet {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .adopt(lease, generation, elements);
+        if !parsed.expose.is_empty() {
+            let mut ex = self.exposures.lock().unwrap_or_else(|p| p.into_inner());
+            let mut staged = Vec::new();
+            match ex.stage(index, &parsed.expose, host_ports, &mut staged) {
+                Ok(()) => ex.commit(
+                    &self.rt,
+                    index,
+                    IpAddr::V4(lease.v4),
+                    &parsed.expose,
+                    &mut staged,
+                ),
+                // The sandbox lives on; its status shows the ports it lost.
+                Err(e) => tracing::error!(sandbox_id = name, "its exposed ports: {e}"),
+            }
+        }
         self.owners
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -735,6 +789,10 @@ impl NodeNet {
                 tracing::error!("reinstalling the firewall: {e}");
             }
         }
+        self.exposures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .release(lease.index);
         let links = self.links.clone();
         if let Err(e) = self.block_on(async move { links.detach(&lease).await }) {
             tracing::warn!(index = lease.index, "deleting the interface: {e}");

@@ -34,12 +34,16 @@ pub struct PolicyArgs {
     deny_port: Vec<String>,
     /// No network: at create, loopback only (no interface at all); at run time, everything
     /// denied (the interface stays).
-    #[arg(long, conflicts_with_all = ["internet", "allow_domain", "allow_cidr", "allow_port", "deny_domain", "deny_cidr", "deny_port"])]
+    #[arg(long, conflicts_with_all = ["internet", "allow_domain", "allow_cidr", "allow_port", "deny_domain", "deny_cidr", "deny_port", "expose"])]
     none: bool,
     /// Allow every address outside the always-denied ones (the node, other sandboxes,
     /// loopback, link-local and metadata addresses), every port.
     #[arg(long)]
     internet: bool,
+    /// Make a TCP port of the sandbox reachable from outside it (repeatable): the node gives
+    /// it a port on its host, shown as `exposed`. A service must listen on 0.0.0.0 or ::.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    expose: Vec<u16>,
 }
 
 fn port_rule(spec: &str) -> Result<NetRule, String> {
@@ -70,7 +74,8 @@ impl PolicyArgs {
                 && self.allow_port.is_empty()
                 && self.deny_domain.is_empty()
                 && self.deny_cidr.is_empty()
-                && self.deny_port.is_empty())
+                && self.deny_port.is_empty()
+                && self.expose.is_empty())
     }
 
     /// The policy the flags say (no flags: deny everything, with an interface).
@@ -97,6 +102,7 @@ impl PolicyArgs {
         for s in &self.deny_port {
             p.deny.push(port_rule(s).map_err(anyhow::Error::msg)?);
         }
+        p.expose = self.expose.clone();
         // Checked here too, so a typo is reported before anything is sent.
         p.parse().map_err(anyhow::Error::msg)?;
         Ok(p)
@@ -111,7 +117,8 @@ pub enum NetworkCommand {
         warren network set $id --allow-domain pypi.org --allow-domain '*.pythonhosted.org'\n  \
         warren network set --task run-7 --none          # the agent phase: nothing reachable\n  \
         warren network set $id --allow-cidr 10.1.0.0/16 --allow-port 53/udp\n  \
-        warren network set $id --internet --deny-cidr 10.0.0.0/8\n\n\
+        warren network set $id --internet --deny-cidr 10.0.0.0/8\n  \
+        warren network set $id --expose 8000              # reachable from the node's host\n\n\
         The flags give the whole new policy (no flag: everything denied). New connections \
         follow it at once; an open connection that it no longer allows is reset at its next \
         packet.")]
@@ -183,6 +190,9 @@ pub fn print_status(st: &NetworkStatus) {
     }
     for r in &st.deny {
         println!("deny      {}", rule_text(r));
+    }
+    for e in &st.exposed {
+        println!("exposed   port {} at {} on the node's host", e.port, e.host);
     }
 }
 

@@ -1,0 +1,206 @@
+//! Exposed ports through the control plane: a TCP stream to a sandbox's exposed port
+//! (`GET /v1/sandboxes/{id}/ports/{port}/connect`, an HTTP upgrade), and, where
+//! `sandbox_domain` is set, the `<port>-<sandbox id>.<domain>` host route, which carries each
+//! HTTP request (websocket upgrades included) to that port. Both go through the node's API,
+//! which dials the sandbox: the node's own host ports need not be reachable from here.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::TokioIo;
+use warren_http::{Error, Path};
+use warren_types::error::{ApiError, ErrorBody, ErrorCode};
+
+use super::{S, forward};
+use crate::Control;
+use crate::nodes::NodeEntry;
+
+/// Largest error answer read from a node that refused a tunnel.
+const MAX_REFUSAL: usize = 64 << 10;
+
+/// Open a TCP stream to an exposed port of the sandbox: send `Connection: upgrade` and
+/// `Upgrade: tcp`; the answer is `101 Switching Protocols` and the connection then carries
+/// the bytes of a TCP connection to the port (a paused sandbox is resumed first). The port
+/// must be in the sandbox's network policy's `expose` (404 otherwise); 503 when nothing in
+/// the sandbox accepts connections on it.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports/{port}/connect", tag = "network",
+    params(("id" = String, Path, description = "Sandbox id."),
+        ("port" = u16, Path, description = "An exposed port of the sandbox.", minimum = 1)),
+    responses((status = 101, description = "Switched to a TCP stream to the port."),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 503, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn connect(
+    State(c): S,
+    Path((id, port)): Path<(String, u16)>,
+    mut req: Request,
+) -> Result<Response, Error> {
+    warren_http::tunnel::check(req.headers()).map_err(Error)?;
+    let (_, node) = forward::route(&c, &id)?;
+    let up = open(&node, &id, port).await?;
+    Ok(warren_http::tunnel::accept(&mut req, up, ()))
+}
+
+/// Asks the node of sandbox `id` for a stream to its exposed `port`.
+async fn open(node: &NodeEntry, id: &str, port: u16) -> Result<reqwest::Upgraded, Error> {
+    let resp = node
+        .client
+        .request(
+            reqwest::Method::GET,
+            &format!("/v1/sandboxes/{id}/ports/{port}/connect"),
+        )
+        .header("connection", "upgrade")
+        .header("upgrade", warren_http::tunnel::PROTOCOL)
+        .send()
+        .await
+        .map_err(|e| forward::unavailable(node, &e))?;
+    if resp.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+        return Err(refusal(node, resp).await);
+    }
+    resp.upgrade()
+        .await
+        .map_err(|e| forward::unavailable(node, &e))
+}
+
+/// The node's error answer, passed on as it gave it.
+async fn refusal(node: &NodeEntry, mut resp: reqwest::Response) -> Error {
+    let status = resp.status();
+    let mut body = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_REFUSAL {
+            break;
+        }
+    }
+    match serde_json::from_slice::<ErrorBody>(&body) {
+        Ok(b) => Error(b.error),
+        Err(_) => Error(ApiError::new(
+            ErrorCode::Unavailable,
+            format!(
+                "node {} answered a port connection with {status}; retry shortly",
+                node.id
+            ),
+        )),
+    }
+}
+
+/// The exposed port and sandbox a `Host` names under `domain`: `<port>-<id>.<domain>`, any
+/// case, with or without the listener's port.
+pub fn parse_host(host: &str, domain: &str) -> Option<(u16, String)> {
+    let host = host.trim().to_ascii_lowercase();
+    // `name:port`, never an IPv6 literal (those have no sandbox in them).
+    let name = match host.rsplit_once(':') {
+        Some((n, p)) if p.bytes().all(|b| b.is_ascii_digit()) => n,
+        _ => host.as_str(),
+    };
+    let name = name.trim_end_matches('.');
+    let domain = domain.trim().trim_matches('.').to_ascii_lowercase();
+    let label = name.strip_suffix(&domain)?.strip_suffix('.')?;
+    let (port, id) = label.split_once('-')?;
+    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    Some((port, id.to_string()))
+}
+
+/// Sends a request whose `Host` is `<port>-<id>.<sandbox_domain>` to that port; every other
+/// request goes on to the API. No API key: an exposed port is public to whoever can reach the
+/// control plane and knows the sandbox's id.
+pub async fn host_route(State(c): State<Arc<Control>>, req: Request, next: Next) -> Response {
+    let Some(domain) = c.cfg.sandbox_domain.as_deref() else {
+        return next.run(req).await;
+    };
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().host());
+    let Some((port, id)) = host.and_then(|h| parse_host(h, domain)) else {
+        return next.run(req).await;
+    };
+    match proxy(&c, port, &id, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Carries one HTTP request to the port over a fresh stream, and its answer back; a `101`
+/// answer (a websocket) joins the two upgraded connections.
+async fn proxy(c: &Control, port: u16, id: &str, mut req: Request) -> Result<Response, Error> {
+    let (_, node) = forward::route(c, id)?;
+    let up = open(&node, id, port).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(up))
+        .await
+        .map_err(|e| bad_gateway(port, id, &e))?;
+    tokio::spawn(conn.with_upgrades());
+    let client_up = req
+        .headers()
+        .contains_key(header::UPGRADE)
+        .then(|| hyper::upgrade::on(&mut req));
+    let mut resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| bad_gateway(port, id, &e))?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_up) = client_up
+    {
+        let server_up = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            if let (Ok(a), Ok(b)) = tokio::join!(client_up, server_up) {
+                let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
+                let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+            }
+        });
+    }
+    Ok(resp.map(Body::new))
+}
+
+fn bad_gateway(port: u16, id: &str, e: &dyn std::fmt::Display) -> Error {
+    Error(ApiError::new(
+        ErrorCode::Unavailable,
+        format!("port {port} of sandbox {id} did not answer the request as HTTP/1: {e}"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_host;
+
+    #[test]
+    fn hosts_name_a_port_and_a_sandbox_under_the_domain() {
+        let id = "abcdef0123456789abcd";
+        let d = "sb.example.com";
+        assert_eq!(
+            parse_host(&format!("8000-{id}.sb.example.com"), d),
+            Some((8000, id.into()))
+        );
+        assert_eq!(
+            parse_host(
+                &format!("8000-{}.SB.Example.com.:443", id.to_uppercase()),
+                d
+            ),
+            Some((8000, id.into()))
+        );
+        for bad in [
+            format!("8000-{id}.example.com"),
+            format!("8000-{id}.xsb.example.com"),
+            format!("x-{id}.sb.example.com"),
+            format!("0-{id}.sb.example.com"),
+            format!("70000-{id}.sb.example.com"),
+            "8000-.sb.example.com".into(),
+            format!("8000-{id}.evil.sb.example.com"),
+            "sb.example.com".into(),
+            "[::1]:8080".into(),
+        ] {
+            assert_eq!(parse_host(&bad, d), None, "{bad}");
+        }
+    }
+}
