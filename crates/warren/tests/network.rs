@@ -367,22 +367,37 @@ fn nothing_is_left_after_kills_and_a_daemon_crash() {
 /// An HTTP/1.0 GET of `/` on `addr` with `host`, from the calling thread's namespace: the
 /// status line, or what went wrong.
 fn http_get(addr: &str, host: &str) -> String {
+    http_get_with(addr, host, "")
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The same with more header lines (each ending in CRLF): the whole answer.
+fn http_get_with(addr: &str, host: &str, headers: &str) -> String {
     use std::io::{Read, Write};
     let mut s = match std::net::TcpStream::connect(addr) {
         Ok(s) => s,
         Err(e) => return format!("connect: {:?}", e.kind()),
     };
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let _ = s.write_all(format!("GET / HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes());
+    let _ = s.write_all(format!("GET / HTTP/1.0\r\nHost: {host}\r\n{headers}\r\n").as_bytes());
     let mut out = Vec::new();
     match s.read_to_end(&mut out) {
-        Ok(_) => String::from_utf8_lossy(&out)
-            .lines()
-            .next()
-            .unwrap_or("")
-            .to_string(),
+        Ok(_) => String::from_utf8_lossy(&out).into_owned(),
         Err(e) => format!("read: {:?}", e.kind()),
     }
+}
+
+/// A server on `port` of the sandbox that answers each request with the request itself.
+async fn serve_echo(sb: &Sandbox, port: u16) {
+    let code = format!(
+        "import socket\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\ns.bind(('0.0.0.0',{port})); s.listen()\nwhile True:\n    c,_=s.accept(); d=b''\n    while b'\\r\\n\\r\\n' not in d:\n        b=c.recv(4096)\n        if not b: break\n        d+=b\n    c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\n'+d); c.close()\n"
+    );
+    sb.start_process(&argv(["python3", "-c", &code]))
+        .await
+        .unwrap();
 }
 
 /// Starts an HTTP server on `port` (all addresses) in the sandbox and waits until it answers.
@@ -514,8 +529,36 @@ fn exposed_ports_are_reachable_from_the_host_and_through_the_control_plane() {
             .await
             .unwrap();
         assert!(gone.starts_with("connect:"), "{gone}");
-        let st = sb.expose(&[8000, 8001]).await.unwrap();
+        let st = sb.expose(&[8000, 8002]).await.unwrap();
         assert_eq!(st.exposed.len(), 2, "{st:?}");
+        // The host route passes headers on, but never a Warren API key: the agent is
+        // untrusted.
+        serve_echo(&sb, 8002).await;
+        let (cp2, id2, key) = (cp.clone(), sb.id().to_string(), p.key.clone());
+        let echoed = tokio::task::spawn_blocking(move || {
+            let host = format!("8002-{id2}.sb.test");
+            let mut last = String::new();
+            // The server may take a moment to listen.
+            for _ in 0..50 {
+                last = http_get_with(
+                    &cp2,
+                    &host,
+                    &format!("Authorization: Bearer {key}\r\nX-API-Key: {key}\r\nX-Mine: 1\r\n"),
+                );
+                if last.contains(" 200 ") {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            last
+        })
+        .await
+        .unwrap();
+        assert!(
+            echoed.contains(" 200 ") && echoed.contains("x-mine: 1"),
+            "{echoed}"
+        );
+        assert!(!echoed.contains(&p.key), "{echoed}");
         (sb.id().to_string(), st.exposed[0].host.clone())
     });
     // The daemon crashes and comes back: the sandbox's ports listen on the same host ports.

@@ -113,7 +113,8 @@ pub fn parse_host(host: &str, domain: &str) -> Option<(u16, String)> {
 
 /// Sends a request whose `Host` is `<port>-<id>.<sandbox_domain>` to that port; every other
 /// request goes on to the API. No API key: an exposed port is public to whoever can reach the
-/// control plane and knows the sandbox's id.
+/// control plane and knows the sandbox's id. Headers pass as they came, except a Warren API key
+/// (`X-API-Key`, or an `Authorization` bearer that is a valid key), which is removed.
 pub async fn host_route(State(c): State<Arc<Control>>, req: Request, next: Next) -> Response {
     let Some(domain) = c.cfg.sandbox_domain.as_deref() else {
         return next.run(req).await;
@@ -136,6 +137,12 @@ pub async fn host_route(State(c): State<Arc<Control>>, req: Request, next: Next)
 /// answer (a websocket) joins the two upgraded connections.
 async fn proxy(c: &Control, port: u16, id: &str, mut req: Request) -> Result<Response, Error> {
     let (_, node) = forward::route(c, id)?;
+    // A Warren key sent along by mistake never reaches the sandbox (its agent is untrusted);
+    // a service's own credentials pass.
+    if crate::auth::presented(&req).is_some_and(|k| c.keys.check(k)) {
+        req.headers_mut().remove(header::AUTHORIZATION);
+    }
+    req.headers_mut().remove("x-api-key");
     let up = open(&node, id, port).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(up))
         .await
