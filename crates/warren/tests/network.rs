@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Platform;
-use common::lab::{Lab, NODE_UPLINK, OTHER_SITE, SITE, SITE6, UNNAMED_SITE, tcp_probe};
+use common::lab::{Lab, NODE_UPLINK, OTHER_SITE, SITE, SITE6, UNNAMED_SITE, icmp_probe, tcp_probe};
 use warren_sdk::{
     CreateSandbox, EventFilter, EventKind, NetRule, NetworkMode, NetworkPolicy, Protocol, Sandbox,
     argv,
@@ -45,6 +45,14 @@ fn create_req(task: Option<&str>, network: Option<NetworkPolicy>) -> CreateSandb
         network,
         ..Default::default()
     }
+}
+
+/// The pid of a sandbox's init, from its record.
+fn init_pid(p: &Platform, id: &str) -> i32 {
+    let rec = std::fs::read_to_string(p.state_dir().join("sandboxes").join(id).join("state.json"))
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&rec).unwrap();
+    v["pid"].as_i64().unwrap() as i32
 }
 
 async fn network_events(p: &warren_sdk::Client, sb: &Sandbox) -> Vec<warren_sdk::Event> {
@@ -89,6 +97,10 @@ fn deny_by_default_allow_by_cidr_and_port_and_change_at_run_time() {
         assert!(u.contains("Error") && !u.contains("timeout"), "UDP: {u}");
         // DNS-over-TLS and QUIC to a well-known resolver address: denied like the rest.
         refused(&sb, SITE, 853).await;
+        // ICMP too, answered "administratively prohibited" (IPv4 3/13, IPv6 1/1).
+        let pid = init_pid(&p, sb.id().as_str());
+        assert_eq!(icmp_probe(pid, SITE), "unreachable 13");
+        assert_eq!(icmp_probe(pid, SITE6), "unreachable 1");
 
         // Each refused attempt is an event: destination, protocol and port.
         let ev = network_events(&c, &sb).await;
@@ -149,6 +161,9 @@ fn deny_by_default_allow_by_cidr_and_port_and_change_at_run_time() {
         refused(&sb, OTHER_SITE, 80).await;
         // The node's own uplink address is inside the CIDR and still unreachable.
         refused(&sb, NODE_UPLINK, 2222).await;
+        // A whole CIDR lets ICMP through; elsewhere it stays refused.
+        assert_eq!(icmp_probe(pid, SITE), "reply");
+        assert_eq!(icmp_probe(pid, SITE6), "unreachable 1");
 
         // A connection open across a change that no longer allows it is reset.
         let code = format!(

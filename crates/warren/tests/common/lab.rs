@@ -234,3 +234,47 @@ pub fn tcp_probe(host: &str, port: u16) -> String {
         "import socket\ns=socket.socket({family}); s.settimeout(3)\ntry:\n    s.connect(('{host}',{port})); print('connected', s.recv(3))\nexcept ConnectionRefusedError: print('refused')\nexcept socket.timeout: print('timeout')\nexcept OSError as e: print(type(e).__name__, e.errno)\n"
     )
 }
+
+/// Sends one ICMP (or ICMPv6) echo request to `dst` from inside the network namespace of the
+/// sandbox whose init is `pid` (a raw socket: the test is root on the host; commands in the
+/// sandbox hold no `CAP_NET_RAW`), and says what came back: `reply`, `unreachable <code>`
+/// (3/13 is IPv4's "administratively prohibited", 1/1 IPv6's) or `timeout`.
+pub fn icmp_probe(pid: i32, dst: &str) -> String {
+    const CODE: &str = r#"
+import socket, struct, sys
+dst = sys.argv[1]
+v6 = ':' in dst
+def csum(b):
+    if len(b) % 2: b += b'\0'
+    s = sum(struct.unpack('!%dH' % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xffff); s += s >> 16
+    return ~s & 0xffff
+if v6:
+    s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+    s.sendto(struct.pack('!BBHHH', 128, 0, 0, 0x5757, 1) + b'warren', (dst, 0))
+else:
+    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    h = struct.pack('!BBHHH', 8, 0, 0, 0x5757, 1) + b'warren'
+    s.sendto(struct.pack('!BBHHH', 8, 0, csum(h), 0x5757, 1) + b'warren', (dst, 0))
+s.settimeout(3)
+try:
+    while True:
+        d, _ = s.recvfrom(2048)
+        if not v6: d = d[(d[0] & 15) * 4:]
+        t, c = d[0], d[1]
+        if t in (0, 129): print('reply'); break
+        if t in (3, 1): print('unreachable', c); break
+except socket.timeout:
+    print('timeout')
+"#;
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .args(["--", "python3", "-c", CODE, dst])
+        .output()
+        .unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout).trim(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    )
+}
