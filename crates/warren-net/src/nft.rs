@@ -14,7 +14,8 @@
 //! 4. its allow rules: whole CIDRs (`any*`, which lets ICMP through too), by protocol and port
 //!    (`allow*`), and the addresses its allowed domains resolved to, for their TTL (`dyn*`,
 //!    TCP only);
-//! 5. anything else is refused: logged to an NFLOG group (bounded rate) and answered with a
+//! 5. anything else is refused: logged to an NFLOG group (bounded rate per sandbox and per
+//!    node) and answered with a
 //!    TCP reset or an ICMP "administratively prohibited" — never silently dropped, so a client
 //!    fails at once instead of hanging.
 //!
@@ -46,6 +47,14 @@ pub const MAX_ELEMENTS: usize = 65_536;
 
 /// Refused packets logged per second, node-wide (the rest are refused unlogged).
 pub const LOG_RATE: u32 = 2000;
+
+/// Refused packets logged per second for one sandbox, after a burst of
+/// [`LOG_BURST_SANDBOX`]: one flooding sandbox cannot use up the node's log rate (a port scan
+/// of a few hundred ports is still logged whole).
+pub const LOG_RATE_SANDBOX: u32 = 200;
+
+/// See [`LOG_RATE_SANDBOX`].
+pub const LOG_BURST_SANDBOX: u32 = 1000;
 
 /// Most addresses × port ranges one sandbox's domains may have open at once.
 pub const MAX_RESOLVED: usize = 1024;
@@ -661,6 +670,7 @@ impl Firewall {
   set dyn4 {{ type ifname . ipv4_addr . inet_service; flags interval, timeout; }}
   set dyn6 {{ type ifname . ipv6_addr . inet_service; flags interval, timeout; }}
   set expose {{ type ifname . inet_service; }}
+  set lograte {{ type ifname; flags dynamic, timeout; timeout 10s; size 65536; }}
   chain forward {{
     type filter hook forward priority filter - 10; policy accept;
     iifname "{p}*" jump egress
@@ -703,7 +713,7 @@ impl Firewall {
     accept
   }}
   chain refuse {{
-    limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {g}
+    add @lograte {{ iifname limit rate {LOG_RATE_SANDBOX}/second burst {LOG_BURST_SANDBOX} packets }} limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {g}
     meta l4proto tcp reject with tcp reset
     reject with icmpx admin-prohibited
   }}

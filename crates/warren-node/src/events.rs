@@ -23,6 +23,10 @@ use crate::state;
 /// Events kept; the oldest go first.
 pub const MAX_EVENTS: usize = 100_000;
 
+/// Events one sandbox may hold in the store: past that, its new node-made events add to one
+/// overflow event per kind, so one sandbox cannot push every other's out.
+pub const MAX_EVENTS_PER_SANDBOX: usize = 1000;
+
 /// Occurrences within this long of an event's first one add to it.
 const WINDOW: Duration = Duration::from_secs(60);
 
@@ -153,6 +157,8 @@ struct Inner {
     order: BTreeMap<(u64, String), ()>,
     /// The open window of node-made events: (sandbox, kind, detail) → id.
     open: HashMap<(SandboxId, EventKind, String), String>,
+    /// Events each sandbox holds in the store.
+    per_sandbox: HashMap<SandboxId, usize>,
     next: u64,
     file: Option<std::fs::File>,
     written: u64,
@@ -167,6 +173,7 @@ impl EventStore {
             by_id: HashMap::new(),
             order: BTreeMap::new(),
             open: HashMap::new(),
+            per_sandbox: HashMap::new(),
             next: state::now_ms(),
             file: None,
             written: 0,
@@ -230,7 +237,24 @@ impl EventStore {
     ) {
         let now = state::now_ms();
         let mut g = self.lock();
-        let key = (sandbox.clone(), kind, detail);
+        let mut key = (sandbox.clone(), kind, detail);
+        let mut net = net;
+        let is_open = |g: &Inner, key: &(SandboxId, EventKind, String)| {
+            g.open
+                .get(key)
+                .and_then(|id| g.by_id.get(id))
+                .is_some_and(|r| now.saturating_sub(r.first_ms) < WINDOW.as_millis() as u64)
+        };
+        if !is_open(&g, &key)
+            && g.per_sandbox.get(sandbox).copied().unwrap_or(0) >= MAX_EVENTS_PER_SANDBOX
+        {
+            // Full: counted in the overflow event of its kind (which may itself be new).
+            key.2 = format!(
+                "more than {MAX_EVENTS_PER_SANDBOX} events of this sandbox: further ones of \
+                 this kind are counted here"
+            );
+            net = None;
+        }
         let open = g
             .open
             .get(&key)
@@ -332,6 +356,8 @@ impl Inner {
     fn put(&mut self, r: Record) {
         if let Some(old) = self.by_id.remove(&r.id) {
             self.order.remove(&(old.first_ms, old.id));
+        } else {
+            *self.per_sandbox.entry(r.sandbox.clone()).or_default() += 1;
         }
         self.order.insert((r.first_ms, r.id.clone()), ());
         self.by_id.insert(r.id.clone(), r);
@@ -340,6 +366,12 @@ impl Inner {
                 break;
             };
             if let Some(r) = self.by_id.remove(&id) {
+                if let Some(n) = self.per_sandbox.get_mut(&r.sandbox) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.per_sandbox.remove(&r.sandbox);
+                    }
+                }
                 self.open.remove(&(r.sandbox, r.kind, r.detail));
             }
         }
@@ -478,5 +510,34 @@ mod tests {
         assert!(n.ports.ends_with('…'), "{}", n.ports);
         assert_eq!(n.ports.split(',').count(), MAX_PORT_RANGES + 1);
         assert_eq!(n.port_count, 1026 + 580 - 1);
+    }
+
+    #[test]
+    fn a_sandbox_past_its_cap_adds_to_one_overflow_event_and_others_keep_theirs() {
+        let d = tempfile::tempdir().unwrap();
+        let node = NodeId::from_random(rand::random());
+        let noisy = SandboxId::new(&node, rand::random());
+        let quiet = SandboxId::new(&node, rand::random());
+        let s = EventStore::open(d.path());
+        let to = |i: usize| NetOccurrence {
+            protocol: "tcp".into(),
+            destination: format!("198.51.{}.{}", i / 256, i % 256),
+            ports: vec![80],
+            domain: None,
+        };
+        s.occur_network(&quiet, None, to(0), 1);
+        for i in 0..MAX_EVENTS_PER_SANDBOX + 500 {
+            s.occur_network(&noisy, None, to(i), 1);
+        }
+        let f = |sb: &SandboxId| EventFilter {
+            sandbox: Some(sb.clone()),
+            ..EventFilter::default()
+        };
+        let mine = s.list(&node, &f(&noisy));
+        assert_eq!(mine.len(), MAX_EVENTS_PER_SANDBOX + 1);
+        let over = mine.last().unwrap();
+        assert!(over.detail.contains("counted here"), "{over:?}");
+        assert_eq!(over.count, 500);
+        assert_eq!(s.list(&node, &f(&quiet)).len(), 1);
     }
 }

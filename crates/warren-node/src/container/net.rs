@@ -676,8 +676,9 @@ impl NodeNet {
     }
 
     /// Takes over the interface of a sandbox a previous daemon started (its elements are put
-    /// back by [`NodeNet::install`]) and its exposed ports, on the host ports it had where
-    /// they are still free.
+    /// back by [`NodeNet::install`], under a new generation, so every connection it has open is
+    /// judged again by the policy of its record) and its exposed ports, on the host ports it
+    /// had where they are still free.
     pub(crate) fn adopt(
         &self,
         name: &str,
@@ -692,12 +693,16 @@ impl NodeNet {
             .ok_or_else(|| format!("its network lease {index} is outside the node's pools"))?;
         let parsed = policy.parse()?;
         let elements: Elements = expand(&parsed)?;
-        {
+        // A fresh generation, past the recorded one: the record may have been saved with a
+        // new policy that a crash kept from reaching the table, and connections marked under
+        // the old one must be judged again by the policy installed now.
+        let generation = {
             let mut g = self.generations.lock().unwrap_or_else(|p| p.into_inner());
             if generation >= g.next {
                 g.next = generation.saturating_add(1);
             }
-        }
+            g.take()
+        };
         {
             let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
             if !l.used.insert(index) {
