@@ -249,7 +249,7 @@ impl Node {
         let (rec, d) = (record.clone(), dir.clone());
         let instance = blocking(move || backend.start(&rec, &d))
             .await
-            .map_err(|e| NodeError::host("starting the sandbox", e))?;
+            .map_err(|e| NodeError::backend("starting the sandbox", e))?;
         let t_started = t0.elapsed();
         (record.pid, record.start_time) = instance.identity();
         record.net_lease = instance.network().map(|n| (n.index, n.generation));

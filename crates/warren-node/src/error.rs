@@ -83,6 +83,20 @@ impl NodeError {
         }
     }
 
+    /// A backend's failure while doing `op`: one that ran out of a node resource (its kind
+    /// `QuotaExceeded`, e.g. the host ports of exposed ports) is the node having no room
+    /// (429), anything else a host failure.
+    pub fn backend(op: impl Into<String>, source: io::Error) -> Self {
+        if source.kind() == io::ErrorKind::QuotaExceeded {
+            NodeError::Capacity {
+                message: source.to_string(),
+                retry_after: 5,
+            }
+        } else {
+            NodeError::host(op, source)
+        }
+    }
+
     /// The error as the API reports it.
     pub fn to_api(&self) -> ApiError {
         let code = match self {

@@ -129,12 +129,44 @@ impl Node {
     }
 
     /// Applies one policy change to sandboxes (their lifecycle locks held), all or none, and
-    /// saves their records.
+    /// saves their records. Each record is saved with the new policy before the firewall
+    /// changes (and put back if the change fails): a daemon that crashes in between comes back
+    /// with the policy the caller asked for, never silently with the old one.
     async fn apply(
         &self,
         batch: &[(Arc<Sandbox>, Policy)],
         policy: &NetworkPolicy,
     ) -> Result<(), NodeError> {
+        let before: Vec<NetworkPolicy> = batch.iter().map(|(sb, _)| sb.network_policy()).collect();
+        self.save_policies(batch, |_| policy.clone()).await?;
+        if let Err(e) = self.change_firewall(batch).await {
+            if let Err(e2) = self.save_policies(batch, |i| before[i].clone()).await {
+                tracing::error!("putting the sandboxes' records back after a failed change: {e2}");
+            }
+            return Err(e);
+        }
+        // Saved again: the records now carry the new generations.
+        self.save_policies(batch, |_| policy.clone()).await
+    }
+
+    /// Sets each sandbox's policy (`of(its place in the batch)`) and saves its record.
+    async fn save_policies(
+        &self,
+        batch: &[(Arc<Sandbox>, Policy)],
+        of: impl Fn(usize) -> NetworkPolicy,
+    ) -> Result<(), NodeError> {
+        for (i, (sb, _)) in batch.iter().enumerate() {
+            *sb.network.lock().unwrap_or_else(|p| p.into_inner()) = of(i);
+            let (dir, record) = (sb.dir.clone(), sb.current_record());
+            blocking(move || crate::state::save(&dir, &record))
+                .await
+                .map_err(|e| NodeError::host("saving the sandbox's state", e))?;
+        }
+        Ok(())
+    }
+
+    /// The firewall side of [`Node::apply`]: one backend call for the whole batch.
+    async fn change_firewall(&self, batch: &[(Arc<Sandbox>, Policy)]) -> Result<(), NodeError> {
         let mut updates = Vec::with_capacity(batch.len());
         for (sb, parsed) in batch {
             if parsed.mode == NetworkMode::None {
@@ -160,14 +192,7 @@ impl Node {
                 backend.set_networks(&refs)
             })
             .await
-            .map_err(|e| NodeError::host("changing the network policy", e))?;
-        }
-        for (sb, _) in batch {
-            *sb.network.lock().unwrap_or_else(|p| p.into_inner()) = policy.clone();
-            let (dir, record) = (sb.dir.clone(), sb.current_record());
-            blocking(move || crate::state::save(&dir, &record))
-                .await
-                .map_err(|e| NodeError::host("saving the sandbox's state", e))?;
+            .map_err(|e| NodeError::backend("changing the network policy", e))?;
         }
         Ok(())
     }

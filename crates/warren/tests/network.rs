@@ -574,6 +574,29 @@ fn exposed_ports_are_reachable_from_the_host_and_through_the_control_plane() {
             "{echoed}"
         );
         assert!(!echoed.contains(&p.key), "{echoed}");
+        // The node's range has 10 host ports and 2 are taken: 9 more is no room (429, which
+        // names the range), and nothing stays bound; 8 fit.
+        let many = |n: u16| NetworkPolicy {
+            expose: (9000..9000 + n).collect(),
+            ..NetworkPolicy::default()
+        };
+        let e = c
+            .create(&create_req(None, Some(many(9))))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                &e,
+                warren_sdk::Error::Api {
+                    code: warren_sdk::ErrorCode::Capacity,
+                    ..
+                }
+            ) && e.to_string().contains("expose_ports"),
+            "{e}"
+        );
+        let full = c.create(&create_req(None, Some(many(8)))).await.unwrap();
+        assert_eq!(full.network().await.unwrap().exposed.len(), 8);
+        full.kill().await.unwrap();
         (sb.id().to_string(), st.exposed[0].host.clone())
     });
     // The daemon crashes and comes back: the sandbox's ports listen on the same host ports.

@@ -201,10 +201,14 @@ impl Exposures {
                 }
             }
         }
-        Err(std::io::Error::other(format!(
-            "no free port left in the node's expose_ports range {lo}-{hi}: unexpose ports of \
-             other sandboxes, or widen [node.network] expose_ports"
-        )))
+        // A kind of its own, so the node answers 429 (no room), not 500.
+        Err(std::io::Error::new(
+            std::io::ErrorKind::QuotaExceeded,
+            format!(
+                "no free port left in the node's expose_ports range {lo}-{hi}: unexpose ports \
+                 of other sandboxes, or widen [node.network] expose_ports"
+            ),
+        ))
     }
 }
 
