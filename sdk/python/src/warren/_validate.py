@@ -36,9 +36,11 @@ NETWORK_MODES = ("filtered", "none")
 PROTOCOLS = ("tcp", "udp")
 #: Most rules in each of a policy's ``allow`` and ``deny`` (the server's limit).
 MAX_NET_RULES = 4096
+#: Most ports one sandbox may expose (the server's limit).
+MAX_EXPOSED = 32
 _PORTS = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 _RULE_FIELDS = ("cidr", "domain", "ports", "protocol")
-_POLICY_FIELDS = ("mode", "allow", "deny")
+_POLICY_FIELDS = ("mode", "allow", "deny", "expose")
 
 
 def _type_name(v: Any) -> str:
@@ -310,6 +312,31 @@ def ports(v: Any, what: str) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
+def port(v: Any, what: str = "port") -> int:
+    """One TCP port, 1-65535."""
+    if not _is_int(v):
+        raise ArgumentTypeError(f"{what} must be an int (1-65535), not {_type_name(v)} ({v!r})")
+    if not 1 <= v <= 65535:
+        raise InvalidArgument(f"{what} {v} is not a port: give 1-65535")
+    return int(v)
+
+
+def expose_ports(v: Any, what: str = "expose") -> List[int]:
+    """Ports to expose, as the API takes them: sorted, once each, at most
+    :data:`MAX_EXPOSED`."""
+    if isinstance(v, (str, bytes, Mapping)) or not isinstance(v, Sequence):
+        raise ArgumentTypeError(
+            f"{what} must be a list of ports such as [8000], not {_type_name(v)} ({v!r})"
+        )
+    ports = sorted({port(p, f"{what}: port") for p in v})
+    if len(ports) > MAX_EXPOSED:
+        raise InvalidArgument(
+            f"{what}: {len(ports)} ports is more than {MAX_EXPOSED}: expose fewer (one port can "
+            "serve many paths through a reverse proxy in the sandbox)"
+        )
+    return ports
+
+
 def port_spec(v: Any) -> Tuple[str, Optional[str]]:
     """``443``, ``"53/udp"``, ``"8000-8100/tcp"``: the ports and the protocol (``None``: both)."""
     if isinstance(v, str) and "/" in v:
@@ -369,8 +396,8 @@ def net_rule(r: NetRule, what: str) -> Dict[str, Any]:
 
 def network_policy(v: Any, what: str = "network") -> Optional[Dict[str, Any]]:
     """A network policy as the API takes it, from a :class:`~warren.types.NetworkPolicy`, a dict
-    of its JSON fields (``{"mode": ..., "allow": [...], "deny": [...]}``), or a mode's name
-    (``"none"``, ``"filtered"``: no rules). ``None`` stays ``None``."""
+    of its JSON fields (``{"mode": ..., "allow": [...], "deny": [...], "expose": [...]}``), or a
+    mode's name (``"none"``, ``"filtered"``: no rules). ``None`` stays ``None``."""
     from .types import NetworkPolicy
 
     if v is None:
@@ -385,12 +412,19 @@ def network_policy(v: Any, what: str = "network") -> Optional[Dict[str, Any]]:
         unknown = [k for k in v if k not in _POLICY_FIELDS]
         if unknown:
             raise InvalidArgument(
-                f"{what}: unknown field {unknown[0]!r}: a policy has mode, allow and deny"
+                f"{what}: unknown field {unknown[0]!r}: a policy has mode, allow, deny and expose"
             )
         for k in ("allow", "deny"):
             if isinstance(v.get(k), (str, Mapping)):
                 raise ArgumentTypeError(f"{what}: {k} must be a list of rules")
-        v = NetworkPolicy(v.get("mode", "filtered"), v.get("allow") or (), v.get("deny") or ())
+        v = NetworkPolicy(
+            v.get("mode", "filtered"),
+            v.get("allow") or (),
+            v.get("deny") or (),
+            expose=expose_ports(
+                [] if v.get("expose") is None else v["expose"], f"{what}: expose"
+            ),
+        )
     if not isinstance(v, NetworkPolicy):
         raise ArgumentTypeError(
             f"{what} must be a NetworkPolicy, a dict of its fields, or 'none', not {_type_name(v)}"
@@ -403,6 +437,12 @@ def network_policy(v: Any, what: str = "network") -> Optional[Dict[str, Any]]:
             f"{what}: mode 'none' has no interface, so it takes no rules: use mode 'filtered' "
             "with the rules"
         )
+    expose = expose_ports(v.expose, f"{what}: expose")
+    if m == "none" and expose:
+        raise InvalidArgument(
+            f"{what}: mode 'none' has no interface, so it exposes no ports: use mode 'filtered' "
+            "with expose"
+        )
     out: Dict[str, Any] = {"mode": m}
     for name, rules in (("allow", v.allow), ("deny", v.deny)):
         if len(rules) > MAX_NET_RULES:
@@ -412,4 +452,6 @@ def network_policy(v: Any, what: str = "network") -> Optional[Dict[str, Any]]:
             )
         if rules:
             out[name] = [net_rule(r, f"{name}[{i}]") for i, r in enumerate(rules)]
+    if expose:
+        out["expose"] = expose
     return out

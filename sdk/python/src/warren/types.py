@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from collections import abc
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, TypeVar, Union
 
@@ -109,6 +110,22 @@ def _rules(items: Iterable[Any], what: str) -> List[NetRule]:
     return [net_rule_of(r, f"{what}[{i}]") for i, r in enumerate(items)]
 
 
+@dataclass(frozen=True)
+class ExposedPort:
+    """A port of a sandbox reachable from outside it (``NetworkStatus.exposed``)."""
+
+    port: int
+    """The sandbox's TCP port."""
+    host: str
+    """Where its node's host takes connections for it: ``"ADDRESS:PORT"`` (the node's
+    ``[node.network] expose_address``, loopback by default, and a port of its ``expose_ports``
+    range)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ExposedPort:
+        return cls(port=int(d["port"]), host=d["host"])
+
+
 @dataclass(frozen=True, init=False)
 class NetworkPolicy:
     """What a sandbox may reach: ``mode`` ``"filtered"`` (the default: an interface, every
@@ -123,6 +140,14 @@ class NetworkPolicy:
         NetworkPolicy(allow_domains=["pypi.org", "*.pythonhosted.org"],
                       allow_cidrs=["10.1.0.0/16"], allow_ports=["443/tcp", "53/udp"])
 
+    ``expose`` lists TCP ports of the sandbox reachable from outside it (at most 32; mode
+    ``filtered`` only): inbound connections are denied except to these. Each gets a port on its
+    node's host (``NetworkStatus.exposed``) and, where the control plane has a
+    ``sandbox_domain``, the address ``sandbox.get_host(port)``. A service must listen on
+    ``0.0.0.0`` or ``::``, not only on ``127.0.0.1``::
+
+        NetworkPolicy(allow_domains=["pypi.org"], expose=[8000])
+
     Some destinations are never reachable whatever the rules say (the node, other sandboxes,
     loopback, link-local and cloud metadata addresses), unless the node's administrator allows
     them. Rules are checked lightly before a request (:class:`~warren.InvalidArgument`); the
@@ -133,6 +158,8 @@ class NetworkPolicy:
     """``"filtered"`` or ``"none"``."""
     allow: List[NetRule]
     deny: List[NetRule]
+    expose: List[int]
+    """Exposed TCP ports, sorted, once each (as the server keeps them)."""
 
     def __init__(
         self,
@@ -146,6 +173,7 @@ class NetworkPolicy:
         deny_domains: Iterable[str] = (),
         deny_cidrs: Iterable[str] = (),
         deny_ports: Iterable[Union[str, int]] = (),
+        expose: Iterable[int] = (),
     ) -> None:
         rules = {}
         for what, given, domains, cidrs, ports in (
@@ -171,9 +199,21 @@ class NetworkPolicy:
                 + [NetRule(cidr=c) for c in cidrs]
                 + [NetRule.port(p) for p in ports]
             )
+        if isinstance(expose, (str, bytes, Mapping)) or not isinstance(expose, abc.Iterable):
+            from .errors import ArgumentTypeError
+
+            raise ArgumentTypeError(
+                f"expose must be a list of ports, not one {type(expose).__name__}: "
+                f"write expose=[{expose!r}]"
+            )
+        exposed = list(expose)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in exposed):
+            exposed = sorted(set(exposed))  # as the server keeps them, so policies compare equal
+        # Anything else is kept as given, for the checks before a request to name.
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "allow", rules["allow"])
         object.__setattr__(self, "deny", rules["deny"])
+        object.__setattr__(self, "expose", exposed)
 
     @classmethod
     def none(cls) -> NetworkPolicy:
@@ -189,15 +229,17 @@ class NetworkPolicy:
         deny_domains: Iterable[str] = (),
         deny_cidrs: Iterable[str] = (),
         deny_ports: Iterable[Union[str, int]] = (),
+        expose: Iterable[int] = (),
     ) -> NetworkPolicy:
         """Every address outside the always-denied ones, every port (``0.0.0.0/0`` and
-        ``::/0``), less what ``deny`` says."""
+        ``::/0``), less what ``deny`` says; ``expose`` as for the constructor."""
         return cls(
             allow_cidrs=["0.0.0.0/0", "::/0"],
             deny=deny,
             deny_domains=deny_domains,
             deny_cidrs=deny_cidrs,
             deny_ports=deny_ports,
+            expose=expose,
         )
 
     def to_json(self) -> Dict[str, Any]:
@@ -207,6 +249,8 @@ class NetworkPolicy:
             d["allow"] = [r.to_json() for r in self.allow]
         if self.deny:
             d["deny"] = [r.to_json() for r in self.deny]
+        if self.expose:
+            d["expose"] = list(self.expose)
         return d
 
 
@@ -223,11 +267,16 @@ class NetworkStatus:
     """The node's address on its interface, and its only DNS resolver (mode ``filtered``)."""
     allow: List[NetRule] = field(default_factory=list)
     deny: List[NetRule] = field(default_factory=list)
+    exposed: List[ExposedPort] = field(default_factory=list)
+    """Its exposed ports, each with where its node's host takes connections for it (empty
+    from servers older than exposed ports)."""
 
     @property
     def policy(self) -> NetworkPolicy:
         """Its policy, to change and give back to ``sandbox.network.update``."""
-        return NetworkPolicy(self.mode, self.allow, self.deny)
+        return NetworkPolicy(
+            self.mode, self.allow, self.deny, expose=[e.port for e in self.exposed]
+        )
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NetworkStatus:
@@ -238,6 +287,7 @@ class NetworkStatus:
             gateway=d.get("gateway"),
             allow=[NetRule.from_json(r) for r in d.get("allow") or []],
             deny=[NetRule.from_json(r) for r in d.get("deny") or []],
+            exposed=[ExposedPort.from_json(e) for e in d.get("exposed") or []],
         )
 
 
@@ -655,6 +705,9 @@ class Health:
     version: str
     nodes_up: int
     nodes: int
+    sandbox_domain: Optional[str] = None
+    """The domain of the ``<port>-<sandbox id>.<domain>`` route to exposed ports
+    (``sandbox.get_host``), where the control plane has one (``[control] sandbox_domain``)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Health:
@@ -663,6 +716,7 @@ class Health:
             version=d["version"],
             nodes_up=int(d["nodes_up"]),
             nodes=int(d["nodes"]),
+            sandbox_domain=d.get("sandbox_domain") or None,
         )
 
 
