@@ -157,6 +157,9 @@ class _Base:
         self.backoff = float(backoff)
         self.backoff_max = float(backoff_max)
         self.headers = {"User-Agent": f"warren-python/{__version__}"}
+        self.sandbox_domain: Optional[str] = None
+        """The server's ``sandbox_domain`` once ``/v1/health`` has named one (asked once per
+        client, by the first ``sandbox.get_host``)."""
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
 

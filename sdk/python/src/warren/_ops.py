@@ -12,14 +12,15 @@ import httpx
 
 from . import _validate as v
 from ._http import Call, json_body
-from .errors import InvalidArgument
+from .errors import InvalidArgument, NotFound
 from .trajectory import TrajectoryEntry, parse_jsonl
 from .types import (
-    IncidentEvent,
     ExecResult,
     FileEntry,
     Health,
+    IncidentEvent,
     Listing,
+    NetworkPolicy,
     NetworkStatus,
     NodeInfo,
     ProcessInfo,
@@ -90,11 +91,13 @@ def create(
     env: Any = None,
     trajectory: Any = False,
     network: Any = None,
+    expose: Any = None,
     idempotency_key: Any = None,
     replay: Optional[List[TrajectoryEntry]] = None,
 ) -> Call[SandboxInfo]:
     """``POST /v1/sandboxes``, always with an ``Idempotency-Key`` (one per create, kept across
-    its retries) so a retried create never makes two sandboxes."""
+    its retries) so a retried create never makes two sandboxes. ``expose`` joins the ports of
+    the policy (``network``, or a ``filtered`` one with no rules)."""
     assert backend == "container", backend
     body: Dict[str, Any] = {"image": _image(image), "backend": backend}
     if task is not None:
@@ -126,7 +129,7 @@ def create(
         body["env"] = envs
     if v.boolean(trajectory, "trajectory"):
         body["trajectory"] = True
-    net = v.network_policy(network)
+    net = _with_exposed(v.network_policy(network), expose)
     if net is not None:
         body["network"] = net
     if replay is not None:
@@ -146,6 +149,24 @@ def create(
         idempotent=True,
         parse=_info,
     )
+
+
+def _with_exposed(net: Optional[Dict[str, Any]], expose: Any) -> Optional[Dict[str, Any]]:
+    """The policy to send with ``expose``'s ports joined to its own."""
+    if expose is None:
+        return net
+    ports = v.expose_ports(expose)
+    if not ports:
+        return net
+    if net is None:
+        net = {"mode": "filtered"}
+    if net["mode"] == "none":
+        raise InvalidArgument(
+            f"expose={ports} with network 'none': a loopback-only sandbox has no interface to "
+            "expose ports on; leave network out, or give a filtered NetworkPolicy"
+        )
+    net["expose"] = v.expose_ports(sorted(set(net.get("expose", [])) | set(ports)))
+    return net
 
 
 def list_sandboxes(
@@ -213,6 +234,23 @@ def set_network(sid: str, policy: Any) -> Call[NetworkStatus]:
         raise InvalidArgument("no network policy given: NetworkPolicy.none() denies everything")
     body = v.network_policy(policy, "policy")
     return Call("PUT", _sb(sid, "/network"), json=body, parse=_network)
+
+
+def exposing(status: NetworkStatus, ports: List[int]) -> NetworkPolicy:
+    """``status``'s policy with exactly ``ports`` exposed."""
+    p = status.policy
+    return NetworkPolicy(p.mode, p.allow, p.deny, expose=ports)
+
+
+def host_of(sid: str, port: Any, domain: Optional[str], url: str) -> str:
+    """``<port>-<id>.<domain>``, or why there is none."""
+    if not domain:
+        raise NotFound(
+            f"Warren at {url} has no host route to exposed ports: set [control] sandbox_domain "
+            "in its configuration (and point a wildcard DNS record *.<domain> at it), or connect "
+            "to the node's host port in sandbox.network.get().exposed"
+        )
+    return f"{v.port(port)}-{sid}.{domain.strip().strip('.')}"
 
 
 def trajectory(sid: str) -> Call[List[TrajectoryEntry]]:

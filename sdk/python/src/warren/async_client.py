@@ -54,6 +54,7 @@ class AsyncContainers:
         env: Optional[Dict[str, str]] = None,
         trajectory: bool = False,
         network: Optional[NetworkArg] = None,
+        expose: Optional[Sequence[int]] = None,
         idempotency_key: Optional[str] = None,
     ) -> AsyncSandbox:
         """Creates a container sandbox (arguments as :meth:`warren.client.Containers.create`).
@@ -73,6 +74,7 @@ class AsyncContainers:
             env=env,
             trajectory=trajectory,
             network=network,
+            expose=expose,
             idempotency_key=idempotency_key,
         )
         return AsyncSandbox(self._t, await self._t.call(call))

@@ -12,6 +12,7 @@ from typing import (
     Generator,
     List,
     Optional,
+    Sequence,
     Union,
 )
 
@@ -252,6 +253,12 @@ class AsyncNetwork:
         :meth:`warren.sandbox.Network.update`)."""
         return await self._sb._t.call(_ops.set_network(self._sb.id, policy))
 
+    async def expose(self, ports: Sequence[int]) -> NetworkStatus:
+        """Exposes exactly ``ports``, keeping the rest of its policy; ``[]`` unexposes every
+        port (see :meth:`warren.sandbox.Network.expose`)."""
+        want = v.expose_ports(ports)
+        return await self.update(_ops.exposing(await self.get(), want))
+
 
 class AsyncSandbox:
     """A handle on one sandbox (asyncio). See :class:`warren.sandbox.Sandbox`; the methods are
@@ -266,7 +273,8 @@ class AsyncSandbox:
         self.files = AsyncFiles(self)
         self.processes = AsyncProcesses(self)
         self.network = AsyncNetwork(self)
-        """Its network: ``await network.get()``, ``await network.update(policy)``."""
+        """Its network: ``await network.get()``, ``await network.update(policy)``,
+        ``await network.expose(ports)``."""
 
     def __repr__(self) -> str:
         return f"AsyncSandbox(id={self.id!r})"
@@ -342,6 +350,15 @@ class AsyncSandbox:
     async def set_timeout(self, seconds: int) -> SandboxInfo:
         """A new absolute lifetime counted from now."""
         return self._seen(await self._t.call(_ops.set_timeout(self.id, seconds)))
+
+    async def get_host(self, port: int) -> str:
+        """The address of exposed port ``port`` through the control plane,
+        ``"<port>-<id>.<sandbox_domain>"`` (see :meth:`warren.sandbox.Sandbox.get_host`);
+        :class:`~warren.NotFound` where the control plane has no ``sandbox_domain``."""
+        p = v.port(port)
+        if self._t.sandbox_domain is None:
+            self._t.sandbox_domain = (await self._t.call(_ops.health())).sandbox_domain
+        return _ops.host_of(self.id, p, self._t.sandbox_domain, self._t.url)
 
     async def trajectory(self) -> List[TrajectoryEntry]:
         """The trajectory log, oldest first (sandboxes created with ``trajectory=True``)."""

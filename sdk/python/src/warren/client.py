@@ -67,6 +67,7 @@ class Containers:
         env: Optional[Dict[str, str]] = None,
         trajectory: bool = False,
         network: Optional[NetworkArg] = None,
+        expose: Optional[Sequence[int]] = None,
         idempotency_key: Optional[str] = None,
     ) -> Sandbox:
         """Creates a container sandbox and returns a handle once it is ready for commands.
@@ -92,6 +93,12 @@ class Containers:
                 interface). Default: the node's, an interface with every outbound connection
                 denied (``"filtered"``, no rules). Change it later with
                 ``sandbox.network.update``.
+            expose: TCP ports of the sandbox to make reachable from outside it (at most 32),
+                joined to ``network``'s own ``expose`` (with no ``network``: a ``filtered``
+                policy with no rules). Each gets a port on its node's host
+                (``sb.last_info.network.exposed``) and ``sb.get_host(port)`` through the
+                control plane; a service must listen on ``0.0.0.0`` or ``::``. Not with
+                ``network="none"``. Change them later with ``sandbox.network.expose``.
             idempotency_key: Sent as ``Idempotency-Key``; a create with a key already used
                 returns the sandbox the first one made. Default: a fresh UUID, kept across this
                 call's retries, so a retry never makes a second sandbox.
@@ -116,6 +123,7 @@ class Containers:
             env=env,
             trajectory=trajectory,
             network=network,
+            expose=expose,
             idempotency_key=idempotency_key,
         )
         return Sandbox(self._t, self._t.call(call))

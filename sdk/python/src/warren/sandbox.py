@@ -248,6 +248,15 @@ class Network:
         it takes no other policy (:class:`~warren.InvalidArgument`)."""
         return self._sb._t.call(_ops.set_network(self._sb.id, policy))
 
+    def expose(self, ports: Sequence[int]) -> NetworkStatus:
+        """Exposes exactly ``ports`` (TCP, at most 32), keeping the rest of its policy, and
+        returns the network as it now stands: each port's ``host`` on its node is in
+        ``exposed``. ``[]`` unexposes every port. A service must listen on ``0.0.0.0`` or
+        ``::`` in the sandbox. (Reads the policy, then replaces it: a change made in between
+        by someone else is lost.)"""
+        want = v.expose_ports(ports)
+        return self.update(_ops.exposing(self.get(), want))
+
 
 class Sandbox:
     """A handle on one sandbox. Made by ``client.containers.create`` (or ``replay``) and
@@ -266,7 +275,8 @@ class Sandbox:
         self.files = Files(self)
         self.processes = Processes(self)
         self.network = Network(self)
-        """Its network: ``network.get()``, ``network.update(policy)``."""
+        """Its network: ``network.get()``, ``network.update(policy)``,
+        ``network.expose(ports)``."""
 
     def __repr__(self) -> str:
         return f"Sandbox(id={self.id!r})"
@@ -364,6 +374,23 @@ class Sandbox:
         """A new absolute lifetime counted from now (extend or shorten it); a paused sandbox
         stays paused."""
         return self._seen(self._t.call(_ops.set_timeout(self.id, seconds)))
+
+    def get_host(self, port: int) -> str:
+        """The address of exposed port ``port`` through the control plane:
+        ``"<port>-<id>.<sandbox_domain>"``, for ``http://`` or ``ws://`` (the control plane's
+        port too, where it is not 80 or 443). It needs no API key: whoever reaches the control
+        plane and knows the id reaches the port. The port must be exposed
+        (``network.expose``); this does not check that it is, and a request to a port that is
+        not gets 404. The first call asks ``/v1/health`` for the domain; the client keeps it.
+
+        Raises:
+            NotFound: The control plane has no ``[control] sandbox_domain``; then reach the
+                port at its node's host port, ``network.get().exposed``.
+        """
+        p = v.port(port)
+        if self._t.sandbox_domain is None:
+            self._t.sandbox_domain = self._t.call(_ops.health()).sandbox_domain
+        return _ops.host_of(self.id, p, self._t.sandbox_domain, self._t.url)
 
     def trajectory(self) -> List[TrajectoryEntry]:
         """The trajectory log (sandboxes created with ``trajectory=True``): every exec and file
