@@ -16,7 +16,7 @@ in :mod:`warren.events`; trajectory logs helpers in :mod:`warren.trajectory`.
 from . import events, trajectory
 from ._version import __version__
 from .async_client import AsyncClient
-from .async_sandbox import AsyncEventStream, AsyncSandbox
+from .async_sandbox import AsyncEventStream, AsyncPortStream, AsyncSandbox
 from .client import Client
 from .errors import (
     ArgumentTypeError,
@@ -36,7 +36,7 @@ from .errors import (
     WarrenError,
 )
 from .events import ExecEvent
-from .sandbox import EventStream, Sandbox
+from .sandbox import EventStream, PortStream, Sandbox
 from .types import (
     ErrorInfo,
     ExecResult,
@@ -69,6 +69,8 @@ __all__ = [
     "AsyncSandbox",
     "EventStream",
     "AsyncEventStream",
+    "PortStream",
+    "AsyncPortStream",
     "events",
     "trajectory",
     "ExecEvent",

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
+import httpcore
 import httpx
 
 from ._version import __version__
@@ -94,6 +95,28 @@ class Opened:
 
     response: httpx.Response
     release: Callable[[], None]
+
+
+def upgraded_stream(resp: httpx.Response, what: str) -> Any:
+    """The connection of a ``101 Switching Protocols`` answer, as httpcore hands it over (its
+    ``network_stream``, which first gives back any bytes read past the answer's headers)."""
+    if resp.status_code != 101:
+        raise ProtocolError(
+            f"Warren answered {what} with HTTP {resp.status_code}, not 101 Switching Protocols: "
+            "something between this client and Warren does not pass HTTP upgrades"
+        )
+    return resp.extensions["network_stream"]
+
+
+def stream_error(e: Exception, what: str) -> WarrenError:
+    """The error for a failed read or write on an upgraded connection (httpcore's errors)."""
+    if isinstance(e, httpcore.TimeoutException):
+        return Timeout(f"{what}: nothing could be read or written within the timeout set")
+    return Unavailable(f"{what} broke: {e or type(e).__name__}")
+
+
+#: What reading or writing an upgraded connection raises when it fails.
+STREAM_ERRORS = (httpcore.TimeoutException, httpcore.NetworkError, OSError)
 
 
 def _ignore(resp: httpx.Response) -> None:

@@ -242,6 +242,17 @@ def exposing(status: NetworkStatus, ports: List[int]) -> NetworkPolicy:
     return NetworkPolicy(p.mode, p.allow, p.deny, expose=ports)
 
 
+def connect_port(sid: str, port: Any) -> Call[None]:
+    """``GET .../ports/{port}/connect``, an HTTP upgrade to a TCP stream (``101``). Nothing
+    happens in the sandbox until the answer, so a broken attempt may be made again."""
+    p = v.port(port)
+    return Call(
+        "GET",
+        _sb(sid, f"/ports/{p}/connect"),
+        headers={"Connection": "upgrade", "Upgrade": "tcp"},
+    )
+
+
 def host_of(sid: str, port: Any, domain: Optional[str], url: str) -> str:
     """``<port>-<id>.<domain>``, or why there is none."""
     if not domain:

@@ -18,11 +18,11 @@ from typing import (
 
 import httpx
 
-from . import _ops, _tar
+from . import _http, _ops, _tar
 from . import _validate as v
 from .errors import NotFound, ProtocolError, SandboxGone, Unavailable, WarrenError
 from .events import ExecEvent, Exit, parse
-from .sandbox import Command, ProcessRef, Stdin
+from .sandbox import Command, ProcessRef, Stdin, _stream_bytes
 from .trajectory import TrajectoryEntry
 from .types import ExecResult, ExitStatus, FileEntry, NetworkStatus, ProcessInfo, SandboxInfo
 
@@ -111,6 +111,96 @@ class AsyncEventStream:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+class AsyncPortStream:
+    """A TCP connection to an exposed port of a sandbox, carried through Warren
+    (``await sandbox.connect_port(port)``): the twin of :class:`warren.sandbox.PortStream`,
+    every read and write awaited. ``async with`` closes it on leaving::
+
+        async with await sb.connect_port(8000) as s:
+            await s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+            first = await s.recv(65536)
+    """
+
+    def __init__(self, opened: Opened, what: str) -> None:
+        self._opened: Optional[Opened] = opened
+        self._what = what
+        self._timeout: Optional[float] = None
+        # Checked by ``connect_port``, which closes it if it is not an upgrade.
+        self._stream: Any = None
+
+    async def _check(self) -> AsyncPortStream:
+        assert self._opened is not None
+        try:
+            self._stream = _http.upgraded_stream(self._opened.response, self._what)
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    def settimeout(self, seconds: Optional[float]) -> None:
+        """Seconds each :meth:`recv` or :meth:`sendall` may wait before it raises
+        :class:`~warren.Timeout` (the stream stays usable); ``None``, the default: no limit."""
+        self._timeout = v.seconds(seconds, "timeout", zero_ok=False)
+
+    def gettimeout(self) -> Optional[float]:
+        """What :meth:`settimeout` set."""
+        return self._timeout
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._opened is None
+
+    def _live(self) -> Any:
+        if self._opened is None:
+            raise Unavailable(f"{self._what}: the stream is closed")
+        return self._stream
+
+    async def sendall(self, data: Union[bytes, bytearray, memoryview]) -> None:
+        """Sends all of ``data``."""
+        stream = self._live()
+        try:
+            await stream.write(_stream_bytes(data), timeout=self._timeout)
+        except _http.STREAM_ERRORS as e:
+            raise _http.stream_error(e, self._what) from None
+
+    async def recv(self, max_bytes: int = 65536) -> bytes:
+        """Up to ``max_bytes`` bytes, as soon as some have come; ``b""`` once the sandbox's side
+        has closed the connection."""
+        n = v.whole(max_bytes, "max_bytes", minimum=1)
+        stream = self._live()
+        try:
+            data: bytes = await stream.read(n, timeout=self._timeout)
+        except _http.STREAM_ERRORS as e:
+            raise _http.stream_error(e, self._what) from None
+        return data
+
+    async def aclose(self) -> None:
+        """Closes the connection (the service in the sandbox sees it close)."""
+        if self._opened is not None:
+            opened, self._opened = self._opened, None
+            try:
+                await opened.response.aclose()  # closes the upgraded connection with it
+            finally:
+                opened.release()
+
+    def __del__(self) -> None:
+        # Abandoned without being closed: at least stop counting its connection as busy.
+        opened = getattr(self, "_opened", None)
+        if opened is not None:
+            self._opened = None
+            opened.release()
+
+    async def __aenter__(self) -> AsyncPortStream:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncPortStream({self._what}{', closed' if self.closed else ''})"
 
 
 class AsyncProcesses:
@@ -359,6 +449,13 @@ class AsyncSandbox:
         if self._t.sandbox_domain is None:
             self._t.sandbox_domain = (await self._t.call(_ops.health())).sandbox_domain
         return _ops.host_of(self.id, p, self._t.sandbox_domain, self._t.url)
+
+    async def connect_port(self, port: int) -> AsyncPortStream:
+        """A TCP connection to exposed port ``port`` through the control plane (see
+        :meth:`warren.sandbox.Sandbox.connect_port`)."""
+        what = f"the stream to port {port} of sandbox {self.id}"
+        opened = await self._t.open(_ops.connect_port(self.id, port))
+        return await AsyncPortStream(opened, what)._check()
 
     async def trajectory(self) -> List[TrajectoryEntry]:
         """The trajectory log, oldest first (sandboxes created with ``trajectory=True``)."""

@@ -11,9 +11,16 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 import httpx
 
-from . import _ops, _tar
+from . import _http, _ops, _tar
 from . import _validate as v
-from .errors import NotFound, ProtocolError, SandboxGone, Unavailable, WarrenError
+from .errors import (
+    ArgumentTypeError,
+    NotFound,
+    ProtocolError,
+    SandboxGone,
+    Unavailable,
+    WarrenError,
+)
 from .events import ExecEvent, Exit, parse
 from .trajectory import TrajectoryEntry
 from .types import ExecResult, ExitStatus, FileEntry, NetworkStatus, ProcessInfo, SandboxInfo
@@ -93,6 +100,101 @@ class EventStream:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class PortStream:
+    """A TCP connection to an exposed port of a sandbox, carried through Warren
+    (``sandbox.connect_port``).
+
+    Socket-like: :meth:`sendall` bytes, :meth:`recv` up to a number of bytes (``b""`` once the
+    sandbox's side has closed), :meth:`settimeout`. It holds one connection of the client's
+    pool until :meth:`close`; use it as a context manager::
+
+        with sb.connect_port(8000) as s:
+            s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+            answer = b"".join(iter(lambda: s.recv(65536), b""))
+    """
+
+    def __init__(self, opened: Opened, what: str) -> None:
+        self._opened: Optional[Opened] = opened
+        self._what = what
+        self._timeout: Optional[float] = None
+        try:
+            self._stream = _http.upgraded_stream(opened.response, what)
+        except BaseException:
+            self.close()
+            raise
+
+    def settimeout(self, seconds: Optional[float]) -> None:
+        """Seconds each :meth:`recv` or :meth:`sendall` may wait before it raises
+        :class:`~warren.Timeout` (the stream stays usable); ``None``, the default: no limit."""
+        self._timeout = v.seconds(seconds, "timeout", zero_ok=False)
+
+    def gettimeout(self) -> Optional[float]:
+        """What :meth:`settimeout` set."""
+        return self._timeout
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._opened is None
+
+    def _live(self) -> Any:
+        if self._opened is None:
+            raise Unavailable(f"{self._what}: the stream is closed")
+        return self._stream
+
+    def sendall(self, data: Union[bytes, bytearray, memoryview]) -> None:
+        """Sends all of ``data``."""
+        stream = self._live()
+        try:
+            stream.write(_stream_bytes(data), timeout=self._timeout)
+        except _http.STREAM_ERRORS as e:
+            raise _http.stream_error(e, self._what) from None
+
+    def recv(self, max_bytes: int = 65536) -> bytes:
+        """Up to ``max_bytes`` bytes, as soon as some have come; ``b""`` once the sandbox's side
+        has closed the connection."""
+        n = v.whole(max_bytes, "max_bytes", minimum=1)
+        stream = self._live()
+        try:
+            data: bytes = stream.read(n, timeout=self._timeout)
+        except _http.STREAM_ERRORS as e:
+            raise _http.stream_error(e, self._what) from None
+        return data
+
+    def close(self) -> None:
+        """Closes the connection (the service in the sandbox sees it close)."""
+        if self._opened is not None:
+            opened, self._opened = self._opened, None
+            try:
+                opened.response.close()  # closes the upgraded connection with it
+            finally:
+                opened.release()
+
+    def __del__(self) -> None:
+        # Abandoned without being closed: at least stop counting its connection as busy.
+        opened = getattr(self, "_opened", None)
+        if opened is not None:
+            self._opened = None
+            opened.release()
+
+    def __enter__(self) -> PortStream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PortStream({self._what}{', closed' if self.closed else ''})"
+
+
+def _stream_bytes(data: Any) -> bytes:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    if isinstance(data, str):
+        raise ArgumentTypeError("sendall takes bytes, not str: encode it (data.encode())")
+    raise ArgumentTypeError(f"sendall takes bytes, not {type(data).__name__}")
 
 
 class Processes:
@@ -391,6 +493,19 @@ class Sandbox:
         if self._t.sandbox_domain is None:
             self._t.sandbox_domain = self._t.call(_ops.health()).sandbox_domain
         return _ops.host_of(self.id, p, self._t.sandbox_domain, self._t.url)
+
+    def connect_port(self, port: int) -> PortStream:
+        """A TCP connection to exposed port ``port``, through the control plane and its node
+        (an HTTP upgrade on the API's address, so it needs no other route to the node); a
+        paused sandbox is resumed first. See :class:`PortStream`.
+
+        Raises:
+            NotFound: The port is not exposed (or no such sandbox).
+            Unavailable: Nothing in the sandbox accepts connections on the port (after the
+                client's retries).
+        """
+        what = f"the stream to port {port} of sandbox {self.id}"
+        return PortStream(self._t.open(_ops.connect_port(self.id, port)), what)
 
     def trajectory(self) -> List[TrajectoryEntry]:
         """The trajectory log (sandboxes created with ``trajectory=True``): every exec and file
