@@ -5,8 +5,11 @@
 //! - [`nft`]: the node's firewall, one nftables table whose rules never grow per sandbox.
 //! - [`nflog`]: the packets the firewall refused, read from its NFLOG group.
 //! - [`dns`]: the DNS proxy, each sandbox's only resolver: allowed names only, no rebinding.
+//! - [`proxy`]: the transparent proxy for ports 80 and 443 of sandboxes with domain rules:
+//!   each connection judged by its TLS server name or HTTP host, and dialled by name.
 
 pub mod dns;
 pub mod link;
 pub mod nflog;
 pub mod nft;
+pub mod proxy;
