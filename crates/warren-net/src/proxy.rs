@@ -217,6 +217,10 @@ fn list(addrs: &[IpAddr]) -> String {
     v.join(", ")
 }
 
+/// The longest timeout a configuration may set (longer would hold slots for good, and
+/// deadlines past it need not be representable).
+const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+
 /// Bounds on everything a sandbox can make the proxy spend.
 ///
 /// Each connection holds two sockets (and a third while its name is resolved): the process's
@@ -326,6 +330,17 @@ impl Config {
         ];
         if let Some((name, _)) = zero.iter().find(|(_, z)| *z) {
             return Err(format!("limits.{name} is zero: nothing would get through"));
+        }
+        let times = [
+            ("first_bytes_timeout", l.first_bytes_timeout),
+            ("resolve_timeout", l.resolve_timeout),
+            ("connect_timeout", l.connect_timeout),
+            ("idle_timeout", l.idle_timeout),
+        ];
+        if let Some((name, _)) = times.iter().find(|(_, t)| *t > MAX_TIMEOUT) {
+            return Err(format!(
+                "limits.{name} is over a day: a connection would hold its slot that long"
+            ));
         }
         Ok(())
     }
@@ -544,5 +559,39 @@ impl Drop for Proxy {
         for t in &self.tasks {
             t.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configurations_that_would_pass_nothing_or_hold_slots_forever_are_refused() {
+        let upstream: SocketAddr = "127.0.0.1:53".parse().unwrap();
+        let ok = Config::new(vec!["127.0.0.1:0".parse().unwrap()], upstream);
+        assert_eq!(ok.check(), Ok(()));
+        assert!(Config::new(vec![], upstream).check().is_err());
+        let with = |f: fn(&mut Limits)| {
+            let mut c = ok.clone();
+            f(&mut c.limits);
+            c.check().unwrap_err()
+        };
+        assert!(with(|l| l.conns_total = 0).contains("conns_total"));
+        assert!(with(|l| l.max_head = 100).contains("max_head"));
+        assert!(with(|l| l.idle_timeout = Duration::MAX).contains("over a day"));
+    }
+
+    #[test]
+    fn refusals_say_what_to_do_and_plain_http_gets_a_status_for_policy_ones() {
+        assert!(Refusal::Denied.to_string().contains("add a domain rule"));
+        assert_eq!(Refusal::Denied.http_status(), Some("403 Forbidden"));
+        assert_eq!(Refusal::Unresolved.http_status(), Some("502 Bad Gateway"));
+        assert_eq!(
+            Refusal::Timeout.http_status(),
+            None,
+            "slow senders are reset"
+        );
+        assert_eq!(Refusal::Malformed("x").http_status(), None);
     }
 }
