@@ -613,9 +613,36 @@ fn eventually(f: impl Fn() -> bool) -> bool {
     f()
 }
 
+/// A minimal TLS 1.3 ClientHello naming `sni`, with an `encrypted_client_hello` extension.
+fn ech_hello(sni: &str) -> Vec<u8> {
+    let mut name = vec![0];
+    name.extend_from_slice(&(sni.len() as u16).to_be_bytes());
+    name.extend_from_slice(sni.as_bytes());
+    let mut sni_ext = (name.len() as u16).to_be_bytes().to_vec();
+    sni_ext.extend_from_slice(&name);
+    let mut ext = Vec::new();
+    for (kind, data) in [(0u16, sni_ext), (0xfe0d, vec![0; 16])] {
+        ext.extend_from_slice(&kind.to_be_bytes());
+        ext.extend_from_slice(&(data.len() as u16).to_be_bytes());
+        ext.extend_from_slice(&data);
+    }
+    let mut body = vec![3, 3];
+    body.extend_from_slice(&[7; 32]);
+    body.extend_from_slice(&[0, 0, 2, 0x13, 0x01, 1, 0]);
+    body.extend_from_slice(&(ext.len() as u16).to_be_bytes());
+    body.extend_from_slice(&ext);
+    let mut rec = vec![22, 3, 1];
+    rec.extend_from_slice(&((body.len() + 4) as u16).to_be_bytes());
+    rec.extend_from_slice(&[1, 0]);
+    rec.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    rec.extend_from_slice(&body);
+    rec
+}
+
 fn test_limits() -> Limits {
     Limits {
         first_bytes_timeout: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(2),
         conns_per_source: 8,
         ..Limits::default()
     }
@@ -738,6 +765,35 @@ fn names_are_judged_and_dialled_by_the_proxy_in_namespaces_of_our_own() {
             "internal.test",
             "denyaddr.test",
         ]);
+    }
+
+    {
+        // A ClientHello with an Encrypted Client Hello extension (its SNI only a public
+        // name): reset, as the configuration asks by default.
+        let r = w.connect(a443).and_then(|mut s| {
+            s.write_all(&ech_hello("allowed.test"))?;
+            s.read(&mut [0u8; 1])
+        });
+        assert!(is_reset(&r), "an ECH hello got {r:?}");
+        assert!(reported("allowed.test", &Refusal::Ech, a443));
+    }
+
+    {
+        // An allowed connection on which nothing moves for idle_timeout (2 s) is closed.
+        let mut tls = w.tls(a443, "allowed.test").unwrap();
+        get(&mut tls, "allowed.test", false).unwrap();
+        let t = Instant::now();
+        tls.sock
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let r = tls.sock.read(&mut [0u8; 1]);
+        assert!(matches!(r, Ok(0)), "an idle connection got {r:?}");
+        assert!(
+            t.elapsed() >= Duration::from_millis(1900),
+            "{:?}",
+            t.elapsed()
+        );
+        assert_eq!(w.proxy().counters().idle_closed, 1);
     }
 
     {
