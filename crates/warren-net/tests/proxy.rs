@@ -894,8 +894,13 @@ fn the_proxy_cost_per_connection_is_measured() {
         v.sort();
         v[((v.len() - 1) as f64 * q).round() as usize]
     };
+    let build = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
     println!(
-        "\nper connection: connect + TLS handshake + one small request, {N} each (debug build)"
+        "\nper connection: connect + TLS handshake + one small request, {N} each ({build} build)"
     );
     println!("| path | median ms | p90 ms | median added by the proxy ms |");
     println!("|---|---|---|---|");

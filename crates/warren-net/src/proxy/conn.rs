@@ -13,6 +13,7 @@ use tracing::debug;
 
 use super::hello::{HelloReader, Progress};
 use super::http::{self, Framing, Requests};
+use super::live::Entry;
 use super::splice::{self, End};
 use super::{Refusal, Shared, bump};
 use crate::dns;
@@ -101,147 +102,157 @@ async fn read_first(
     }
 }
 
+/// A connection judged allowed and connected to its name.
+struct Allowed {
+    name: String,
+    upstream: TcpStream,
+    /// Its place among the live connections (a policy change cuts it through this).
+    entry: Entry,
+    /// What goes to the upstream first: the bytes read while judging (for plain HTTP, what
+    /// the framing let through of them).
+    first: Vec<u8>,
+    /// Plain HTTP: the reader of its later requests.
+    requests: Option<Requests>,
+}
+
+/// A connection refused while judged.
+struct Refused {
+    name: Option<String>,
+    why: Refusal,
+    /// The client speaks plain HTTP and may get an answer.
+    http: bool,
+}
+
+impl Refused {
+    fn new(name: Option<&str>, why: Refusal, http: bool) -> Refused {
+        Refused {
+            name: name.map(String::from),
+            why,
+            http,
+        }
+    }
+}
+
 /// Serves one accepted connection from `src`, holding its slot until it ends.
 pub(super) async fn serve(shared: Arc<Shared>, mut client: TcpStream, src: IpAddr, _slot: Guard) {
     let _ = client.set_nodelay(true);
-    let local = client
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let Some(dst) = original_dst(&client) else {
-        return refuse(
-            &shared,
-            client,
-            src,
-            local,
-            None,
-            Refusal::NotRedirected,
-            false,
-        )
-        .await;
+        let local = client.local_addr().unwrap_or(SocketAddr::from(([0; 4], 0)));
+        let r = Refused::new(None, Refusal::NotRedirected, false);
+        return refuse(&shared, client, src, local, r).await;
     };
+    let a = match judge(&shared, &mut client, src, dst).await {
+        Ok(a) => a,
+        Err(None) => return,
+        Err(Some(r)) => return refuse(&shared, client, src, dst, r).await,
+    };
+    let Allowed {
+        name,
+        mut upstream,
+        entry,
+        first,
+        requests,
+    } = a;
+    let l = &shared.config.limits;
+    bump(&shared.stats.spliced);
+    match timeout(l.connect_timeout, upstream.write_all(&first)).await {
+        Ok(Ok(())) => {}
+        _ => return reset(client),
+    }
+    drop(first);
+
+    let why = match splice::splice(&mut client, &mut upstream, requests, &entry.cut, l).await {
+        End::Closed => return,
+        End::Idle => return bump(&shared.stats.idle_closed),
+        End::Broken => None,
+        End::Cut => Some(Refusal::PolicyChanged),
+        End::Refused(why) => Some(why),
+    };
+    if let Some(why) = why {
+        let shown = match &why {
+            Refusal::HostChanged(n) => n,
+            _ => &name,
+        };
+        shared.refusal(src, dst, Some(shown), &why);
+    }
+    reset(client);
+    reset(upstream);
+}
+
+/// Reads the first bytes of `client`, asks the policy, and dials the name. Err(None): the
+/// client left before saying anything.
+async fn judge(
+    shared: &Shared,
+    client: &mut TcpStream,
+    src: IpAddr,
+    dst: SocketAddr,
+) -> Result<Allowed, Option<Refused>> {
     let l = &shared.config.limits;
     let mut buf = vec![0u8; l.max_head];
     let mut filled = 0;
     let first = timeout(
         l.first_bytes_timeout,
-        read_first(&mut client, &mut buf, &mut filled),
+        read_first(client, &mut buf, &mut filled),
     )
     .await
     .unwrap_or(Err(Stop::Refused(Refusal::Timeout)));
-    let is_http = filled > 0 && buf.first() != Some(&TLS_HANDSHAKE);
-    let first = match first {
-        Ok(f) => f,
-        Err(Stop::Closed) => return,
-        Err(Stop::Refused(why)) => {
-            return refuse(&shared, client, src, dst, None, why, is_http).await;
-        }
-    };
-    let (name, http) = match first {
-        First::Tls(h) => {
+    let http = filled > 0 && buf.first() != Some(&TLS_HANDSHAKE);
+    let (name, head) = match first {
+        Ok(First::Tls(h)) => {
             bump(&shared.stats.tls);
             if h.ech && shared.config.refuse_ech {
-                return refuse(
-                    &shared,
-                    client,
-                    src,
-                    dst,
-                    Some(&h.name),
-                    Refusal::Ech,
-                    false,
-                )
-                .await;
+                return Err(Some(Refused::new(Some(&h.name), Refusal::Ech, false)));
             }
             (h.name, None)
         }
-        First::Http(head, end) => {
+        Ok(First::Http(head, end)) => {
             bump(&shared.stats.http);
             (head.name, Some((head.framing, end)))
         }
+        Err(Stop::Closed) => return Err(None),
+        Err(Stop::Refused(why)) => return Err(Some(Refused::new(None, why, http))),
     };
+    let refused = |why| Some(Refused::new(Some(&name), why, http));
 
     let policy = &shared.policy;
-    let Some(generation) = policy.decide(src, &name, dst.port()) else {
-        return refuse(
-            &shared,
-            client,
-            src,
-            dst,
-            Some(&name),
-            Refusal::Denied,
-            is_http,
-        )
-        .await;
-    };
-    let entry = shared.live.insert(src, &name, dst.port(), generation);
+    let port = dst.port();
+    let generation = policy
+        .decide(src, &name, port)
+        .ok_or_else(|| refused(Refusal::Denied))?;
+    let entry = shared.live.insert(src, &name, port, generation);
     // A policy change between the decision and the entry: its recheck may have missed this
     // connection, so look again now that a later one cannot.
     if policy.current(src) != Some(generation) {
-        match policy.decide(src, &name, dst.port()) {
-            Some(g) => entry.set_generation(g),
-            None => {
-                return refuse(
-                    &shared,
-                    client,
-                    src,
-                    dst,
-                    Some(&name),
-                    Refusal::Denied,
-                    is_http,
-                )
-                .await;
-            }
-        }
+        let g = policy
+            .decide(src, &name, port)
+            .ok_or_else(|| refused(Refusal::Denied))?;
+        entry.set_generation(g);
     }
 
     let read = buf.get(..filled).unwrap_or_default();
-    let (first_out, requests) = match http {
+    let (first, requests) = match head {
         None => (read.to_vec(), None),
-        Some((framing, end)) => match first_requests(&name, framing, read, end, l.max_head) {
-            Ok((out, r)) => (out, Some(r)),
-            Err(why) => {
-                return refuse(&shared, client, src, dst, Some(&name), why, false).await;
-            }
-        },
+        Some((framing, end)) => {
+            // A refusal here is of a pipelined later request: reset, no answer.
+            let (out, r) = first_requests(&name, framing, read, end, l.max_head)
+                .map_err(|why| Some(Refused::new(Some(&name), why, false)))?;
+            (out, Some(r))
+        }
     };
     drop(buf);
 
-    let dialled = tokio::select! {
-        r = dial(&shared, src, &name, dst) => r,
+    let upstream = tokio::select! {
+        r = dial(shared, src, &name, dst) => r,
         _ = entry.cut.notified() => Err(Refusal::PolicyChanged),
-    };
-    let mut upstream = match dialled {
-        Ok(s) => s,
-        Err(why) => return refuse(&shared, client, src, dst, Some(&name), why, is_http).await,
-    };
-    bump(&shared.stats.spliced);
-    match timeout(l.connect_timeout, upstream.write_all(&first_out)).await {
-        Ok(Ok(())) => {}
-        _ => return reset(client),
     }
-    drop(first_out);
-
-    match splice::splice(&mut client, &mut upstream, requests, &entry.cut, l).await {
-        End::Closed => {}
-        End::Idle => bump(&shared.stats.idle_closed),
-        End::Broken => {
-            reset(client);
-            reset(upstream);
-        }
-        End::Cut => {
-            shared.refusal(src, dst, Some(&name), &Refusal::PolicyChanged);
-            reset(client);
-            reset(upstream);
-        }
-        End::Refused(why) => {
-            let shown = match &why {
-                Refusal::HostChanged(n) => n.clone(),
-                _ => name.clone(),
-            };
-            shared.refusal(src, dst, Some(&shown), &why);
-            reset(client);
-            reset(upstream);
-        }
-    }
+    .map_err(refused)?;
+    Ok(Allowed {
+        name,
+        upstream,
+        entry,
+        first,
+        requests,
+    })
 }
 
 /// The bytes of a plain HTTP connection that go out first — its first head, and what
@@ -262,18 +273,10 @@ fn first_requests(
 
 /// Counts and reports a refusal, then closes the client: a short HTTP answer for a plain
 /// HTTP client when the refusal has one, else a reset.
-async fn refuse(
-    shared: &Shared,
-    client: TcpStream,
-    src: IpAddr,
-    dst: SocketAddr,
-    name: Option<&str>,
-    why: Refusal,
-    http: bool,
-) {
-    shared.refusal(src, dst, name, &why);
-    match why.http_status().filter(|_| http) {
-        Some(status) => answer(client, status, &why).await,
+async fn refuse(shared: &Shared, client: TcpStream, src: IpAddr, dst: SocketAddr, r: Refused) {
+    shared.refusal(src, dst, r.name.as_deref(), &r.why);
+    match r.why.http_status().filter(|_| r.http) {
+        Some(status) => answer(client, status, &r.why).await,
         None => reset(client),
     }
 }
