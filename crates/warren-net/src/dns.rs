@@ -55,7 +55,7 @@ use tracing::debug;
 use warren_types::net::Cidr;
 
 use limits::Sources;
-pub(crate) use lookup::lookup;
+pub(crate) use lookup::{Lookup, lookup};
 use message::Parsed;
 
 /// The shortest DNS message: its header.

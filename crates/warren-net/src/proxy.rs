@@ -16,8 +16,9 @@
 //! 3. asks the node ([`Policy::decide`]) whether the sandbox at the source address may reach
 //!    that name on the original port;
 //! 4. resolves the name itself, with the node's upstream resolver (the DNS proxy's exchange:
-//!    a fresh id and port per query): A for an IPv4 client, AAAA for an IPv6 one, the other
-//!    family when that gives nothing usable. Addresses inside [`Config::never`] (DNS
+//!    a fresh id and port per query; answers kept for their TTL, at most 5 minutes, see
+//!    [`Limits::dns_cache`]): A for an IPv4 client, AAAA for an IPv6 one, the other family
+//!    when that gives nothing usable. Addresses inside [`Config::never`] (DNS
 //!    rebinding) and those the sandbox's deny rules refuse ([`Policy::may_dial`]) are dropped.
 //!    So whatever address the sandbox dialled — one its `/etc/hosts` made up, another site's
 //!    on the same CDN — the proxy reaches the name's own. The address the client dialled is
@@ -47,6 +48,7 @@
 //! which is why hellos carrying the extension are refused by default ([`Config::refuse_ech`]).
 //! After a plain HTTP request asking to `Upgrade`, the connection is not read any more.
 
+mod cache;
 mod conn;
 mod hello;
 mod http;
@@ -67,6 +69,7 @@ use tokio::task::JoinHandle;
 use warren_types::net::Cidr;
 
 use crate::dns::limits::Sources;
+use cache::Cache;
 use live::Live;
 
 /// What the proxy asks the node; implemented by the node (tests implement it too).
@@ -254,6 +257,9 @@ pub struct Limits {
     /// Source addresses tracked at once; when all are busy, connections from new addresses
     /// are reset. Default 65536.
     pub max_sources: usize,
+    /// Names whose answers are kept (for their TTL, at most 5 minutes), so that a sandbox's
+    /// connections to one name do not each wait for the resolver; 0 keeps none. Default 4096.
+    pub dns_cache: usize,
 }
 
 impl Default for Limits {
@@ -269,6 +275,7 @@ impl Default for Limits {
             conns_total: 2048,
             events_per_source: 20,
             max_sources: 65536,
+            dns_cache: 4096,
         }
     }
 }
@@ -423,6 +430,8 @@ struct Shared {
     sources: Arc<Sources>,
     /// The connections past their decision, for [`Proxy::recheck`].
     live: Arc<Live>,
+    /// Names resolved lately.
+    cache: Cache,
 }
 
 impl Shared {
@@ -491,6 +500,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             sources: Arc::new(sources),
             live: Arc::new(Live::default()),
+            cache: Cache::new(config.limits.dns_cache),
             config,
             policy,
             stats: Stats::default(),

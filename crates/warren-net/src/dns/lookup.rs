@@ -13,12 +13,14 @@ use warren_types::net::Cidr;
 use super::{message, upstream};
 
 /// What the upstream said a name's addresses of one family are.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Lookup {
     /// Its addresses outside `never`, in the upstream's order, without duplicates.
     pub addrs: Vec<IpAddr>,
     /// Its addresses inside `never` (rebinding), left out of `addrs`.
     pub dropped: Vec<IpAddr>,
+    /// The least TTL of the records kept, seconds (0 without records).
+    pub ttl: u32,
 }
 
 /// Asks `upstream` for the A (or, with `v6`, AAAA) records of `name` (lower case, no trailing
@@ -48,5 +50,6 @@ pub(crate) async fn lookup(
     Ok(Lookup {
         addrs: f.addrs,
         dropped: f.dropped,
+        ttl: f.ttl,
     })
 }

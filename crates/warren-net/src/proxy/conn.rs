@@ -325,20 +325,21 @@ async fn dial(
     let mut denied = Vec::new();
     let mut unreachable = false;
     for v6 in [dst.is_ipv6(), !dst.is_ipv6()] {
-        let found = match dns::lookup(
-            c.upstream,
-            name,
-            v6,
-            l.resolve_timeout,
-            &c.never,
-            &shared.stats.spoofed,
-        )
-        .await
-        {
-            Ok(f) => f,
-            Err(e) => {
-                debug!(%src, name, v6, "proxy: resolving: {e}");
-                continue;
+        let found = match shared.cache.get(name, v6) {
+            Some(f) => f,
+            None => {
+                let spoofed = &shared.stats.spoofed;
+                match dns::lookup(c.upstream, name, v6, l.resolve_timeout, &c.never, spoofed).await
+                {
+                    Ok(f) => {
+                        shared.cache.put(name, v6, &f);
+                        f
+                    }
+                    Err(e) => {
+                        debug!(%src, name, v6, "proxy: resolving: {e}");
+                        continue;
+                    }
+                }
             }
         };
         rebinding.extend(found.dropped);
