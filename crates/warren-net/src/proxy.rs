@@ -47,6 +47,15 @@
 //! all). With Encrypted Client Hello the SNI is only the client-facing server's public name,
 //! which is why hellos carrying the extension are refused by default ([`Config::refuse_ech`]).
 //! After a plain HTTP request asking to `Upgrade`, the connection is not read any more.
+//!
+//! What the node does around it: redirects (`iifname "wv*" tcp dport { 80, 443 } redirect to
+//! :P`, per family to the port of [`Proxy::local_addrs`], for the sandboxes with domain rules
+//! and not to destinations their CIDR rules allow already, which would otherwise need a
+//! name); accepts the redirected connections in its input chain after the source check
+//! (`ct status dnat`); passes the firewall's always-denied ranges less the exemptions as
+//! [`Config::never`], as it does to the DNS proxy; and calls [`Proxy::recheck`] after every
+//! policy change, a sandbox's removal included. The proxy's own connections leave from the
+//! node, outside the sandboxes' chains.
 
 mod cache;
 mod conn;
