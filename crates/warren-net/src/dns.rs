@@ -32,7 +32,8 @@
 //! no larger than the query, and the client's stub gives up fast instead of retrying for
 //! seconds); over the rate limit it is dropped (answering a flood is what the limit prevents).
 
-mod limits;
+pub(crate) mod limits;
+mod lookup;
 mod message;
 mod serve;
 #[cfg(test)]
@@ -54,6 +55,7 @@ use tracing::debug;
 use warren_types::net::Cidr;
 
 use limits::Sources;
+pub(crate) use lookup::{Lookup, lookup};
 use message::Parsed;
 
 /// The shortest DNS message: its header.

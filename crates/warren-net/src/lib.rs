@@ -6,9 +6,12 @@
 //! - [`nflog`]: the packets the firewall refused, read from its NFLOG group.
 //! - [`dns`]: the DNS proxy, each sandbox's only resolver: allowed names only, no rebinding.
 //! - [`expose`]: exposed ports, a listener on the node's host per port a sandbox exposes.
+//! - [`proxy`]: the transparent proxy for ports 80 and 443 of sandboxes with domain rules:
+//!   each connection judged by its TLS server name or HTTP host, and dialled by name.
 
 pub mod dns;
 pub mod expose;
 pub mod link;
 pub mod nflog;
 pub mod nft;
+pub mod proxy;

@@ -72,7 +72,7 @@ struct Table {
 
 /// The table of sources, shared by every listener and guard.
 #[derive(Debug)]
-pub(super) struct Sources {
+pub(crate) struct Sources {
     limits: Limits,
     table: Mutex<Table>,
 }
@@ -87,7 +87,7 @@ enum Slot {
 /// A held in-flight or TCP slot; dropping it gives the slot back, so a cancelled task (the
 /// proxy stopped, a connection dropped) cannot leak one.
 #[derive(Debug)]
-pub(super) struct Guard {
+pub(crate) struct Guard {
     sources: Arc<Sources>,
     ip: IpAddr,
     slot: Slot,
@@ -110,7 +110,7 @@ impl Drop for Guard {
 }
 
 impl Sources {
-    pub(super) fn new(limits: Limits) -> Sources {
+    pub(crate) fn new(limits: Limits) -> Sources {
         Sources {
             limits,
             table: Mutex::new(Table::default()),
@@ -135,7 +135,7 @@ impl Sources {
     }
 
     /// Whether one more `Policy::refused` event may be reported for `ip` now.
-    pub(super) fn admit_event(&self, ip: IpAddr) -> bool {
+    pub(crate) fn admit_event(&self, ip: IpAddr) -> bool {
         let l = &self.limits;
         let now = Instant::now();
         let mut t = self.lock();
@@ -151,7 +151,7 @@ impl Sources {
     }
 
     /// A slot for one TCP connection of `ip`, if neither its limit nor the total is reached.
-    pub(super) fn tcp(self: &Arc<Self>, ip: IpAddr) -> Option<Guard> {
+    pub(crate) fn tcp(self: &Arc<Self>, ip: IpAddr) -> Option<Guard> {
         self.acquire(ip, Slot::Tcp)
     }
 
