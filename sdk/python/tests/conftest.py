@@ -65,6 +65,11 @@ def in_own_netns() -> bool:
     return (ours.st_dev, ours.st_ino) == (made.st_dev, made.st_ino)
 
 
+#: The domain of the session's `<port>-<id>.<domain>` route to exposed ports (`sandbox.get_host`).
+#: It changes only requests whose Host names such an address, which no other test sends.
+SANDBOX_DOMAIN = "sb.test"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -223,7 +228,9 @@ def server() -> Iterator[Server]:
         pytest.skip(why)
     # The sandbox network only in a network namespace of the tests' own (run-tests.sh makes
     # one), never the machine's.
-    s = start_server(network=in_own_netns())
+    s = start_server(
+        f'[control]\nsandbox_domain = "{SANDBOX_DOMAIN}"\n', network=in_own_netns()
+    )
     try:
         yield s
     finally:

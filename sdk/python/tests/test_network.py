@@ -1,10 +1,12 @@
 """Sandbox networks through the SDK: the default (an interface, everything denied), loopback only,
 run-time policy changes for a sandbox and a task, the server's refusals, refused connections as
-events; and what the SDK checks itself before any request.
+events, exposed ports (the node's host ports, the control plane's TCP streams and its
+`<port>-<id>.sb.test` host route); and what the SDK checks itself before any request.
 
 The node's sandbox network needs a network namespace of the tests' own: run-tests.sh makes one.
-Nothing here leaves the node: every destination is the node's gateway or a documentation range
-(198.51.100.0/24) that no policy change here connects to.
+Nothing here leaves the node: every destination is the node's gateway, a documentation range
+(198.51.100.0/24) that no policy change here connects to, or, for exposed ports, 127.0.0.1 of
+the tests' own namespace.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import warren
 from warren import NetRule, NetworkPolicy, _ops
 from warren import _validate as v
 
-from .conftest import Server
+from .conftest import SANDBOX_DOMAIN, Server, start_server, why_no_server
 
 NOWHERE = "http://127.0.0.1:1"
 DOC = "198.51.100.0/24"
@@ -249,6 +251,173 @@ async def test_async_update_get_and_set_network(net: Server):
             await c.tasks.stop(task)
 
 
+# Exposed ports: from the node's host, through the control plane, and the host route.
+
+
+def _http_server(port: int) -> List[str]:
+    """An HTTP server on ``port`` of every address of the sandbox (its home's listing)."""
+    return ["python3", "-m", "http.server", str(port), "--bind", "0.0.0.0"]
+
+
+def _wait_for(port: int) -> List[str]:
+    """Prints ``up`` once something in the sandbox accepts connections on ``port``."""
+    return [
+        "python3",
+        "-c",
+        "import socket, time\n"
+        "for _ in range(100):\n"
+        f"    try: socket.create_connection(('127.0.0.1', {port}), 1); print('up'); break\n"
+        "    except OSError: time.sleep(0.1)\n",
+    ]
+
+
+def _serve_http(sb: warren.Sandbox, port: int) -> None:
+    sb.processes.start(_http_server(port))
+    r = sb.exec(_wait_for(port))
+    assert r.stdout.strip() == "up", (r.stdout, r.stderr)
+
+
+def _status(url: str, **kw) -> int:
+    return httpx.get(url, timeout=10, **kw).status_code
+
+
+def _http_through(stream) -> bytes:
+    stream.settimeout(10)
+    stream.sendall(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+    return b"".join(iter(lambda: stream.recv(4096), b""))
+
+
+def test_an_exposed_port_is_reachable_from_the_nodes_host(nclient: warren.Client):
+    with nclient.containers.create(image="host", memory="64Mi", expose=[8000]) as sb:
+        st = sb.last_info.network
+        (e,) = st.exposed
+        assert isinstance(e, warren.ExposedPort) and e.port == 8000
+        # The node's expose_address (loopback by default) and a port of its expose_ports.
+        addr, host_port = e.host.rsplit(":", 1)
+        assert addr == "127.0.0.1" and 28000 <= int(host_port) <= 29999, e
+        assert st.policy == NetworkPolicy(expose=[8000]) and sb.network.get() == st
+        _serve_http(sb, 8000)
+        assert _status(f"http://{e.host}/") == 200
+
+        # A TCP stream through the control plane, on the API's address.
+        with sb.connect_port(8000) as s:
+            assert isinstance(s, warren.PortStream)
+            assert _http_through(s).startswith(b"HTTP/1.0 200 ")
+        assert s.closed
+        with pytest.raises(warren.Unavailable, match="closed"):
+            s.recv()
+        with pytest.raises(warren.NotFound, match="not exposed"):
+            sb.connect_port(8001)
+
+        # Unexposed: the host port closes at once.
+        st = sb.network.expose([])
+        assert st.exposed == [] and st.policy == NetworkPolicy()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://{e.host}/", timeout=10)
+        with pytest.raises(warren.NotFound, match="not exposed"):
+            sb.connect_port(8000)
+
+
+def test_expose_keeps_the_rest_of_the_policy(nclient: warren.Client):
+    setup = NetworkPolicy(allow_cidrs=[DOC], deny_ports=[25])
+    with nclient.containers.create(image="host", memory="64Mi", network=setup) as sb:
+        assert sb.last_info.network.exposed == []
+        st = sb.network.expose([8002, 8000, 8002])
+        assert [e.port for e in st.exposed] == [8000, 8002]
+        assert len({e.host for e in st.exposed}) == 2
+        assert st.allow == [NetRule(cidr=DOC)] and st.deny == [NetRule(ports="25")]
+        assert st.policy == NetworkPolicy(allow_cidrs=[DOC], deny_ports=[25], expose=[8000, 8002])
+        # An update without expose unexposes, as it replaces the whole policy.
+        assert sb.network.update(setup).exposed == []
+    # A policy's own expose and create's are joined.
+    policy = NetworkPolicy(allow_cidrs=[DOC], expose=[9000])
+    with nclient.containers.create(
+        image="host", memory="64Mi", network=policy, expose=[8000]
+    ) as sb:
+        assert [e.port for e in sb.last_info.network.exposed] == [8000, 9000]
+
+
+def test_the_host_route_reaches_an_exposed_port(net: Server):
+    with net.client() as c:
+        assert c.health().sandbox_domain == SANDBOX_DOMAIN
+        with c.containers.create(image="host", memory="64Mi", expose=[8000]) as sb:
+            host = sb.get_host(8000)
+            assert host == f"8000-{sb.id}.{SANDBOX_DOMAIN}"
+            assert c._t.sandbox_domain == SANDBOX_DOMAIN  # asked once, then kept
+            _serve_http(sb, 8000)
+            # To the control plane's address, with that Host; no API key needed.
+            assert _status(net.url + "/", headers={"Host": host}) == 200
+            # A port it does not expose: the route has no such port.
+            assert _status(net.url + "/", headers={"Host": sb.get_host(8001)}) == 404
+            # A paused sandbox is resumed by a request through the route.
+            sb.pause()
+            assert _status(net.url + "/", headers={"Host": host}) == 200
+            assert sb.info().state == "running"
+
+
+def test_exposed_ports_the_server_refuses(nclient: warren.Client):
+    """What the SDK refuses itself, sent as it is: the server refuses it too, with its words,
+    and keeps the policy it had."""
+    with nclient.containers.create(image="host", memory="64Mi", expose=[8000]) as sb:
+        path = f"/v1/sandboxes/{sb.id}/network"
+        for body, words in (
+            ({"expose": [0]}, "port 0"),
+            ({"expose": [70000]}, "expose[0]"),
+            ({"expose": list(range(1, 34))}, "more than 32"),
+            ({"mode": "none", "expose": [8000]}, "exposes no ports"),
+        ):
+            with pytest.raises(warren.InvalidArgument) as e:
+                nclient._t.call(_ops.Call("PUT", path, json=body))
+            assert e.value.status == 400 and words in e.value.message, e.value
+        assert [x.port for x in sb.network.get().exposed] == [8000]
+    # At create, a loopback-only sandbox has no interface to expose ports on.
+    labels = {"pytest": "expose-refused"}
+    body = {"image": "host", "labels": labels, "network": {"mode": "none", "expose": [8000]}}
+    with pytest.raises(warren.InvalidArgument, match="exposes no ports"):
+        nclient._t.call(_ops.Call("POST", "/v1/sandboxes", json=body))
+    assert nclient.sandboxes.list(labels=labels) == []
+
+
+async def test_async_expose_get_host_and_connect_port(net: Server):
+    async with net.aclient() as c:
+        async with await c.containers.create(image="host", memory="64Mi", expose=[8000]) as sb:
+            (e,) = sb.last_info.network.exposed
+            assert e.port == 8000
+            assert await sb.get_host(8000) == f"8000-{sb.id}.{SANDBOX_DOMAIN}"
+            await sb.processes.start(_http_server(8000))
+            assert (await sb.exec(_wait_for(8000))).stdout.strip() == "up"
+            async with await sb.connect_port(8000) as s:
+                assert isinstance(s, warren.AsyncPortStream)
+                s.settimeout(10)
+                await s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                got = b""
+                while chunk := await s.recv(4096):
+                    got += chunk
+                assert got.startswith(b"HTTP/1.0 200 "), got[:40]
+            with pytest.raises(warren.NotFound, match="not exposed"):
+                await sb.connect_port(8001)
+            st = await sb.network.expose([])
+            assert st.exposed == [] and (await sb.network.get()).exposed == []
+
+
+def test_get_host_needs_a_sandbox_domain():
+    why = why_no_server()
+    if why:
+        pytest.skip(why)
+    plain = start_server()  # no [control] sandbox_domain, no sandbox network
+    try:
+        with plain.client() as c:
+            assert c.health().sandbox_domain is None
+            with c.containers.create(image="host", memory="64Mi") as sb:
+                with pytest.raises(warren.NotFound) as e:
+                    sb.get_host(8000)
+                msg = e.value.message
+                assert "[control] sandbox_domain" in msg and "network.get().exposed" in msg
+                assert c._t.sandbox_domain is None
+    finally:
+        plain.stop()
+
+
 # Without a server: what the SDK checks and how it reads answers.
 
 
@@ -258,18 +427,20 @@ def offline() -> Iterator[warren.Client]:
         yield c
 
 
+FAKE = warren.SandboxInfo(
+    id="abcdef0123456789wxyz",
+    node="abcdef",
+    backend="container",
+    image="host",
+    state="running",
+    resources=warren.Resources(1000, 1 << 29, 1024),
+    created_at="",
+    expires_at="",
+)
+
+
 def _fake(c: warren.Client) -> warren.Sandbox:
-    info = warren.SandboxInfo(
-        id="abcdef0123456789wxyz",
-        node="abcdef",
-        backend="container",
-        image="host",
-        state="running",
-        resources=warren.Resources(1000, 1 << 29, 1024),
-        created_at="",
-        expires_at="",
-    )
-    return warren.Sandbox(c._t, info)
+    return warren.Sandbox(c._t, FAKE)
 
 
 BAD = [
@@ -297,6 +468,15 @@ BAD = [
     (NetworkPolicy(allow_cidrs=[DOC] * 4097), warren.InvalidArgument, "more than 4096"),
     ("internet", warren.InvalidArgument, "not 'none' or 'filtered'"),
     ({"mode": "none", "alow": []}, warren.InvalidArgument, "unknown field 'alow'"),
+    ({"alow": []}, warren.InvalidArgument, "a policy has mode, allow, deny and expose"),
+    (NetworkPolicy(expose=[0]), warren.InvalidArgument, "expose: port 0 is not a port"),
+    (NetworkPolicy(expose=[8000, 70000]), warren.InvalidArgument, "port 70000 is not a port"),
+    (NetworkPolicy(expose=range(1, 34)), warren.InvalidArgument, "33 ports is more than 32"),
+    (NetworkPolicy(expose=["8000"]), warren.ArgumentTypeError, "port must be an int"),
+    (NetworkPolicy("none", expose=[8000]), warren.InvalidArgument, "exposes no ports"),
+    ({"mode": "none", "expose": [8000]}, warren.InvalidArgument, "exposes no ports"),
+    ({"expose": 8000}, warren.ArgumentTypeError, "expose must be a list of ports"),
+    ({"expose": [0]}, warren.InvalidArgument, "port 0"),
     ({"allow": [{"cidr": DOC, "port": 80}]}, warren.InvalidArgument, "unknown field 'port'"),
     ({"allow": {"cidr": DOC}}, warren.ArgumentTypeError, "list of rules"),
     ({"allow": ["pypi.org"]}, warren.ArgumentTypeError, "NetRule or a dict"),
@@ -325,6 +505,106 @@ async def test_bad_policies_are_refused_before_any_request_async():
             await c.tasks.set_network("", NetworkPolicy.none())
         with pytest.raises(warren.InvalidArgument, match="no network policy given"):
             await c.tasks.set_network("t", None)
+
+
+def test_exposed_ports_are_checked_before_any_request(offline):
+    # Nothing listens at NOWHERE: a request would raise Unavailable, not these.
+    for kwargs, exc, words in (
+        (dict(expose=[0]), warren.InvalidArgument, "expose: port 0"),
+        (dict(expose=[65536]), warren.InvalidArgument, "port 65536"),
+        (dict(expose=list(range(1, 34))), warren.InvalidArgument, "more than 32"),
+        (dict(expose=8000), warren.ArgumentTypeError, "expose must be a list"),
+        (dict(expose=[8000.0]), warren.ArgumentTypeError, "must be an int"),
+        (dict(network="none", expose=[8000]), warren.InvalidArgument, "with network 'none'"),
+        (dict(network=NetworkPolicy.none(), expose=[8000]), warren.InvalidArgument, "'none'"),
+        # Joined with the policy's own, they are still at most 32.
+        (
+            dict(network=NetworkPolicy(expose=range(1, 20)), expose=range(20, 34)),
+            warren.InvalidArgument,
+            "33 ports is more than 32",
+        ),
+    ):
+        with pytest.raises(exc, match=words):
+            offline.containers.create(image="host", **kwargs)
+    sb = _fake(offline)
+    for ports, exc, words in (
+        ([0], warren.InvalidArgument, "port 0"),
+        (list(range(1, 34)), warren.InvalidArgument, "more than 32"),
+        (8000, warren.ArgumentTypeError, "list of ports"),
+        ([True], warren.ArgumentTypeError, "not bool"),
+    ):
+        with pytest.raises(exc, match=words):
+            sb.network.expose(ports)
+    for bad, exc in (
+        (0, warren.InvalidArgument),
+        (70000, warren.InvalidArgument),
+        ("8000", warren.ArgumentTypeError),
+    ):
+        with pytest.raises(exc, match="port"):
+            sb.get_host(bad)
+        with pytest.raises(exc, match="port"):
+            sb.connect_port(bad)
+    with pytest.raises(warren.ArgumentTypeError, match=r"write expose=\[8000\]"):
+        NetworkPolicy(expose=8000)
+
+
+async def test_exposed_ports_are_checked_before_any_request_async():
+    async with warren.AsyncClient(NOWHERE, "k", max_retries=0) as c:
+        sb = warren.AsyncSandbox(c._t, FAKE)
+        with pytest.raises(warren.InvalidArgument, match="with network 'none'"):
+            await c.containers.create(image="host", network="none", expose=[8000])
+        with pytest.raises(warren.InvalidArgument, match="port 0"):
+            await sb.network.expose([0])
+        with pytest.raises(warren.InvalidArgument, match="port 70000"):
+            await sb.get_host(70000)
+        with pytest.raises(warren.InvalidArgument, match="port 0"):
+            await sb.connect_port(0)
+
+
+def test_exposed_ports_go_on_the_wire_joined_and_sorted():
+    def sent(**kwargs):
+        return _ops.create("container", image="host", **kwargs).json.get("network")
+
+    assert sent(expose=[8001, 8000, 8001]) == {"mode": "filtered", "expose": [8000, 8001]}
+    assert sent(
+        network=NetworkPolicy(allow_domains=["pypi.org"], expose=[9000]), expose=[8000, 9000]
+    ) == {"mode": "filtered", "allow": [{"domain": "pypi.org"}], "expose": [8000, 9000]}
+    assert sent(network={"expose": [8000]}, expose=[]) == {"mode": "filtered", "expose": [8000]}
+    # No ports: the policy as given, or none at all (the node's default).
+    assert sent(expose=[]) is None and sent(network="none", expose=[]) == {"mode": "none"}
+    p = NetworkPolicy(expose=(8001, 8000, 8000))
+    assert p.expose == [8000, 8001] and p == NetworkPolicy(expose=[8000, 8001])
+    assert p.to_json() == {"mode": "filtered", "expose": [8000, 8001]}
+    assert NetworkPolicy.internet(expose=[22]).to_json()["expose"] == [22]
+    assert v.network_policy(NetworkPolicy(allow_cidrs=[DOC])) == {
+        "mode": "filtered",
+        "allow": [{"cidr": DOC}],
+    }
+
+    st = warren.NetworkStatus(
+        "filtered",
+        allow=[NetRule(cidr=DOC)],
+        exposed=[warren.ExposedPort(8000, "127.0.0.1:28000")],
+    )
+    assert _ops.exposing(st, [9000]) == NetworkPolicy(allow_cidrs=[DOC], expose=[9000])
+    assert _ops.exposing(st, []) == NetworkPolicy(allow_cidrs=[DOC])
+
+    call = _ops.connect_port(FAKE.id, 8000)
+    assert (call.method, call.path) == ("GET", f"/v1/sandboxes/{FAKE.id}/ports/8000/connect")
+    assert call.headers == {"Connection": "upgrade", "Upgrade": "tcp"} and call.idempotent
+
+    assert _ops.host_of(FAKE.id, 8000, "sb.example.", "u") == f"8000-{FAKE.id}.sb.example"
+    with pytest.raises(warren.NotFound, match=r"\[control\] sandbox_domain"):
+        _ops.host_of(FAKE.id, 8000, None, "http://127.0.0.1:7700")
+
+
+def test_a_connect_answer_that_is_not_an_upgrade_is_a_protocol_error():
+    released = []
+    resp = httpx.Response(200, json={}, request=httpx.Request("GET", "http://x/"))
+    opened = warren._http.Opened(resp, lambda: released.append(1))
+    with pytest.raises(warren.ProtocolError, match="HTTP 200, not 101 Switching Protocols"):
+        warren.PortStream(opened, "the stream to port 8000 of sandbox x")
+    assert released == [1]
 
 
 def test_policies_are_built_from_keyword_lists():
@@ -412,6 +692,26 @@ def test_network_answers_parse_tolerantly():
     assert st.ipv6 is None
     assert st.policy == NetworkPolicy(allow=st.allow)
     assert warren.NetworkStatus.from_json({"mode": "none"}) == warren.NetworkStatus("none")
+    # Exposed ports, from servers that have them; none from those older.
+    assert st.exposed == [] and st.policy.expose == []
+    st = warren.NetworkStatus.from_json(
+        {
+            "mode": "filtered",
+            "exposed": [
+                {"port": 8000, "host": "127.0.0.1:28000"},
+                {"port": 9000, "host": "127.0.0.1:28001"},
+            ],
+        }
+    )
+    assert st.exposed == [
+        warren.ExposedPort(8000, "127.0.0.1:28000"),
+        warren.ExposedPort(9000, "127.0.0.1:28001"),
+    ]
+    assert st.policy == NetworkPolicy(expose=[8000, 9000])
+    health = {"status": "ok", "version": "0.1.0", "nodes_up": 1, "nodes": 1}
+    assert warren.Health.from_json(health).sandbox_domain is None
+    h = warren.Health.from_json(dict(health, sandbox_domain="sb.example"))
+    assert h.sandbox_domain == "sb.example"
 
     got = _ops.get_network("abcdef0123456789wxyz").parse(
         httpx.Response(200, json={"mode": "none", "allow": [], "deny": []})

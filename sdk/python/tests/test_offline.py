@@ -70,6 +70,14 @@ def fake_sandbox(c: warren.Client) -> warren.Sandbox:
         (dict(image="host", env={"": "x"}), warren.InvalidArgument, "non-empty str"),
         (dict(image="host", trajectory="yes"), warren.ArgumentTypeError, "True or False"),
         (dict(image="host", idempotency_key="é"), warren.InvalidArgument, "printable ASCII"),
+        (dict(image="host", expose=[0]), warren.InvalidArgument, "expose: port 0 is not a port"),
+        (dict(image="host", expose="8000"), warren.ArgumentTypeError, "expose must be a list"),
+        (dict(image="host", expose=range(1, 34)), warren.InvalidArgument, "more than 32"),
+        (
+            dict(image="host", network="none", expose=[8000]),
+            warren.InvalidArgument,
+            "with network 'none'",
+        ),
     ],
 )
 def test_create_refuses_bad_input_before_any_request(offline, kwargs, exc, words):
