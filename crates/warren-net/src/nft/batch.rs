@@ -60,7 +60,7 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
     destroy: BTreeMap<Set, Vec<Element>>,
-    add: BTreeMap<Set, Vec<Element>>,
+    pub(super) add: BTreeMap<Set, Vec<Element>>,
 }
 
 impl Batch {
@@ -224,6 +224,12 @@ impl Netlink {
         self.destroy
     }
 
+    /// Deletes as on a kernel before 6.3 (to test that way on a newer one).
+    #[cfg(test)]
+    pub(crate) fn as_before_destroy(&mut self) {
+        self.destroy = false;
+    }
+
     /// Applies `batch` in one transaction: all of it, or nothing and an error naming the
     /// set and element the kernel refused.
     pub(crate) fn commit(&mut self, batch: &Batch) -> io::Result<()> {
@@ -252,29 +258,9 @@ impl Netlink {
     }
 
     /// The batch's bytes, its element messages, and the sequence number of its beginning.
+    /// Each message is written as soon as its elements are encoded, so a large transaction
+    /// holds its bytes and one message's elements, no more.
     fn encode(&mut self, batch: &Batch, destroy: bool) -> (Vec<u8>, Vec<Sent>, u32) {
-        // Planned first: whether each message asks an ack depends on how many there are.
-        let mut plan = Vec::new();
-        for (&set, els) in &batch.destroy {
-            for (range, attrs) in chunks(set, els, !destroy) {
-                if destroy {
-                    plan.push((set, Op::Destroy, range, attrs));
-                } else {
-                    let keys = range
-                        .clone()
-                        .map(|i| ListAttribute::Element(els[i].attributes(set, false)))
-                        .collect();
-                    plan.push((set, Op::Ensure, range.clone(), attrs));
-                    plan.push((set, Op::Delete, range, keys));
-                }
-            }
-        }
-        for (&set, els) in &batch.add {
-            for (range, attrs) in chunks(set, els, true) {
-                plan.push((set, Op::Add, range, attrs));
-            }
-        }
-        let count = plan.len();
         let mut bytes = Vec::new();
         let batch_header =
             NetfilterHeader::new(NetfilterProtoFamily::Unspec, 0, NFNL_SUBSYS_NFTABLES);
@@ -286,13 +272,10 @@ impl Netlink {
             batch_header.clone(),
             ControlMessage::BatchBegin,
         );
-        let mut sent = Vec::with_capacity(count);
-        for (i, (set, op, elements, attrs)) in plan.into_iter().enumerate() {
-            let seq = self.next_seq();
-            let mut flags = NLM_F_REQUEST;
-            if count <= ACK_EACH || i + 1 == count {
-                flags |= NLM_F_ACK;
-            }
+        let mut sent = Vec::new();
+        let mut message = |nl: &mut Netlink, set, op, elements, attrs| {
+            let seq = nl.next_seq();
+            let mut flags = NLM_F_REQUEST | NLM_F_ACK;
             if matches!(op, Op::Add | Op::Ensure) {
                 flags |= NLM_F_CREATE;
             }
@@ -310,6 +293,33 @@ impl Netlink {
                 elements,
                 bytes: at,
             });
+        };
+        for (&set, els) in &batch.destroy {
+            for (range, attrs) in Chunks::new(set, els, !destroy) {
+                if destroy {
+                    message(self, set, Op::Destroy, range, attrs);
+                } else {
+                    let keys = els[range.clone()]
+                        .iter()
+                        .map(|e| ListAttribute::Element(e.attributes(set, false)))
+                        .collect();
+                    message(self, set, Op::Ensure, range.clone(), attrs);
+                    message(self, set, Op::Delete, range, keys);
+                }
+            }
+        }
+        for (&set, els) in &batch.add {
+            for (range, attrs) in Chunks::new(set, els, true) {
+                message(self, set, Op::Add, range, attrs);
+            }
+        }
+        // A large batch asks an ack of its last message only.
+        if sent.len() > ACK_EACH {
+            for s in &sent[..sent.len() - 1] {
+                let mut m = NetlinkBuffer::new(&mut bytes[s.bytes.clone()]);
+                let flags = m.flags();
+                m.set_flags(flags & !NLM_F_ACK);
+            }
         }
         let end = self.next_seq();
         push(
@@ -421,29 +431,46 @@ fn align(n: usize) -> usize {
     (n + 3) & !3
 }
 
-/// The elements of `els` as list attributes, in runs that fit one message each.
-fn chunks(
+/// The elements of `els` as list attributes, in runs that fit one message each, one run at
+/// a time.
+struct Chunks<'a> {
     set: Set,
-    els: &[Element],
+    els: &'a [Element],
+    /// Whole elements (additions) or keys only (deletions).
     whole: bool,
-) -> Vec<(Range<usize>, Vec<ListAttribute<SetElementAttribute>>)> {
-    let mut out = Vec::new();
-    let mut cur = Vec::new();
-    let (mut start, mut size) = (0, 0);
-    for (i, e) in els.iter().enumerate() {
-        let a = ListAttribute::Element(e.attributes(set, whole));
-        let n = a.buffer_len();
-        if !cur.is_empty() && size + n > ELEMENTS_PER_MESSAGE {
-            out.push((start..i, std::mem::take(&mut cur)));
-            (start, size) = (i, 0);
+    next: usize,
+}
+
+impl<'a> Chunks<'a> {
+    fn new(set: Set, els: &'a [Element], whole: bool) -> Chunks<'a> {
+        Chunks {
+            set,
+            els,
+            whole,
+            next: 0,
         }
-        size += n;
-        cur.push(a);
     }
-    if !cur.is_empty() {
-        out.push((start..els.len(), cur));
+}
+
+impl Iterator for Chunks<'_> {
+    type Item = (Range<usize>, Vec<ListAttribute<SetElementAttribute>>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let start = self.next;
+        let mut v = Vec::new();
+        let mut size = 0;
+        while let Some(e) = self.els.get(self.next) {
+            let a = ListAttribute::Element(e.attributes(self.set, self.whole));
+            let n = a.buffer_len();
+            if !v.is_empty() && size + n > ELEMENTS_PER_MESSAGE {
+                break;
+            }
+            size += n;
+            v.push(a);
+            self.next += 1;
+        }
+        (!v.is_empty()).then_some((start..self.next, v))
     }
-    out
 }
 
 fn element_message(
@@ -564,10 +591,7 @@ fn describe(batch: &Batch, sent: &[Sent], bytes: &[u8], r: Refusal) -> io::Error
     let Some(s) = sent.iter().find(|s| s.seq == r.seq) else {
         return io::Error::new(
             err.kind(),
-            format!(
-                "nf_tables refused a transaction of {} messages: {err}{why}",
-                sent.len()
-            ),
+            format!("nf_tables refused the transaction: {err}{why}"),
         );
     };
     let adding = s.op == Op::Add;
@@ -580,6 +604,7 @@ fn describe(batch: &Batch, sent: &[Sent], bytes: &[u8], r: Refusal) -> io::Error
     {
         Some(e) if adding => format!("element {e}"),
         Some(e) => format!("element {}", e.key_text()),
+        None if els.len() == 1 => format!("element {}", els[0].key_text()),
         None => format!(
             "{} elements (the first {})",
             els.len(),

@@ -169,7 +169,7 @@ impl fmt::Display for Field {
 }
 
 /// One element of a set or map.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Element {
     /// The key's fields, in the set's order.
     pub(crate) key: Vec<Field>,
