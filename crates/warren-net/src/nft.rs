@@ -41,6 +41,7 @@ use crate::link::{Addressing, HOST_PREFIX, Lease};
 mod batch;
 mod element;
 mod expand;
+pub mod measure;
 
 use batch::{Batch, Netlink};
 use element::{Element, Field, IfName, Set};
