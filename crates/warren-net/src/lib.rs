@@ -5,7 +5,9 @@
 //! - [`nft`]: the node's firewall, one nftables table whose rules never grow per sandbox.
 //! - [`nflog`]: the packets the firewall refused, read from its NFLOG group.
 //! - [`dns`]: the DNS proxy, each sandbox's only resolver: allowed names only, no rebinding.
+//! - [`conntrack`]: connection tracking entries of addresses about to be reused, deleted.
 
+pub mod conntrack;
 pub mod dns;
 pub mod link;
 pub mod nflog;
