@@ -8,7 +8,9 @@
 //! - [`expose`]: exposed ports, a listener on the node's host per port a sandbox exposes.
 //! - [`proxy`]: the transparent proxy for ports 80 and 443 of sandboxes with domain rules:
 //!   each connection judged by its TLS server name or HTTP host, and dialled by name.
+//! - [`conntrack`]: connection tracking entries of addresses about to be reused, deleted.
 
+pub mod conntrack;
 pub mod dns;
 pub mod expose;
 pub mod link;

@@ -1,7 +1,9 @@
 //! The node's firewall: one nftables table, `inet warren`, whose rules never grow with the
 //! number of sandboxes. Everything per sandbox is an element of a set or map keyed by the name
 //! of its interface's node end (`wv<index>`), so a create, a policy change or a kill is one
-//! atomic `nft -f -` transaction of element changes.
+//! atomic nf_tables transaction of element changes, written from here as a netlink batch
+//! (`batch.rs`): tens of microseconds, where an `nft -f -` run costs milliseconds. Only the
+//! table itself (at node start and stop) is written by `nft -f -`.
 //!
 //! The rules match only Warren's interfaces (`iifname`/`oifname "wv*"`) and, for the NAT,
 //! only the pools' source addresses: the host's own traffic never meets them.
@@ -29,15 +31,25 @@
 //! forwarders, see [`crate::expose`]); to the node itself it may reach only the DNS proxy on
 //! the gateway address.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::io::{self, Write as _};
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
 
-use warren_types::net::{Cidr, Policy, PortRange, Protocol, Target};
+use warren_types::net::{Cidr, PortRange};
 
 use crate::link::{Addressing, HOST_PREFIX, Lease};
+
+mod batch;
+mod element;
+mod expand;
+pub mod measure;
+
+use batch::{Batch, Netlink};
+use element::{Element, Field, IfName, Set};
+use expand::outermost;
+pub use expand::{Elements, expand};
 
 /// The table's name (family `inet`).
 pub const TABLE: &str = "warren";
@@ -104,25 +116,6 @@ pub fn default_internal(addressing: &Addressing) -> Vec<Cidr> {
     v
 }
 
-/// The elements one sandbox holds, per set.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Elements {
-    /// Set name → element texts (without the interface key).
-    sets: HashMap<&'static str, Vec<String>>,
-}
-
-impl Elements {
-    /// How many elements in all.
-    pub fn len(&self) -> usize {
-        self.sets.values().map(Vec::len).sum()
-    }
-
-    /// Whether it has none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// One sandbox's firewall state.
 #[derive(Debug, Clone)]
 struct Entry {
@@ -131,208 +124,30 @@ struct Entry {
     static_elements: Elements,
 }
 
+/// An address a sandbox's allowed domain resolved to, open on some ports for a while.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Resolved {
+    index: u32,
+    addr: IpAddr,
+    ports: PortRange,
+}
+
 /// The table and what each sandbox holds in it.
 pub struct Firewall {
     cfg: FirewallConfig,
     entries: HashMap<u32, Entry>,
-    /// Dynamic (domain) elements believed present: (index, set, element) → expiry, ms.
-    /// The value: expiry (ms) and the domain that resolved to it.
-    dynamic: HashMap<(u32, &'static str, String), (u64, String)>,
+    /// Dynamic (domain) elements believed present → their expiry (ms, monotonic) and the
+    /// domain that resolved to them.
+    dynamic: HashMap<Resolved, (u64, String)>,
+    /// The nf_tables socket, opened by the first change after [`Firewall::install`]: it acts
+    /// on the network namespace of the thread that opened it.
+    netlink: Option<Netlink>,
+    /// Write changes by `nft -f -` instead (the old way, kept to measure against).
+    exec: bool,
 }
 
-fn iface(lease: &Lease) -> String {
-    format!("\"{}\"", lease.host_if())
-}
-
-fn proto(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Tcp => "tcp",
-        Protocol::Udp => "udp",
-    }
-}
-
-/// The elements a parsed policy expands to (without the interface key), or why it cannot.
-pub fn expand(policy: &Policy) -> Result<Elements, String> {
-    let mut out = Elements::default();
-    for (rules, any_sets, port_sets) in [
-        (&policy.allow, ["any4", "any6"], ["allow4", "allow6"]),
-        (&policy.deny, ["denyany4", "denyany6"], ["deny4", "deny6"]),
-    ] {
-        // Whole CIDRs, every protocol.
-        let mut whole: [Vec<Cidr>; 2] = [Vec::new(), Vec::new()];
-        // (protocol) → [(cidr, ports)] per family.
-        let mut by_port: HashMap<Protocol, [Vec<(Cidr, PortRange)>; 2]> = HashMap::new();
-        for r in rules.iter() {
-            let cidrs: Vec<Cidr> = match &r.target {
-                Target::Domain(_) => continue,
-                Target::Cidr(c) => vec![*c],
-                Target::Any => vec![any(false), any(true)],
-            };
-            for c in cidrs {
-                let fam = usize::from(c.addr.is_ipv6());
-                match (r.ports, r.protocol) {
-                    (None, None) => whole[fam].push(c),
-                    (ports, protos) => {
-                        let ports = ports.unwrap_or(PortRange { lo: 0, hi: 65535 });
-                        let protos = match protos {
-                            Some(p) => vec![p],
-                            None => vec![Protocol::Tcp, Protocol::Udp],
-                        };
-                        for p in protos {
-                            by_port.entry(p).or_default()[fam].push((c, ports));
-                        }
-                    }
-                }
-            }
-        }
-        for fam in 0..2 {
-            let list = outermost(&whole[fam]);
-            let set = out.sets.entry(any_sets[fam]).or_default();
-            set.extend(list.iter().map(|c| c.to_string()));
-        }
-        let mut protos: Vec<_> = by_port.keys().copied().collect();
-        protos.sort_by_key(|p| proto(*p));
-        for p in protos {
-            for fam in 0..2 {
-                let pieces = disjoint(&by_port[&p][fam], MAX_ELEMENTS)?;
-                let set = out.sets.entry(port_sets[fam]).or_default();
-                set.extend(
-                    pieces
-                        .iter()
-                        .map(|(c, r)| format!("{c} . {} . {}-{}", proto(p), r.lo, r.hi)),
-                );
-            }
-        }
-    }
-    // Exposed ports: the node may open connections to these (its forwarders do).
-    out.sets
-        .entry("expose")
-        .or_default()
-        .extend(policy.expose.iter().map(|p| p.to_string()));
-    out.sets.retain(|_, v| !v.is_empty());
-    if out.len() > MAX_ELEMENTS {
-        return Err(format!(
-            "the policy expands to {} firewall entries, more than {MAX_ELEMENTS}: merge rules \
-             into wider CIDRs or port ranges",
-            out.len()
-        ));
-    }
-    Ok(out)
-}
-
-fn any(v6: bool) -> Cidr {
-    if v6 {
-        Cidr {
-            addr: IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
-            prefix: 0,
-        }
-    } else {
-        Cidr {
-            addr: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-            prefix: 0,
-        }
-    }
-}
-
-/// The CIDRs of `list` that no other one covers, once each (CIDRs are nested or disjoint, so
-/// these are disjoint: the kernel's interval sets refuse overlaps). Time: one hash lookup per
-/// CIDR and prefix length kept.
-fn outermost(list: &[Cidr]) -> Vec<Cidr> {
-    let mut v: Vec<Cidr> = list.to_vec();
-    // Widest first, so a covered one always meets its cover before it.
-    v.sort_by_key(|c| (c.prefix, c.addr));
-    v.dedup();
-    let mut kept: Vec<Cidr> = Vec::new();
-    let mut nets: std::collections::HashSet<Cidr> = std::collections::HashSet::new();
-    let mut prefixes: Vec<u8> = Vec::new();
-    for c in v {
-        let covered = prefixes.iter().any(|&p| {
-            nets.contains(
-                &Cidr {
-                    addr: c.addr,
-                    prefix: p,
-                }
-                .normalized(),
-            )
-        });
-        if !covered {
-            if !prefixes.contains(&c.prefix) {
-                prefixes.push(c.prefix);
-            }
-            nets.insert(c);
-            kept.push(c);
-        }
-    }
-    kept
-}
-
-/// Work (CIDRs considered across port pieces) past which a policy is refused as too complex.
-const WORK_BUDGET: usize = 4_000_000;
-
-/// (CIDR, port range) pairs made disjoint: the port axis cut at every rule's bounds, each piece
-/// given the outermost CIDRs that cover it, and neighbouring pieces with the same CIDR joined.
-fn disjoint(list: &[(Cidr, PortRange)], max: usize) -> Result<Vec<(Cidr, PortRange)>, String> {
-    if list.is_empty() {
-        return Ok(Vec::new());
-    }
-    let too_many = || {
-        format!(
-            "the policy expands to more than {max} firewall entries: merge rules into wider \
-             CIDRs or port ranges"
-        )
-    };
-    let mut by_lo: Vec<(Cidr, PortRange)> = list.to_vec();
-    by_lo.sort_by_key(|(_, r)| r.lo);
-    let mut cuts: Vec<u32> = Vec::with_capacity(list.len() * 2);
-    for (_, r) in list {
-        cuts.push(r.lo as u32);
-        cuts.push(r.hi as u32 + 1);
-    }
-    cuts.sort_unstable();
-    cuts.dedup();
-    let mut out: Vec<(Cidr, PortRange)> = Vec::new();
-    // CIDR → its piece that ends just before the current one (to join into).
-    let mut open: HashMap<Cidr, usize> = HashMap::new();
-    let mut active: Vec<(Cidr, u32)> = Vec::new();
-    let mut next = 0;
-    let mut work = 0usize;
-    for w in cuts.windows(2) {
-        let (lo, hi) = (w[0], w[1] - 1);
-        while next < by_lo.len() && by_lo[next].1.lo as u32 <= lo {
-            active.push((by_lo[next].0, by_lo[next].1.hi as u32));
-            next += 1;
-        }
-        active.retain(|(_, h)| *h >= lo);
-        work += active.len();
-        if work > WORK_BUDGET {
-            return Err(too_many());
-        }
-        let covering: Vec<Cidr> = active.iter().map(|(c, _)| *c).collect();
-        let mut still = HashMap::new();
-        for c in outermost(&covering) {
-            match open.get(&c) {
-                Some(&i) if out[i].1.hi as u32 + 1 == lo => {
-                    out[i].1.hi = hi as u16;
-                    still.insert(c, i);
-                }
-                _ => {
-                    out.push((
-                        c,
-                        PortRange {
-                            lo: lo as u16,
-                            hi: hi as u16,
-                        },
-                    ));
-                    still.insert(c, out.len() - 1);
-                }
-            }
-            if out.len() > max {
-                return Err(too_many());
-            }
-        }
-        open = still;
-    }
-    Ok(out)
+fn iface(lease: &Lease) -> IfName {
+    IfName::new(&lease.host_if())
 }
 
 impl Firewall {
@@ -342,6 +157,16 @@ impl Firewall {
             cfg,
             entries: HashMap::new(),
             dynamic: HashMap::new(),
+            netlink: None,
+            exec: false,
+        }
+    }
+
+    /// Writes every change by `nft -f -` (to measure netlink against).
+    pub(crate) fn with_exec(cfg: FirewallConfig) -> Firewall {
+        Firewall {
+            exec: true,
+            ..Firewall::new(cfg)
         }
     }
 
@@ -359,18 +184,31 @@ impl Firewall {
     }
 
     /// Replaces the whole table (an earlier daemon's included) in one transaction, with every
-    /// sandbox this firewall knows. Used at start, after re-adopting sandboxes.
+    /// sandbox this firewall knows and the resolved addresses it still holds open (with what
+    /// is left of their time). Used at start, after re-adopting sandboxes, and to rebuild the
+    /// table after a failure.
     pub fn install(&mut self) -> io::Result<()> {
-        self.dynamic.clear();
+        // The next change opens a socket in the caller's namespace.
+        self.netlink = None;
+        let now = mono_ms();
+        let entries = &self.entries;
+        self.dynamic
+            .retain(|k, (exp, _)| *exp > now + 1000 && entries.contains_key(&k.index));
+        let mut b = Batch::default();
+        for e in self.entries.values() {
+            add_entry(&mut b, e);
+        }
+        for (r, (exp, _)) in &self.dynamic {
+            let k = iface(&self.entries[&r.index].lease);
+            let (set, e) = resolved(k, r, Some(exp - now));
+            b.add(set, e);
+        }
         let mut s = String::new();
         // `add` then `delete` so that the delete never fails on a missing table.
         let _ = writeln!(s, "add table inet {TABLE}");
         let _ = writeln!(s, "delete table inet {TABLE}");
         s.push_str(&self.skeleton());
-        let entries: Vec<Entry> = self.entries.values().cloned().collect();
-        for e in &entries {
-            add_entry(&mut s, e);
-        }
+        s.push_str(&b.script());
         run(&s)
     }
 
@@ -378,6 +216,7 @@ impl Firewall {
     pub fn remove(&mut self) -> io::Result<()> {
         self.entries.clear();
         self.dynamic.clear();
+        self.netlink = None;
         run(&format!(
             "add table inet {TABLE}\ndelete table inet {TABLE}\n"
         ))
@@ -396,19 +235,25 @@ impl Firewall {
         );
     }
 
-    /// Adds a sandbox's interface with the elements of its policy (one transaction).
+    /// Adds a sandbox's interface with the elements of its policy (one transaction, which
+    /// also takes out whatever an earlier holder of the interface left).
     pub fn add(&mut self, lease: Lease, generation: u32, elements: Elements) -> io::Result<()> {
-        if self.entries.contains_key(&lease.index) {
-            self.remove_entry(lease.index)?;
+        let mut b = Batch::default();
+        let mut gone = Vec::new();
+        if let Some(old) = self.entries.get(&lease.index) {
+            gone = self.destroy_entry(&mut b, old);
         }
         let e = Entry {
             lease,
             generation,
             static_elements: elements,
         };
-        let mut s = String::new();
-        add_entry(&mut s, &e);
-        run(&s)?;
+        add_entry(&mut b, &e);
+        // All or nothing: on failure the table, and this bookkeeping, keep the earlier holder.
+        self.commit(&b)?;
+        for key in gone {
+            self.dynamic.remove(&key);
+        }
         self.entries.insert(lease.index, e);
         Ok(())
     }
@@ -427,37 +272,40 @@ impl Firewall {
     }
 
     /// [`Firewall::update_many`], keeping the resolved addresses for which
-    /// `keep(index, domain, ports)` holds.
+    /// `keep(index, domain, ports)` holds. Elements both policies have stay as they are; an
+    /// element already gone from the kernel (one that timed out) fails nothing.
     pub fn update_keeping(
         &mut self,
         updates: Vec<(u32, u32, Elements)>,
         keep: impl Fn(u32, &str, PortRange) -> bool,
     ) -> io::Result<()> {
-        let mut s = String::new();
+        let mut b = Batch::default();
         let mut new_entries = Vec::with_capacity(updates.len());
         let mut dynamic_gone = Vec::new();
         for (index, generation, elements) in updates {
-            let Some(old) = self.entries.get(&index).cloned() else {
+            let Some(old) = self.entries.get(&index) else {
                 return Err(io::Error::other("the sandbox has no interface"));
             };
-            let k = iface(&old.lease);
-            delete_elements(&mut s, &k, &old.static_elements);
-            dynamic_gone.extend(self.dynamic_of(&mut s, index, &k, &keep));
-            let _ = writeln!(s, "delete element inet {TABLE} gen {{ {k} }}");
-            let _ = writeln!(
-                s,
-                "delete element inet {TABLE} live {{ {k} . {} }}",
-                old.generation
-            );
             let new = Entry {
                 lease: old.lease,
                 generation,
                 static_elements: elements,
             };
-            add_policy(&mut s, &new);
+            // Only what changed is written: the kernel's interval sets pay for each change
+            // with the size of the set (a second for thousands of deletions), so a policy
+            // that keeps most of its rules costs what the rest cost.
+            let before: HashSet<(Set, Element)> = policy(old).into_iter().collect();
+            let after: HashSet<(Set, Element)> = policy(&new).into_iter().collect();
+            for (set, el) in before.difference(&after) {
+                b.destroy(*set, el.clone());
+            }
+            dynamic_gone.extend(self.dynamic_of(&mut b, index, iface(&old.lease), &keep));
+            for (set, el) in after.difference(&before) {
+                b.add(*set, el.clone());
+            }
             new_entries.push(new);
         }
-        run(&s)?;
+        self.commit(&b)?;
         for key in dynamic_gone {
             self.dynamic.remove(&key);
         }
@@ -472,36 +320,17 @@ impl Firewall {
         self.entries.get(&index).map(|e| e.generation)
     }
 
-    /// Removes everything of a sandbox's (one transaction); unknown is no error.
+    /// Removes everything of a sandbox's (one transaction); unknown is no error, and neither
+    /// is an element already gone from the kernel. Forgotten even if the transaction fails.
     pub fn remove_entry(&mut self, index: u32) -> io::Result<()> {
-        let Some(e) = self.entries.get(&index).cloned() else {
+        let Some(e) = self.entries.remove(&index) else {
             return Ok(());
         };
-        let k = iface(&e.lease);
-        let mut s = String::new();
-        delete_elements(&mut s, &k, &e.static_elements);
-        for key in self.dynamic_of(&mut s, index, &k, &|_, _, _| false) {
+        let mut b = Batch::default();
+        for key in self.destroy_entry(&mut b, &e) {
             self.dynamic.remove(&key);
         }
-        let _ = writeln!(s, "delete element inet {TABLE} gen {{ {k} }}");
-        let _ = writeln!(
-            s,
-            "delete element inet {TABLE} live {{ {k} . {} }}",
-            e.generation
-        );
-        let _ = writeln!(
-            s,
-            "delete element inet {TABLE} src4 {{ {k} . {} }}",
-            e.lease.v4
-        );
-        let _ = writeln!(
-            s,
-            "delete element inet {TABLE} src6 {{ {k} . {} }}",
-            e.lease.v6
-        );
-        let r = run(&s);
-        self.entries.remove(&index);
-        r
+        self.commit(&b)
     }
 
     /// Lets sandbox `index` reach `addrs` on `ports` over TCP for `ttl_s` seconds (what its
@@ -522,35 +351,22 @@ impl Firewall {
         let k = iface(&e.lease);
         let now = mono_ms();
         self.dynamic.retain(|_, (exp, _)| *exp > now);
-        let mut held = self.dynamic.keys().filter(|(i, _, _)| *i == index).count();
+        let mut held = self.dynamic.keys().filter(|r| r.index == index).count();
         let ttl_ms = u64::from(ttl_s) * 1000;
         // Computed before the transaction: the kernel's timer starts later, so it never
         // expires before this does.
         let expiry = now + ttl_ms;
-        let mut s = String::new();
-        let mut added = Vec::new();
-        for a in addrs {
-            let set = if a.is_ipv6() { "dyn6" } else { "dyn4" };
-            for p in ports {
-                let key = (index, set, format!("{a} . {}-{}", p.lo, p.hi));
-                match self.dynamic.get(&key) {
+        let mut b = Batch::default();
+        let mut added = HashSet::new();
+        for &addr in addrs {
+            for &ports in ports {
+                let r = Resolved { index, addr, ports };
+                if added.contains(&r) {
+                    continue;
+                }
+                match self.dynamic.get(&r) {
                     Some((exp, _)) if exp.saturating_sub(now) > ttl_ms / 2 => continue,
-                    // Alive for more than a second in the kernel too: replace it.
-                    Some((exp, _)) if *exp > now + 1000 => {
-                        let _ =
-                            writeln!(s, "delete element inet {TABLE} {set} {{ {k} . {} }}", key.2);
-                    }
-                    // About to expire (or gone): `add` of an element that still exists is a
-                    // no-op, so refresh it by adding it with its short life, then deleting.
-                    Some(_) => {
-                        let _ = writeln!(
-                            s,
-                            "add element inet {TABLE} {set} {{ {k} . {} timeout 2s }}",
-                            key.2
-                        );
-                        let _ =
-                            writeln!(s, "delete element inet {TABLE} {set} {{ {k} . {} }}", key.2);
-                    }
+                    Some(_) => {}
                     None => {
                         if held >= MAX_RESOLVED {
                             continue;
@@ -558,58 +374,82 @@ impl Firewall {
                         held += 1;
                     }
                 }
-                let _ = writeln!(
-                    s,
-                    "add element inet {TABLE} {set} {{ {k} . {} timeout {ttl_s}s }}",
-                    key.2
-                );
-                added.push(key);
+                // Deleted first: adding an element still in the kernel (about to time out,
+                // or outliving this bookkeeping by the transaction's latency) would keep its
+                // old expiry.
+                let (set, old) = resolved(k, &r, None);
+                b.destroy(set, old);
+                let (set, new) = resolved(k, &r, Some(ttl_ms));
+                b.add(set, new);
+                added.insert(r);
             }
         }
-        if s.is_empty() {
-            return Ok(());
-        }
-        run(&s)?;
+        self.commit(&b)?;
         // Only what the kernel took is recorded.
-        for key in added {
-            self.dynamic.insert(key, (expiry, domain.to_string()));
+        for r in added {
+            self.dynamic.insert(r, (expiry, domain.to_string()));
         }
         Ok(())
     }
 
+    /// Whether element deletions use `NFT_MSG_DESTROYSETELEM` (Linux 6.3 and later) rather
+    /// than an addition and a deletion; `None` before the first change opened the socket.
+    pub fn destroys_elements(&self) -> Option<bool> {
+        self.netlink.as_ref().map(Netlink::destroys)
+    }
+
+    /// Applies one transaction.
+    fn commit(&mut self, b: &Batch) -> io::Result<()> {
+        if b.is_empty() {
+            return Ok(());
+        }
+        if self.exec {
+            return run(&b.script());
+        }
+        let nl = match &mut self.netlink {
+            Some(nl) => nl,
+            None => self.netlink.insert(Netlink::open()?),
+        };
+        let r = nl.commit(b);
+        if r.is_err() {
+            // A fresh socket for the next one: nothing of this one is left to read.
+            self.netlink = None;
+        }
+        r
+    }
+
+    /// Writes the deletion of everything of entry `e`'s into `b`; returns its resolved
+    /// addresses (to forget).
+    fn destroy_entry(&self, b: &mut Batch, e: &Entry) -> Vec<Resolved> {
+        destroy_policy(b, e);
+        let (s4, s6) = sources(e);
+        b.destroy(Set::Src4, s4);
+        b.destroy(Set::Src6, s6);
+        // The kernel's log meter of the interface: its rate is not the next holder's.
+        b.destroy(
+            Set::LogRate,
+            Element::new(vec![Field::Iface(iface(&e.lease))]),
+        );
+        self.dynamic_of(b, e.lease.index, iface(&e.lease), &|_, _, _| false)
+    }
+
     /// Writes the deletion of sandbox `index`'s dynamic elements that `keep` does not keep
-    /// into `s`; returns their keys (to forget once the transaction succeeded).
+    /// into `b`; returns them (to forget once the transaction succeeded).
     fn dynamic_of(
         &self,
-        s: &mut String,
+        b: &mut Batch,
         index: u32,
-        k: &str,
+        k: IfName,
         keep: &dyn Fn(u32, &str, PortRange) -> bool,
-    ) -> Vec<(u32, &'static str, String)> {
-        let now = mono_ms();
+    ) -> Vec<Resolved> {
         let mut gone = Vec::new();
-        for (key, (exp, domain)) in &self.dynamic {
-            if key.0 != index {
+        for (r, (_, domain)) in &self.dynamic {
+            if r.index != index || keep(index, domain, r.ports) {
                 continue;
             }
-            let ports = key
-                .2
-                .rsplit_once(" . ")
-                .and_then(|(_, p)| PortRange::parse(p).ok())
-                .unwrap_or(PortRange { lo: 0, hi: 65535 });
-            if keep(index, domain, ports) {
-                continue;
-            }
-            // One that has timed out is gone, and deleting it would fail the whole
-            // transaction: those within a second of expiry are left to time out.
-            if *exp > now + 1000 {
-                let _ = writeln!(
-                    s,
-                    "delete element inet {TABLE} {} {{ {k} . {} }}",
-                    key.1, key.2
-                );
-            }
-            gone.push(key.clone());
+            let (set, e) = resolved(k, r, None);
+            b.destroy(set, e);
+            gone.push(*r);
         }
         gone
     }
@@ -762,58 +602,72 @@ impl Firewall {
     }
 }
 
-fn add_entry(s: &mut String, e: &Entry) {
+/// A sandbox's own addresses (`src4`, `src6`).
+fn sources(e: &Entry) -> (Element, Element) {
+    let k = Field::Iface(iface(&e.lease));
+    (
+        Element::new(vec![k, Field::Addr(IpAddr::V4(e.lease.v4))]),
+        Element::new(vec![k, Field::Addr(IpAddr::V6(e.lease.v6))]),
+    )
+}
+
+/// A resolved address's element (with its timeout, to add it).
+fn resolved(k: IfName, r: &Resolved, timeout_ms: Option<u64>) -> (Set, Element) {
+    let set = if r.addr.is_ipv6() {
+        Set::Dyn6
+    } else {
+        Set::Dyn4
+    };
+    let e = Element {
+        timeout_ms,
+        ..Element::new(vec![
+            Field::Iface(k),
+            Field::Addr(r.addr),
+            Field::Ports(r.ports),
+        ])
+    };
+    (set, e)
+}
+
+/// The elements of a sandbox's policy: its generation (`gen`, `live`) and its rules.
+fn policy(e: &Entry) -> Vec<(Set, Element)> {
     let k = iface(&e.lease);
-    let _ = writeln!(
-        s,
-        "add element inet {TABLE} src4 {{ {k} . {} }}",
-        e.lease.v4
-    );
-    let _ = writeln!(
-        s,
-        "add element inet {TABLE} src6 {{ {k} . {} }}",
-        e.lease.v6
-    );
-    add_policy(s, e);
-}
-
-fn add_policy(s: &mut String, e: &Entry) {
-    let k = iface(&e.lease);
-    let _ = writeln!(
-        s,
-        "add element inet {TABLE} gen {{ {k} : {} }}",
-        e.generation
-    );
-    let _ = writeln!(
-        s,
-        "add element inet {TABLE} live {{ {k} . {} }}",
-        e.generation
-    );
-    for (set, els) in sorted(&e.static_elements) {
-        for chunk in els.chunks(1024) {
-            let v: Vec<String> = chunk.iter().map(|x| format!("{k} . {x}")).collect();
-            let _ = writeln!(s, "add element inet {TABLE} {set} {{ {} }}", v.join(", "));
-        }
+    let mut v = vec![
+        (
+            Set::Gen,
+            Element {
+                data: Some(e.generation),
+                ..Element::new(vec![Field::Iface(k)])
+            },
+        ),
+        (
+            Set::Live,
+            Element::new(vec![Field::Iface(k), Field::Mark(e.generation)]),
+        ),
+    ];
+    for (set, members) in e.static_elements.sorted() {
+        v.extend(members.iter().map(|m| (set, m.element(k))));
     }
-}
-
-fn delete_elements(s: &mut String, k: &str, els: &Elements) {
-    for (set, els) in sorted(els) {
-        for chunk in els.chunks(1024) {
-            let v: Vec<String> = chunk.iter().map(|x| format!("{k} . {x}")).collect();
-            let _ = writeln!(
-                s,
-                "delete element inet {TABLE} {set} {{ {} }}",
-                v.join(", ")
-            );
-        }
-    }
-}
-
-fn sorted(e: &Elements) -> Vec<(&'static str, &Vec<String>)> {
-    let mut v: Vec<_> = e.sets.iter().map(|(k, v)| (*k, v)).collect();
-    v.sort_by_key(|(k, _)| *k);
     v
+}
+
+fn add_entry(b: &mut Batch, e: &Entry) {
+    let (s4, s6) = sources(e);
+    b.add(Set::Src4, s4);
+    b.add(Set::Src6, s6);
+    add_policy(b, e);
+}
+
+fn add_policy(b: &mut Batch, e: &Entry) {
+    for (set, el) in policy(e) {
+        b.add(set, el);
+    }
+}
+
+fn destroy_policy(b: &mut Batch, e: &Entry) {
+    for (set, el) in policy(e) {
+        b.destroy(set, el);
+    }
 }
 
 /// Milliseconds on a monotonic clock (the kernel's set timeouts are monotonic too: a wall
@@ -854,82 +708,182 @@ fn run(script: &str) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use warren_types::net::{NetRule, NetworkPolicy};
+    use std::os::fd::AsFd;
+    use warren_types::net::{NetRule, NetworkPolicy, Protocol};
 
-    fn parse(allow: Vec<NetRule>, deny: Vec<NetRule>) -> Policy {
-        NetworkPolicy {
-            allow,
-            deny,
-            ..NetworkPolicy::default()
+    fn is_root() -> bool {
+        std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+    }
+
+    /// A network namespace of this test's, deleted when dropped.
+    struct Netns(String);
+
+    impl Netns {
+        fn new(tag: &str) -> Netns {
+            let name = format!("wnu-{}-{tag}", std::process::id());
+            let ok = Command::new("ip")
+                .args(["netns", "add", &name])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "ip netns add {name}");
+            Netns(name)
         }
-        .parse()
-        .unwrap()
-    }
 
-    fn rule(cidr: &str, ports: &str, p: Option<Protocol>) -> NetRule {
-        NetRule {
-            cidr: Some(cidr.into()),
-            ports: Some(ports.into()),
-            protocol: p,
-            ..NetRule::default()
-        }
-    }
-
-    #[test]
-    fn covered_cidrs_go_and_overlapping_ports_become_disjoint() {
-        let p = parse(
-            vec![
-                NetRule::cidr("10.0.0.0/8"),
-                NetRule::cidr("10.1.0.0/16"),
-                NetRule::cidr("10.0.0.0/8"),
-                NetRule::cidr("2001:db8::/32"),
-                rule("192.168.0.0/16", "1-100", Some(Protocol::Tcp)),
-                rule("192.168.0.0/24", "50-200", Some(Protocol::Tcp)),
-                rule("0.0.0.0/0", "53", Some(Protocol::Udp)),
-                NetRule::domain("pypi.org"),
-            ],
-            vec![rule("10.9.0.0/16", "22", None)],
-        );
-        let e = expand(&p).unwrap();
-        assert_eq!(e.sets["any4"], vec!["10.0.0.0/8"]);
-        assert_eq!(e.sets["any6"], vec!["2001:db8::/32"]);
-        assert_eq!(
-            e.sets["allow4"],
-            vec![
-                "192.168.0.0/16 . tcp . 1-100",
-                "192.168.0.0/24 . tcp . 101-200",
-                "0.0.0.0/0 . udp . 53-53",
-            ]
-        );
-        assert_eq!(
-            e.sets["deny4"],
-            vec!["10.9.0.0/16 . tcp . 22-22", "10.9.0.0/16 . udp . 22-22"]
-        );
-        assert!(!e.sets.contains_key("allow6"));
-    }
-
-    #[test]
-    fn a_policy_that_explodes_is_refused() {
-        // Every address on 2000 single ports, and 100 networks on all ports: each network is
-        // cut into 2001 pieces around the single ports, 200,100 entries in all.
-        let mut allow: Vec<NetRule> = (1..=2000)
-            .map(|k| rule("0.0.0.0/0", &(2 * k).to_string(), Some(Protocol::Tcp)))
-            .collect();
-        allow.extend(
-            (1..=100).map(|j| rule(&format!("10.{j}.0.0/16"), "1-65535", Some(Protocol::Tcp))),
-        );
-        let e = expand(&parse(allow, vec![])).unwrap_err();
-        assert!(e.contains("more than 65536"), "{e}");
-        // Many disjoint networks on ranges that overlap are fine: each stays one entry.
-        let allow: Vec<NetRule> = (0..2000)
-            .map(|i| {
-                rule(
-                    &format!("10.{}.{}.0/24", i / 256, i % 256),
-                    &format!("{}-65535", i + 1),
-                    Some(Protocol::Tcp),
-                )
+        /// Runs `f` on a thread inside it.
+        fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+            let fd = std::fs::File::open(format!("/run/netns/{}", self.0)).unwrap();
+            std::thread::scope(|s| {
+                s.spawn(move || {
+                    rustix::thread::move_into_link_name_space(
+                        fd.as_fd(),
+                        Some(rustix::thread::LinkNameSpaceType::Network),
+                    )
+                    .unwrap();
+                    f()
+                })
+                .join()
+                .unwrap()
             })
-            .collect();
-        assert_eq!(expand(&parse(allow, vec![])).unwrap().len(), 2000);
+        }
+    }
+
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+
+    fn sh(script: &str) -> String {
+        let out = Command::new("sh").args(["-c", script]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[test]
+    fn before_linux_6_3_deletions_fail_on_no_missing_element_either() {
+        if !is_root() {
+            eprintln!("SKIP: needs root (a network namespace, nftables)");
+            return;
+        }
+        let ns = Netns::new("old-kernel");
+        ns.run(|| {
+            let addressing = Addressing::new(
+                Cidr::parse("10.200.0.0/16").unwrap(),
+                Cidr::parse("fd77:7761::/64").unwrap(),
+            )
+            .unwrap();
+            let mut fw = Firewall::new(FirewallConfig {
+                addressing,
+                internal: vec![],
+                exempt: vec![],
+                log_group: 9,
+                masquerade: false,
+            });
+            fw.install().unwrap();
+            let mut nl = Netlink::open().unwrap();
+            nl.as_before_destroy();
+            fw.netlink = Some(nl);
+            let policy = expand(
+                &NetworkPolicy {
+                    allow: vec![
+                        NetRule::cidr("198.51.100.0/24"),
+                        NetRule {
+                            cidr: Some("0.0.0.0/0".into()),
+                            ports: Some("443".into()),
+                            protocol: Some(Protocol::Tcp),
+                            ..NetRule::default()
+                        },
+                    ],
+                    ..NetworkPolicy::default()
+                }
+                .parse()
+                .unwrap(),
+            )
+            .unwrap();
+            let lease = addressing.lease(2).unwrap();
+            fw.add(lease, 1, policy.clone()).unwrap();
+            let http = [PortRange { lo: 80, hi: 80 }];
+            let a: IpAddr = "203.0.113.1".parse().unwrap();
+            let b: IpAddr = "203.0.113.2".parse().unwrap();
+            fw.allow_resolved(2, "a.test", &[a], &http, 1).unwrap();
+            fw.allow_resolved(2, "b.test", &[b], &http, 600).unwrap();
+            // One times out, others vanish behind the firewall's back.
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            sh(
+                "nft flush set inet warren any4; nft flush map inet warren gen; \
+                nft flush set inet warren src4",
+            );
+            assert_eq!(fw.destroys_elements(), Some(false));
+            fw.update(2, 2, Elements::default()).unwrap();
+            assert!(!sh("nft list set inet warren dyn4").contains("203.0.113.2"));
+            fw.allow_resolved(2, "b.test", &[b], &http, 600).unwrap();
+            assert!(sh("nft list set inet warren dyn4").contains("203.0.113.2"));
+            fw.remove_entry(2).unwrap();
+            let table = sh("nft list table inet warren");
+            assert!(!table.contains("wv2"), "{table}");
+            fw.remove().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_batch_of_hundreds_of_messages_is_one_transaction_that_names_a_late_refusal() {
+        if !is_root() {
+            eprintln!("SKIP: needs root (a network namespace, nftables)");
+            return;
+        }
+        let ns = Netns::new("big-batch");
+        ns.run(|| {
+            sh("nft add table inet warren; \
+                nft add map inet warren gen '{ type ifname : mark; }'");
+            let element = |name: String, mark: u32| Element {
+                data: Some(mark),
+                ..Element::new(vec![Field::Iface(IfName::new(&name))])
+            };
+            let mut nl = Netlink::open().unwrap();
+            // Whether `name` is in the map (listing 300,000 elements with nft takes seconds):
+            // adding it with another value is refused if it is.
+            let present = |nl: &mut Netlink, name: &str| {
+                let mut b = Batch::default();
+                b.add(Set::Gen, element(name.into(), u32::MAX));
+                let taken = nl.commit(&b).is_err();
+                if !taken {
+                    let mut b = Batch::default();
+                    b.destroy(Set::Gen, element(name.into(), u32::MAX));
+                    nl.commit(&b).unwrap();
+                }
+                taken
+            };
+            // ~750 elements a message: 400 messages, more than ask an ack each.
+            let mut b = Batch::default();
+            for i in 0..300_000 {
+                b.add(Set::Gen, element(format!("a{i}"), 1));
+            }
+            nl.commit(&b).unwrap();
+            assert!(present(&mut nl, "a0"));
+            assert!(present(&mut nl, "a299999"));
+            assert!(!present(&mut nl, "b0"));
+            // One bad element (a key too long for the map) deep into the next batch: the
+            // error names it, and none of the batch is applied.
+            let mut b = Batch::default();
+            for i in 0..300_000 {
+                b.add(Set::Gen, element(format!("b{i}"), 1));
+            }
+            let bad = Element::new(vec![Field::Iface(IfName::new("wv7")), Field::Mark(7)]);
+            b.add.get_mut(&Set::Gen).unwrap().insert(250_000, bad);
+            let err = nl.commit(&b).unwrap_err().to_string();
+            assert!(
+                err.contains(r#"adding element "wv7" . 7 to set inet warren gen"#),
+                "{err}"
+            );
+            assert!(!present(&mut nl, "b0"));
+            assert!(!present(&mut nl, "b299999"));
+            // The socket goes on.
+            let mut b = Batch::default();
+            b.destroy(Set::Gen, element("a0".into(), 1));
+            nl.commit(&b).unwrap();
+            assert!(!present(&mut nl, "a0"));
+        });
     }
 }
