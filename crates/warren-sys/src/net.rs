@@ -31,3 +31,56 @@ pub fn loopback_up() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// A new network namespace with its loopback up, held by the returned descriptor (no process
+/// needs to live in it): made by a short-lived thread that unshares its own network namespace,
+/// so the caller's threads stay where they are.
+pub fn new_netns() -> io::Result<std::os::fd::OwnedFd> {
+    std::thread::Builder::new()
+        .name("warren-netns".into())
+        .spawn(|| -> io::Result<std::os::fd::OwnedFd> {
+            // SAFETY: NEWNET only moves this thread (which shares nothing it unshares with any
+            // other: no file table or fs flags are unshared) into a new network namespace;
+            // the thread ends right after.
+            unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }?;
+            let fd = rustix::fs::open(
+                "/proc/thread-self/ns/net",
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )?;
+            loopback_up()?;
+            Ok(fd)
+        })?
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("the network namespace thread panicked")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_new_namespace_is_not_the_callers_and_outlives_its_thread() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let ns = new_netns().unwrap();
+        let mine = rustix::fs::stat("/proc/thread-self/ns/net").unwrap();
+        let its = rustix::fs::fstat(ns.as_fd()).unwrap();
+        assert_ne!(mine.st_ino, its.st_ino);
+        // Still there after its thread is gone: another thread can enter it.
+        let inside = std::thread::spawn(move || {
+            rustix::thread::move_into_link_name_space(
+                ns.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .unwrap();
+            rustix::fs::stat("/proc/thread-self/ns/net").unwrap().st_ino
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside, its.st_ino);
+    }
+}

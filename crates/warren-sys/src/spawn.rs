@@ -71,6 +71,9 @@ pub struct SpawnSpec<'a> {
     pub env: &'a [(&'a str, &'a str)],
     /// Namespaces to create.
     pub namespaces: Namespaces,
+    /// A network namespace to join instead of creating one (`namespaces.net` must be off):
+    /// the child `setns`es into it before anything else.
+    pub join_net: Option<BorrowedFd<'a>>,
     /// cgroup v1 `cgroup.procs` files (opened for writing): the child writes "0" to each,
     /// joining those cgroups before it execs.
     pub join_cgroups: &'a [BorrowedFd<'a>],
@@ -110,6 +113,7 @@ impl<'a> SpawnSpec<'a> {
             args,
             env,
             namespaces: Namespaces::default(),
+            join_net: None,
             join_cgroups: &[],
             into_cgroup: None,
             fds: &[],
@@ -140,7 +144,7 @@ const HIGH_FD: RawFd = 64;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// Stage codes the child reports on failure (first byte of the error message).
-const STAGE_NAMES: [&str; 9] = [
+const STAGE_NAMES: [&str; 10] = [
     "setsid",
     "join cgroup",
     "dup2",
@@ -149,6 +153,7 @@ const STAGE_NAMES: [&str; 9] = [
     "chdir",
     "switching user",
     "setting capabilities",
+    "joining the network namespace",
     "unknown",
 ];
 
@@ -170,6 +175,12 @@ fn cstring(s: &[u8], what: &str) -> io::Result<CString> {
 /// cgroups, moves the given descriptors into place, clears its signal mask and execs. An error
 /// in any of those steps comes back as this function's error, with the step named.
 pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
+    if spec.join_net.is_some() && spec.namespaces.net {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a child either joins a network namespace or gets a new one, not both",
+        ));
+    }
     // Everything the child touches is prepared here, before the clone.
     let program = cstring(spec.program.as_os_str().as_bytes(), "program path")?;
     let alternatives: Vec<CString> = spec
@@ -214,6 +225,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
         .map(|(h, (_, target))| (h.as_raw_fd(), *target))
         .collect();
     let joins: Vec<RawFd> = spec.join_cgroups.iter().map(|f| f.as_raw_fd()).collect();
+    let join_net: RawFd = spec.join_net.map_or(-1, |f| f.as_raw_fd());
 
     // Error pipe: close-on-exec, so a successful exec closes it and the parent reads EOF.
     let (err_r, err_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
@@ -227,6 +239,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
         .iter()
         .chain(moves.iter().map(|(from, _)| from))
         .chain(std::iter::once(&err_w_raw))
+        .chain((join_net >= 0).then_some(&join_net))
         .map(|&fd| fd as u32)
         .collect();
     keep.sort_unstable();
@@ -245,6 +258,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
         cwd: cwd.as_deref(),
         credentials: spec.credentials,
         ambient: spec.ambient,
+        join_net,
     };
     let sibling = if spec.sibling {
         libc::CLONE_PARENT as u64
@@ -360,6 +374,8 @@ struct ChildArgs<'a> {
     cwd: Option<&'a CStr>,
     credentials: Option<(u32, u32)>,
     ambient: u64,
+    /// A network namespace to enter, or -1.
+    join_net: RawFd,
 }
 
 /// `_LINUX_CAPABILITY_VERSION_3` (linux/capability.h): two data words of 32 capabilities.
@@ -556,6 +572,7 @@ fn child_after_clone(a: &ChildArgs<'_>) -> ! {
         cwd,
         credentials,
         ambient,
+        join_net,
     } = *a;
     let fail = |stage: u8| -> ! {
         // SAFETY: errno location is thread-local and valid; write and exit_group are raw
@@ -588,6 +605,12 @@ fn child_after_clone(a: &ChildArgs<'_>) -> ! {
         for &(lo, hi) in close {
             // Only this child's descriptor table: the clone shared no CLONE_FILES.
             libc::syscall(libc::SYS_close_range, lo, hi, 0u32);
+        }
+        if join_net >= 0 {
+            if libc::syscall(libc::SYS_setns, join_net, libc::CLONE_NEWNET) < 0 {
+                fail(8);
+            }
+            libc::syscall(libc::SYS_close, join_net);
         }
         if libc::syscall(libc::SYS_setsid) < 0 {
             fail(0);
@@ -733,6 +756,7 @@ mod tests {
             args,
             env: &[("PATH", "/usr/bin:/bin")],
             namespaces: Namespaces::default(),
+            join_net: None,
             join_cgroups: &[],
             into_cgroup: None,
             fds,
@@ -759,6 +783,41 @@ mod tests {
         let mut out = String::new();
         r.read_to_string(&mut out).unwrap();
         assert_eq!(out, "hi\n");
+        assert!(crate::process::pidfd_wait(
+            &s.pidfd,
+            std::time::Duration::from_secs(5)
+        ));
+        assert!(crate::process::pidfd_reap(&s.pidfd));
+    }
+
+    #[test]
+    fn joins_a_network_namespace_instead_of_making_one() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let ns = crate::net::new_netns().unwrap();
+        let want = rustix::fs::fstat(&ns).unwrap().st_ino;
+        let (mut r, w) = std::io::pipe().unwrap();
+        let s = {
+            let fds = [(w.as_fd(), 3)];
+            let mut spec = plain(
+                Path::new("/bin/sh"),
+                &["sh", "-c", "stat -L -c %i /proc/self/ns/net >&3"],
+                &fds,
+            );
+            spec.join_net = Some(ns.as_fd());
+            let s = spawn(&spec).unwrap();
+            // Joining one and making one at once is refused before any clone.
+            spec.namespaces.net = true;
+            let e = spawn(&spec).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+            s
+        };
+        drop(w);
+        let mut out = String::new();
+        r.read_to_string(&mut out).unwrap();
+        assert_eq!(out.trim(), want.to_string());
         assert!(crate::process::pidfd_wait(
             &s.pidfd,
             std::time::Duration::from_secs(5)
@@ -878,6 +937,7 @@ mod v2_tests {
             args: &["sh", "-c", "cat /proc/self/cgroup >&3"],
             env: &[("PATH", "/usr/bin:/bin")],
             namespaces: Namespaces::default(),
+            join_net: None,
             join_cgroups: &[],
             into_cgroup: Some(cg.as_fd()),
             fds: &fds,
