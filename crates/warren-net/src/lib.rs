@@ -9,6 +9,7 @@
 //! - [`proxy`]: the transparent proxy for ports 80 and 443 of sandboxes with domain rules:
 //!   each connection judged by its TLS server name or HTTP host, and dialled by name.
 //! - [`conntrack`]: connection tracking entries of addresses about to be reused, deleted.
+//! - [`sockets`]: the closing TCP sockets a finished sandbox's namespace still holds, ended.
 
 pub mod conntrack;
 pub mod dns;
@@ -17,3 +18,4 @@ pub mod link;
 pub mod nflog;
 pub mod nft;
 pub mod proxy;
+pub mod sockets;

@@ -26,6 +26,11 @@
 //! change bumps the generation, so every open connection is judged again by the new policy at
 //! its next packet: still allowed, it is marked anew; no longer allowed, it is reset.
 //!
+//! With a proxy port ([`FirewallConfig::proxy_port`]), a new TCP connection to port 80 or 443
+//! that only a domain's resolved address (`dyn*`) would allow is redirected to the node's
+//! transparent proxy instead (a NAT prerouting chain, `sni`), which judges it by the name it
+//! asks for ([`crate::proxy`]); the proxy's port takes nothing that was not redirected.
+//!
 //! Inbound, nothing reaches a sandbox but replies to its own connections (and neighbour
 //! discovery) and the node's connections to the ports it exposes (`expose`: the node's
 //! forwarders, see [`crate::expose`]); to the node itself it may reach only the DNS proxy on
@@ -85,6 +90,9 @@ pub struct FirewallConfig {
     pub log_group: u16,
     /// Masquerade allowed traffic leaving through other interfaces.
     pub masquerade: bool,
+    /// The transparent proxy's port: new TCP connections to ports 80 and 443 that only an
+    /// address resolved for a domain allows are redirected there (see [`crate::proxy`]).
+    pub proxy_port: Option<u16>,
 }
 
 /// The ranges no sandbox reaches by default: unspecified, loopback, link-local (cloud metadata
@@ -479,7 +487,7 @@ impl Firewall {
         let gw4 = c.addressing.gateway4();
         let p = HOST_PREFIX;
         let g = c.log_group;
-        let nat = if c.masquerade {
+        let mut nat = if c.masquerade {
             format!(
                 "  chain nat {{\n    type nat hook postrouting priority srcnat; policy accept;\n    \
                  ip saddr {} oifname != \"{p}*\" masquerade\n    ip6 saddr {} oifname != \
@@ -488,6 +496,36 @@ impl Firewall {
             )
         } else {
             String::new()
+        };
+        // The transparent proxy: a new connection to port 80 or 443 that a domain's resolved
+        // address would allow (and no CIDR rule does) goes to the proxy, which checks the name
+        // it asks for; the firewall still refuses every other address at once. The proxy's
+        // port takes only what was redirected; nothing else reaches it.
+        let (proxy_in, proxy_guard) = match c.proxy_port {
+            Some(port) => {
+                nat.push_str(&format!(
+                    r#"  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname "{p}*" meta l4proto tcp th dport {{ 80, 443 }} jump sni
+  }}
+  chain sni {{
+    iifname . ip daddr @any4 return
+    iifname . ip6 daddr @any6 return
+    iifname . ip daddr . meta l4proto . th dport @allow4 return
+    iifname . ip6 daddr . meta l4proto . th dport @allow6 return
+    iifname . ip daddr . tcp dport @dyn4 redirect to :{port}
+    iifname . ip6 daddr . tcp dport @dyn6 redirect to :{port}
+  }}
+"#
+                ));
+                (
+                    format!("    ct status dnat meta l4proto tcp th dport {port} accept\n"),
+                    format!(
+                        "    iifname != \"{p}*\" iifname != \"lo\" meta l4proto tcp th dport {port} drop\n"
+                    ),
+                )
+            }
+            None => (String::new(), String::new()),
         };
         format!(
             r#"table inet {TABLE} {{
@@ -520,7 +558,7 @@ impl Firewall {
     type filter hook input priority filter - 10; policy accept;
     iifname "{p}*" jump to_node
     iifname != "{p}*" iifname != "lo" ip daddr {gw4} meta l4proto {{ tcp, udp }} th dport 53 drop
-  }}
+{proxy_guard}  }}
   chain output {{
     type filter hook output priority filter - 10; policy accept;
     oifname "{p}*" jump from_node
@@ -584,6 +622,7 @@ impl Firewall {
     icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit }} accept
     ct state established,related accept
     ip daddr {gw4} meta l4proto {{ tcp, udp }} th dport 53 accept
+{proxy_in}
     goto refuse
   }}
   chain from_node {{
@@ -780,6 +819,7 @@ mod tests {
                 exempt: vec![],
                 log_group: 9,
                 masquerade: false,
+                proxy_port: None,
             });
             fw.install().unwrap();
             let mut nl = Netlink::open().unwrap();

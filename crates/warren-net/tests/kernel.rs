@@ -169,6 +169,7 @@ fn interface_firewall_and_log_in_namespaces_of_our_own() {
         exempt: vec![],
         log_group: 8,
         masquerade: true,
+        proxy_port: None,
     };
 
     // The node's side runs on a thread in the node's namespace (nft and netlink act on the
@@ -339,6 +340,7 @@ fn config() -> (Addressing, FirewallConfig) {
         exempt: vec![],
         log_group: 9,
         masquerade: false,
+        proxy_port: None,
     };
     (addressing, cfg)
 }

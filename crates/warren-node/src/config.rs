@@ -159,6 +159,18 @@ pub struct NetworkConfig {
     /// The host ports exposed ports are given, a range. Default `28000-29999` (below the
     /// kernel's ephemeral ports, 32768 and up).
     pub expose_ports: String,
+    /// Check the TLS server name (SNI) or HTTP Host of every connection to ports 80 and 443
+    /// that a domain rule allows, through a transparent proxy on the node that dials the name
+    /// itself: allowing `pypi.org` then allows no other site on the same CDN address. Off:
+    /// such connections are allowed by the addresses their names resolved to. Default on.
+    pub sni_proxy: bool,
+    /// The node's port the transparent proxy listens on (the gateway address's, and IPv6's).
+    /// Default 15080.
+    pub proxy_port: u16,
+    /// Refuse TLS hellos that carry Encrypted Client Hello, whose visible server name is only
+    /// a public name. Chromium sends the extension (a "GREASE" one) by default: set false, or
+    /// start it with `--disable-features=EncryptedClientHello`. Default true.
+    pub refuse_ech: bool,
 }
 
 impl Default for NetworkConfig {
@@ -176,6 +188,9 @@ impl Default for NetworkConfig {
             masquerade: true,
             expose_address: "127.0.0.1".into(),
             expose_ports: "28000-29999".into(),
+            sni_proxy: true,
+            proxy_port: 15080,
+            refuse_ech: true,
         }
     }
 }

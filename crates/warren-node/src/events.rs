@@ -218,7 +218,9 @@ impl EventStore {
         n: u64,
     ) {
         let detail = match &what.domain {
-            Some(d) => format!("lookup of {d} refused"),
+            Some(d) if what.protocol.starts_with("dns") => format!("lookup of {d} refused"),
+            // The transparent proxy: a connection judged by the name it asked for.
+            Some(d) => format!("{} to {d} ({}) refused", what.protocol, what.destination),
             None => format!("{} to {} refused", what.protocol, what.destination),
         };
         self.occur_with(sandbox, task, EventKind::Network, detail, n, Some(what));

@@ -344,6 +344,7 @@ fn network_config(
             exempt: list("exempt", &n.exempt)?,
             log_group: n.log_group,
             masquerade: n.masquerade,
+            proxy_port: n.sni_proxy.then_some(n.proxy_port),
         },
         resolv_conf: root.join("resolv.conf"),
         generation_file: root.join("net-generation"),
@@ -358,6 +359,10 @@ fn network_config(
             ports: warren_types::net::PortRange::parse(&n.expose_ports)
                 .map_err(|e| format!("[node.network] expose_ports: {e}"))?,
         },
+        sni: n.sni_proxy.then_some(crate::container::net::SniConfig {
+            port: n.proxy_port,
+            refuse_ech: n.refuse_ech,
+        }),
     })
 }
 

@@ -100,7 +100,8 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NetEvent {
-    /// `tcp`, `udp`, `icmp`, `icmpv6`, `dns`, …
+    /// `tcp`, `udp`, `icmp`, `icmpv6`, `dns`, `dns-rebinding`, or `tls` / `http` for a
+    /// connection the node's transparent proxy refused by the name it asked for.
     pub protocol: String,
     /// The address tried (for a name lookup: the resolver).
     pub destination: String,
@@ -110,7 +111,7 @@ pub struct NetEvent {
     /// How many distinct ports.
     #[serde(default)]
     pub port_count: u32,
-    /// The name refused (a lookup).
+    /// The name refused (a lookup, or the TLS server name / HTTP host of a connection).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
 }

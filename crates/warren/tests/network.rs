@@ -8,7 +8,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Platform;
-use common::lab::{Lab, NODE_UPLINK, OTHER_SITE, SITE, SITE6, UNNAMED_SITE, icmp_probe, tcp_probe};
+use common::lab::{
+    Lab, NODE_UPLINK, OTHER_SITE, SITE, SITE6, UNNAMED_SITE, http_probe, icmp_probe, tcp_probe,
+    tls_probe,
+};
 use warren_sdk::{
     CreateSandbox, EventFilter, EventKind, NetRule, NetworkMode, NetworkPolicy, Protocol, Sandbox,
     argv,
@@ -237,15 +240,42 @@ fn a_task_changes_phase_and_domains_resolve_through_the_node() {
             )
         };
         assert_eq!(py(&a, &resolve("pypi.test")).await, SITE);
-        connects(&a, "pypi.test", 80).await;
+        // Port 80 of a name allowed by domain goes through the node's transparent proxy,
+        // which passes a request for that name on (the site greets with `hi`).
+        assert_eq!(py(&a, &http_probe("pypi.test", 80, "pypi.test")).await, "hi");
         // Wildcards: names under the suffix (not the suffix itself).
         assert_eq!(py(&a, &resolve("a.b.host.test")).await, OTHER_SITE);
         connects(&a, OTHER_SITE, 8080).await;
         // Not allowed: refused by the resolver, and recorded.
         assert!(py(&a, &resolve("other.test")).await.starts_with("fail"));
         assert!(py(&a, &resolve("host.test")).await.starts_with("fail"));
-        // An address that no allowed name resolved to stays denied.
+        // An address that no allowed name resolved to stays denied, at once (no proxy).
         refused(&a, UNNAMED_SITE, 80).await;
+        refused(&a, UNNAMED_SITE, 443).await;
+
+        // TLS and HTTP to a name's address are judged by the name they ask for: another site
+        // on the same address (other.test is files.host.test's address too, as on a CDN) is
+        // reset, or answered 403; a connection to another allowed name's address still
+        // reaches the name asked for, dialled by the node (so /etc/hosts tricks gain nothing).
+        assert_eq!(py(&a, &resolve("files.host.test")).await, OTHER_SITE);
+        assert_eq!(py(&a, &resolve("pypi.test")).await, SITE);
+        let other_tls = format!("site {OTHER_SITE}:443");
+        assert_eq!(
+            py(&a, &tls_probe("files.host.test", "files.host.test")).await,
+            other_tls
+        );
+        assert_eq!(py(&a, &tls_probe(OTHER_SITE, "other.test")).await, "reset");
+        assert_eq!(
+            py(&a, &http_probe(OTHER_SITE, 80, "other.test")).await,
+            "HTTP/1.1 403 Forbidden"
+        );
+        assert_eq!(
+            py(&a, &http_probe(OTHER_SITE, 80, "files.host.test")).await,
+            "hi"
+        );
+        assert_eq!(py(&a, &tls_probe(SITE, "files.host.test")).await, other_tls);
+        // No name at all (an address as the server name) is refused too.
+        assert_eq!(py(&a, &tls_probe(OTHER_SITE, OTHER_SITE)).await, "reset");
         // An allowed name that answers with the node's address: the answer is dropped.
         assert!(py(&a, &resolve("rebind.host.test")).await.starts_with("fail"));
         let ev = network_events(&c, &a).await;
@@ -254,6 +284,13 @@ fn a_task_changes_phase_and_domains_resolve_through_the_node() {
             .filter_map(|e| e.network.as_ref().and_then(|n| n.domain.clone()))
             .collect();
         assert!(domains.contains(&"other.test".to_string()), "{ev:#?}");
+        assert!(
+            ev.iter().any(|e| e
+                .network
+                .as_ref()
+                .is_some_and(|n| n.protocol == "tls" && n.domain.as_deref() == Some("other.test"))),
+            "{ev:#?}"
+        );
         assert!(domains.contains(&"rebind.host.test".to_string()), "{ev:#?}");
         // /etc/hosts in the sandbox changes nothing: names are not what the firewall checks.
         // (The host image's /etc is read-only; the address behind a name is what counts.)
@@ -262,7 +299,7 @@ fn a_task_changes_phase_and_domains_resolve_through_the_node() {
         // address without a new lookup is refused.
         tokio::time::sleep(Duration::from_secs(8)).await;
         refused(&a, SITE, 80).await;
-        connects(&a, "pypi.test", 80).await;
+        assert_eq!(py(&a, &http_probe("pypi.test", 80, "pypi.test")).await, "hi");
 
         // The task moves to its agent phase: nothing reachable, for every sandbox of the
         // task on every node, in one request; the sandbox outside the task keeps its policy.
@@ -271,7 +308,10 @@ fn a_task_changes_phase_and_domains_resolve_through_the_node() {
         assert_eq!((r.succeeded, r.failed.len()), (3, 0), "{r:?}");
         assert!(py(&a, &resolve("pypi.test")).await.starts_with("fail"));
         refused(&a, SITE, 80).await;
-        connects(&outsider, "pypi.test", 80).await;
+        assert_eq!(
+            py(&outsider, &http_probe("pypi.test", 80, "pypi.test")).await,
+            "hi"
+        );
 
         // Back to a setup phase for the task: both sandboxes reach the site.
         let open = NetworkPolicy {
@@ -619,4 +659,72 @@ fn exposed_ports_are_reachable_from_the_host_and_through_the_control_plane() {
             .unwrap();
         assert!(gone.starts_with("connect:"), "{gone}");
     });
+}
+
+#[test]
+fn an_ended_sandboxs_network_is_flushed_and_serves_the_next_one() {
+    require_root!();
+    let lab = Lab::new("r");
+    // No warm pool: every create takes a slot itself, so the next create gets the one the
+    // last kill gave back.
+    let cfg = format!(
+        "[node]\nwarm_pool = 0\nwarm_images = 0\n\n{}expose_ports = \"28200-28209\"\n",
+        lab.node_config()
+    );
+    let p = Platform::start_in(&lab.node.name, Some(&cfg));
+    p.run(async || {
+        let c = p.client();
+        let open = NetworkPolicy {
+            allow: vec![NetRule::cidr(&format!("{SITE}/32"))],
+            expose: vec![8000],
+            ..NetworkPolicy::default()
+        };
+        let a = c.create(&create_req(None, Some(open))).await.unwrap();
+        let a_net = a.network().await.unwrap();
+        let a_ns = netns_of(init_pid(&p, a.id().as_str()));
+        // A connection held open, so the node's connection tracking has an entry for it.
+        let hold = format!(
+            "import socket,time\ns=socket.create_connection(('{SITE}',80),3); s.recv(3)\nprint('open',flush=True)\ntime.sleep(30)\n"
+        );
+        a.start_process(&argv(["python3", "-c", &hold])).await.unwrap();
+        let ip = a_net.ipv4.clone().unwrap();
+        let tracked = || lab.node.sh("cat /proc/net/nf_conntrack");
+        let mut seen = false;
+        for _ in 0..50 {
+            if tracked().contains(&format!("src={ip} ")) {
+                seen = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(seen, "no tracked connection of {ip}: {}", tracked());
+        let host = a_net.exposed[0].host.clone();
+        a.kill().await.unwrap();
+
+        // The next sandbox gets the same namespace and address, and nothing of the last one:
+        // no tracked connection, its policy (default deny), no exposed port.
+        assert!(!tracked().contains(&format!("src={ip} ")), "{}", tracked());
+        let b = c.create(&create_req(None, None)).await.unwrap();
+        let b_net = b.network().await.unwrap();
+        assert_eq!(b_net.ipv4.as_deref(), Some(ip.as_str()));
+        assert_eq!(netns_of(init_pid(&p, b.id().as_str())), a_ns);
+        assert!(b_net.allow.is_empty() && b_net.exposed.is_empty(), "{b_net:?}");
+        refused(&b, SITE, 80).await;
+        let gone = tokio::task::spawn_blocking(move || http_get(&host, "x"))
+            .await
+            .unwrap();
+        assert!(gone.starts_with("connect:"), "{gone}");
+        // No socket of the last sandbox's is left in the namespace, not even one closing.
+        let socks = py(&b, "print(open('/proc/net/tcp').read().splitlines()[1:])").await;
+        assert_eq!(socks, "[]", "sockets left in the namespace");
+        b.kill().await.unwrap();
+    });
+}
+
+/// The inode of the network namespace of process `pid`.
+fn netns_of(pid: i32) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/net"))
+        .unwrap()
+        .ino()
 }

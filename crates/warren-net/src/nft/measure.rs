@@ -125,6 +125,7 @@ fn medians(exec: bool, samples: usize, population: usize) -> io::Result<[Duratio
         exempt: vec![],
         log_group: 0,
         masquerade: false,
+        proxy_port: None,
     };
     let mut fw = if exec {
         Firewall::with_exec(cfg)

@@ -37,6 +37,9 @@ pub(crate) struct Held {
     pub(crate) layers_for: Holder,
     /// Its network interface and firewall elements.
     pub(crate) net: Option<Lease>,
+    /// The network namespace of its slot, where the node holds it (not for an adopted
+    /// sandbox): given back with the lease, to be recycled.
+    pub(crate) netns: Option<OwnedFd>,
 }
 
 impl Held {
@@ -52,6 +55,7 @@ impl Held {
             layers: Vec::new(),
             layers_for: Holder::Sandbox,
             net: None,
+            netns: None,
         }
     }
 
@@ -68,6 +72,9 @@ impl Held {
     /// Frees everything held, once. Blocking. Every step tolerates a resource already gone.
     pub(crate) fn release(&mut self) {
         let process = self.process.take();
+        // Whether every process of the sandbox is known to be gone (its init reaped, its
+        // cgroup removed): only then may its network namespace serve another sandbox.
+        let mut emptied = process.is_some();
         if let Some(fd) = &process {
             let _ = warren_sys::process::pidfd_kill(fd);
         }
@@ -77,7 +84,7 @@ impl Held {
                 let _ = cg.set_frozen(false);
             }
             if let Some(fd) = &process {
-                warren_sys::process::pidfd_wait(fd, Duration::from_secs(1));
+                emptied &= warren_sys::process::pidfd_wait(fd, Duration::from_secs(1));
                 warren_sys::process::pidfd_reap(fd);
             } else if cg.exists() {
                 // No process of ours to wait for (a leftover): end whatever is inside.
@@ -85,19 +92,20 @@ impl Held {
             }
             if cg.exists() && cg.remove(Duration::from_secs(2)).is_err() {
                 // Something outlived its init (it should not: the pid namespace died with it).
+                emptied = false;
                 cg.kill_all();
                 if let Err(e) = cg.remove(Duration::from_secs(5)) {
                     tracing::error!("cgroup left behind: {e}");
                 }
             }
         } else if let Some(fd) = &process {
-            warren_sys::process::pidfd_wait(fd, Duration::from_secs(1));
+            emptied &= warren_sys::process::pidfd_wait(fd, Duration::from_secs(1));
             warren_sys::process::pidfd_reap(fd);
         }
-        // Its interface dies with its network namespace, but asynchronously: deleted here, so
-        // its name and addresses are free when the lease is reused.
+        // The slot is recycled when the namespace is known to be empty, destroyed otherwise.
+        let netns = self.netns.take().filter(|_| emptied);
         if let (Some(lease), Some(net)) = (self.net.take(), &self.host.net) {
-            net.release(lease);
+            net.release(lease, netns);
         }
         if let Some(socket) = self.socket.take() {
             let _ = std::fs::remove_file(socket);

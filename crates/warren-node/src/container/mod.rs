@@ -404,6 +404,10 @@ impl Backend for ContainerBackend {
 
     fn shutdown(&self) {
         self.pool.close();
+        // The warm inits' slots came back as spares: no init will take them now.
+        if let Some(net) = &self.host.net {
+            net.drain_spare();
+        }
     }
 
     fn remove_host_state(&self) -> std::io::Result<()> {

@@ -98,6 +98,20 @@ impl Host {
         let null = std::fs::File::open("/dev/null")?;
         let (mut cfg_w, cfg_r) = std::os::unix::net::UnixStream::pair()?;
         let program = self.guest_bin.clone();
+        // A sandbox with an interface joins a ready network namespace (a slot); one without
+        // gets a namespace of its own with loopback only.
+        if net {
+            let Some(n) = &self.net else {
+                return Err(std::io::Error::other(
+                    "this node has no sandbox network ([node.network] enabled = false)",
+                ));
+            };
+            let slot = n.take(name)?;
+            held.net = Some(slot.lease);
+            held.netns = Some(slot.netns);
+        }
+        let mut namespaces = warren_sys::spawn::Namespaces::container();
+        namespaces.net = held.netns.is_none();
         let (procs, dirfd) = match &join {
             JoinFds::Procs(v) => (v.iter().map(|f| f.as_fd()).collect::<Vec<_>>(), None),
             JoinFds::Dir(d) => (Vec::new(), Some(d.as_fd())),
@@ -116,7 +130,8 @@ impl Host {
                 "PATH",
                 "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             )],
-            namespaces: warren_sys::spawn::Namespaces::container(),
+            namespaces,
+            join_net: held.netns.as_ref().map(|f| f.as_fd()),
             join_cgroups: &procs,
             into_cgroup: dirfd,
             fds: &fds,
@@ -124,15 +139,6 @@ impl Host {
         })?;
         held.process = Some(spawned.pidfd);
         let start_time = warren_sys::process::start_time(spawned.pid).unwrap_or(0);
-        if net {
-            let Some(n) = &self.net else {
-                return Err(std::io::Error::other(
-                    "this node has no sandbox network ([node.network] enabled = false)",
-                ));
-            };
-            // The init is ours and not yet reaped (we hold its pidfd): /proc/<pid> is it.
-            held.net = Some(n.attach(spawned.pid, name)?);
-        }
         let mut line = serde_json::to_vec(&config).map_err(std::io::Error::other)?;
         line.push(b'\n');
         cfg_w.write_all(&line)?;

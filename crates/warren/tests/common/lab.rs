@@ -132,6 +132,10 @@ impl Lab {
             }
         }
         lab.serve_tcp(format!("[{SITE6}]:80").parse().unwrap());
+        let tls = tls_config();
+        for a in [SITE, OTHER_SITE, UNNAMED_SITE] {
+            lab.serve_https(format!("{a}:443").parse().unwrap(), tls.clone());
+        }
         lab.serve_tcp(format!("{NODE_UPLINK}:2222").parse().unwrap());
         lab.serve_udp(format!("{SITE}:9999").parse().unwrap());
         lab.serve_dns(format!("{DNS}:53").parse().unwrap());
@@ -163,6 +167,28 @@ impl Lab {
                             break;
                         }
                     }
+                });
+            }
+        });
+    }
+
+    /// An HTTPS site: after the handshake it says which address it is (`site <addr>`) and
+    /// closes. Its certificate names every test name (the client does not check it: the
+    /// point is which server names the node lets through).
+    fn serve_https(&self, addr: SocketAddr, config: std::sync::Arc<rustls::ServerConfig>) {
+        let l = self.internet.run(|| TcpListener::bind(addr).unwrap());
+        std::thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let config = config.clone();
+                std::thread::spawn(move || {
+                    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+                    let Ok(conn) = rustls::ServerConnection::new(config) else {
+                        return;
+                    };
+                    let mut tls = rustls::StreamOwned::new(conn, s);
+                    let _ = tls.write_all(format!("site {addr}\n").as_bytes());
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
                 });
             }
         });
@@ -220,6 +246,45 @@ impl Lab {
             }
         });
     }
+}
+
+/// A self-signed certificate for every name of [`ZONE`].
+fn tls_config() -> std::sync::Arc<rustls::ServerConfig> {
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let names: Vec<String> = ZONE.iter().map(|(n, _, _)| n.to_string()).collect();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(names)
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    std::sync::Arc::new(cfg)
+}
+
+/// Python for a sandbox: TLS to `host:443` with server name `name` (certificates not
+/// checked); prints `site <the server's address>`, `reset`, `refused`, `timeout` or the
+/// error.
+pub fn tls_probe(host: &str, name: &str) -> String {
+    format!(
+        "import socket,ssl\nc=ssl.create_default_context(); c.check_hostname=False; c.verify_mode=ssl.CERT_NONE\ntry:\n    s=socket.create_connection(('{host}',443),4); t=c.wrap_socket(s,server_hostname='{name}'); print(t.recv(64).decode().strip())\nexcept ConnectionRefusedError: print('refused')\nexcept ConnectionResetError: print('reset')\nexcept socket.timeout: print('timeout')\nexcept ssl.SSLError as e: print('ssl', e.reason)\nexcept OSError as e: print(type(e).__name__, e.errno)\n"
+    )
+}
+
+/// Python for a sandbox: an HTTP/1.0 request to `host:port` with `Host: name`; prints the
+/// first line of the answer (the fake sites greet with `hi`), `reset`, `refused` or `timeout`.
+pub fn http_probe(host: &str, port: u16, name: &str) -> String {
+    format!(
+        "import socket\ntry:\n    s=socket.create_connection(('{host}',{port}),4); s.sendall(b'GET / HTTP/1.0\\r\\nHost: {name}\\r\\n\\r\\n'); print(s.recv(64).decode().splitlines()[0])\nexcept ConnectionRefusedError: print('refused')\nexcept ConnectionResetError: print('reset')\nexcept socket.timeout: print('timeout')\nexcept (OSError, IndexError) as e: print(type(e).__name__)\n"
+    )
 }
 
 /// Python for a sandbox: connects to `host:port` over TCP and prints `connected`,

@@ -4,15 +4,20 @@
 //! as (sandbox, packet) pairs for the node's incident store.
 //!
 //! Warm inits get their interface and a deny-everything policy when they are made, so a create
-//! pays nothing for the network unless its policy has rules (one firewall transaction). The
-//! index of an ended sandbox's lease is reused last (a FIFO), after its interface is deleted.
+//! pays nothing for the network unless its policy has rules (one firewall transaction). An
+//! init joins a ready network namespace (a [`Slot`]: interface, lease and firewall elements);
+//! an ended sandbox's slot is flushed and kept for the next init (`slots`), so neither a
+//! namespace nor an interface is made or destroyed per sandbox. The index of a destroyed
+//! slot's lease is reused last (a FIFO), after its interface is deleted.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::IpAddr;
-use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::mpsc;
+
+mod slots;
+mod sni;
 
 use super::expose::{ExposeConfig, Exposures};
 use crate::backend::NetDenial;
@@ -22,13 +27,16 @@ use warren_net::nflog::Reader;
 use warren_net::nft::{Elements, Firewall, FirewallConfig, expand};
 use warren_types::net::{Cidr, DomainPattern, DomainSet, NetworkPolicy, Policy, PortRange, Target};
 
-/// A sandbox's domain rules, for the resolver.
+/// A sandbox's domain rules, for the resolver and the transparent proxy (with its deny rules
+/// by address, which the proxy checks the addresses it dials against).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DomainRules {
     pub allow: DomainSet,
     pub deny: DomainSet,
     /// Each allow rule's pattern and ports (a rule without ports: 0-65535).
     rules: Vec<(DomainPattern, PortRange)>,
+    /// Its deny rules by CIDR or port.
+    deny_addresses: Vec<warren_types::net::Rule>,
 }
 
 impl DomainRules {
@@ -47,7 +55,27 @@ impl DomainRules {
             allow: policy.allowed_domains(),
             deny: policy.denied_domains(),
             rules,
+            deny_addresses: policy
+                .deny
+                .iter()
+                .filter(|r| !matches!(r.target, Target::Domain(_)))
+                .cloned()
+                .collect(),
         }
+    }
+
+    /// Whether no deny rule refuses TCP to `addr` on `port`.
+    pub(crate) fn may_dial(&self, addr: IpAddr, port: u16) -> bool {
+        !self.deny_addresses.iter().any(|r| {
+            let here = match &r.target {
+                Target::Cidr(c) => c.contains(addr),
+                Target::Any => true,
+                Target::Domain(_) => false,
+            };
+            here && r.ports.is_none_or(|p| (p.lo..=p.hi).contains(&port))
+                && r.protocol
+                    .is_none_or(|p| p == warren_types::net::Protocol::Tcp)
+        })
     }
 
     /// Whether `name` may be resolved.
@@ -162,6 +190,19 @@ pub struct NetConfig {
     pub resolv_conf: std::path::PathBuf,
     /// Where exposed ports listen.
     pub expose: ExposeConfig,
+    /// The transparent proxy for ports 80 and 443 of connections allowed by domain; none: such
+    /// connections are allowed by the addresses their names resolved to.
+    pub sni: Option<SniConfig>,
+}
+
+/// The transparent proxy's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct SniConfig {
+    /// The node's port it listens on (the gateway's, and every IPv6 address's).
+    pub port: u16,
+    /// Refuse TLS hellos with Encrypted Client Hello (their server name is only a public
+    /// name).
+    pub refuse_ech: bool,
 }
 
 /// The node's sandbox network.
@@ -186,6 +227,10 @@ pub(crate) struct NodeNet {
     dns: Mutex<Option<DnsProxy>>,
     /// Exposed ports (taken after `fw` where both are held).
     exposures: Mutex<Exposures>,
+    /// Slots of ended sandboxes, ready for the next inits.
+    spare: Mutex<Vec<slots::Slot>>,
+    /// The transparent proxy (TLS SNI / HTTP Host checks), where the node runs it.
+    proxy: Mutex<Option<warren_net::proxy::Proxy>>,
 }
 
 /// Seconds the firewall keeps a resolved address open past its TTL: a client that connects
@@ -365,7 +410,8 @@ impl NodeNet {
             )],
             cfg.dns_upstream,
         );
-        dns_cfg.never = never;
+        dns_cfg.never = never.clone();
+        let never_reached = never;
         (dns_cfg.min_ttl, dns_cfg.max_ttl) = cfg.dns_ttl;
         let net = Arc::new(NodeNet {
             rt: rt.clone(),
@@ -384,6 +430,8 @@ impl NodeNet {
             tx: tx.clone(),
             dns: Mutex::new(None),
             exposures: Mutex::new(Exposures::new(cfg.expose)),
+            spare: Mutex::new(Vec::new()),
+            proxy: Mutex::new(None),
             generations: Mutex::new(Generations::open(cfg.generation_file.clone(), 1)?),
         });
         let proxy = {
@@ -391,6 +439,28 @@ impl NodeNet {
             DnsProxy::start(dns_cfg, Arc::new(DnsRules(Arc::downgrade(&net))))?
         };
         *net.dns.lock().unwrap_or_else(|p| p.into_inner()) = Some(proxy);
+        if let Some(sni) = &cfg.sni {
+            let mut pc = warren_net::proxy::Config::new(
+                vec![
+                    std::net::SocketAddr::new(IpAddr::V4(addressing.gateway4()), sni.port),
+                    std::net::SocketAddr::new(
+                        IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                        sni.port,
+                    ),
+                ],
+                cfg.dns_upstream,
+            );
+            pc.never = never_reached.clone();
+            pc.refuse_ech = sni.refuse_ech;
+            let proxy = {
+                let _enter = rt.enter();
+                warren_net::proxy::Proxy::start(
+                    pc,
+                    Arc::new(sni::ProxyRules(Arc::downgrade(&net))),
+                )?
+            };
+            *net.proxy.lock().unwrap_or_else(|p| p.into_inner()) = Some(proxy);
+        }
         let weak = Arc::downgrade(&net);
         rt.spawn(async move {
             while let Some(d) = raw.recv().await {
@@ -513,48 +583,18 @@ impl NodeNet {
             .ok_or_else(|| std::io::Error::other("lease out of the pool"))
     }
 
+    /// A new policy generation (unique on the node).
+    fn new_generation(&self) -> u32 {
+        self.generations
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
     fn free(&self, index: u32) {
         let mut l = self.leases.lock().unwrap_or_else(|p| p.into_inner());
         if l.used.remove(&index) {
             l.free.push_back(index);
-        }
-    }
-
-    /// Gives the init `pid` (in its own network namespace) an interface and a policy that
-    /// denies everything, under `name`. Blocking.
-    pub(crate) fn attach(&self, pid: i32, name: &str) -> std::io::Result<Lease> {
-        let lease = self.allocate()?;
-        let r = (|| {
-            let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
-            let links = self.links.clone();
-            self.block_on(async move { links.attach(ns.as_fd(), &lease).await })?;
-            let deny_all = expand(&Policy::default()).map_err(std::io::Error::other)?;
-            let mut fw = self.fw.lock().unwrap_or_else(|p| p.into_inner());
-            let generation = self
-                .generations
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
-            fw.add(lease, generation, deny_all)?;
-            self.owners
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(
-                    lease.index,
-                    Owner {
-                        name: name.to_string(),
-                        domains: DomainRules::default(),
-                        generation,
-                    },
-                );
-            Ok(())
-        })();
-        match r {
-            Ok(()) => Ok(lease),
-            Err(e) => {
-                self.release(lease);
-                Err(e)
-            }
         }
     }
 
@@ -644,6 +684,9 @@ impl NodeNet {
                 o.generation = generation;
             }
         }
+        drop(owners);
+        drop(fw);
+        self.recheck_proxy();
         Ok(())
     }
 
@@ -778,35 +821,6 @@ impl NodeNet {
             .unwrap_or_else(|p| p.into_inner())
             .install()?;
         Ok(n)
-    }
-
-    /// Removes lease `index`'s elements and interface and frees it. Blocking; idempotent.
-    pub(crate) fn release(&self, lease: Lease) {
-        if let Err(e) = self
-            .fw
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove_entry(lease.index)
-        {
-            tracing::warn!(index = lease.index, "removing firewall elements: {e}");
-            // Rebuild from what is known, so the table never keeps a stale element.
-            if let Err(e) = self.fw.lock().unwrap_or_else(|p| p.into_inner()).install() {
-                tracing::error!("reinstalling the firewall: {e}");
-            }
-        }
-        self.exposures
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .release(lease.index);
-        let links = self.links.clone();
-        if let Err(e) = self.block_on(async move { links.detach(&lease).await }) {
-            tracing::warn!(index = lease.index, "deleting the interface: {e}");
-        }
-        self.owners
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&lease.index);
-        self.free(lease.index);
     }
 
     /// Removes the whole table (the node's last sandbox is gone and it stops for good).
