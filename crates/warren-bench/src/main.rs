@@ -13,6 +13,7 @@
 
 mod containment;
 mod host;
+mod names;
 mod network;
 mod peers;
 mod report;
@@ -99,7 +100,7 @@ pub fn cycle_result(r: &Result<CycleStats, String>) -> String {
 const USAGE: &str = "\
 usage: warren-bench [--quick]
        warren-bench network [--quick]
-       warren-bench network-part warm|cold [--quick]
+       warren-bench network-part warm|cold|names [--quick]
        warren-bench soak [--cycles N] [--every N] [--concurrency N]
        warren-bench containment [N]
 
@@ -207,8 +208,12 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::SUCCESS;
     }
     if args.first().map(String::as_str) == Some("network-part") {
-        let warm = args.get(1).map(String::as_str) != Some("cold");
-        return network_main(args.iter().any(|a| a == "--quick"), warm);
+        let quick = args.iter().any(|a| a == "--quick");
+        return match args.get(1).map(String::as_str) {
+            Some("names") => names_main(quick),
+            Some("cold") => network_main(quick, false),
+            _ => network_main(quick, true),
+        };
     }
     if args.first().map(String::as_str) == Some("soak") {
         return soak_main(&args[1..]);
@@ -331,6 +336,33 @@ fn network_main(quick: bool, warm: bool) -> std::process::ExitCode {
     let r = rt.block_on(network::part(&plan, &exe_dir, warm));
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
     print!("{}", network::render(&plan, &r));
+    std::process::ExitCode::SUCCESS
+}
+
+/// `warren-bench network-part names [--quick]`: firewall writes and the transparent proxy's
+/// cost per connection.
+fn names_main(quick: bool) -> std::process::ExitCode {
+    let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(PathBuf::from))
+    else {
+        eprintln!("warren-bench: cannot tell where its own executable is");
+        return std::process::ExitCode::FAILURE;
+    };
+    let plan = Plan::new(quick);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("warren-bench: tokio runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let text = rt.block_on(names::part(&plan, &exe_dir));
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    print!("{text}");
     std::process::ExitCode::SUCCESS
 }
 

@@ -270,7 +270,7 @@ pub async fn part(plan: &Plan, exe_dir: &Path, warm: bool) -> Result<NetResults,
 /// returns their tables. Blocking.
 pub fn run_parts(quick: bool) -> String {
     let mut out = String::from("## Sandbox networks\n\n");
-    for part in ["warm", "cold"] {
+    for part in ["warm", "cold", "names"] {
         let mut args = vec!["network-part".to_string(), part.to_string()];
         if quick {
             args.push("--quick".into());
