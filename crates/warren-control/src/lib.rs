@@ -37,6 +37,8 @@ pub struct Control {
     pub store: Option<warren_images::Store>,
     /// The image catalog (names → layers), in the database.
     pub catalog: catalog::Catalog,
+    /// Places for streams to sandboxes' exposed ports (`api::ports`).
+    pub tunnels: Arc<tokio::sync::Semaphore>,
 }
 
 /// Why the control plane could not start.
@@ -108,6 +110,7 @@ impl Control {
             catalog: catalog::Catalog::new(db.clone()),
             db,
             store,
+            tunnels: Arc::new(tokio::sync::Semaphore::new(api::ports::MAX_TUNNELS)),
         });
         Ok(Started {
             control,

@@ -33,18 +33,24 @@ pub fn check(headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// Answers `req` with `101 Switching Protocols` and, once the client's side is upgraded,
-/// copies bytes both ways between it and `stream` until either closes; `guard` is dropped
-/// then (it can mark the sandbox busy meanwhile).
-pub fn accept<S, G>(req: &mut Request, mut stream: S, guard: G) -> Response
+/// copies bytes both ways between it and `stream` until either closes or `stop` completes;
+/// `guard` is dropped then (it can mark the sandbox busy and hold a place meanwhile).
+pub fn accept<S, G, F>(req: &mut Request, mut stream: S, guard: G, stop: F) -> Response
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     G: Send + 'static,
+    F: std::future::Future<Output = ()> + Send + 'static,
 {
     let on = hyper::upgrade::on(req);
     tokio::spawn(async move {
-        if let Ok(up) = on.await {
-            let mut up = TokioIo::new(up);
-            let _ = tokio::io::copy_bidirectional(&mut up, &mut stream).await;
+        tokio::select! {
+            _ = async {
+                if let Ok(up) = on.await {
+                    let mut up = TokioIo::new(up);
+                    let _ = tokio::io::copy_bidirectional(&mut up, &mut stream).await;
+                }
+            } => {}
+            () = stop => {}
         }
         drop(guard);
     });

@@ -1,7 +1,8 @@
 //! Connection tracking state of addresses about to be reused. When a finished sandbox's
 //! address goes to a new one, no connection state may carry over: an entry left behind would
 //! let a packet of the old sandbox's connection (a late reply) reach the new one as
-//! "established", and keep the old policy's mark. [`flush`] deletes them, over ctnetlink.
+//! "established", and keep the old policy's mark. [`flush`] deletes them — every entry with
+//! the address at either end of either direction — over ctnetlink.
 
 use std::io;
 use std::net::IpAddr;
@@ -49,16 +50,19 @@ pub fn flush(addrs: &[IpAddr]) -> io::Result<usize> {
         deleted += ct.delete(&entries)?;
         // An interrupted dump may have missed entries: look again.
         if !interrupted {
-            break;
+            return Ok(deleted);
         }
     }
-    Ok(deleted)
+    Err(io::Error::other(format!(
+        "conntrack: the table changed under each of {DUMPS} dumps; entries of {addrs:?} may be \
+         left"
+    )))
 }
 
-/// Whether an entry with original source `src` and reply destination `dst` is one of
+/// Whether an entry with the addresses `seen` (both ends of both directions) is one of
 /// `addrs`'.
-fn matches(src: Option<IpAddr>, dst: Option<IpAddr>, addrs: &[IpAddr]) -> bool {
-    [src, dst].into_iter().flatten().any(|a| addrs.contains(&a))
+fn matches(seen: &[Option<IpAddr>], addrs: &[IpAddr]) -> bool {
+    seen.iter().flatten().any(|a| addrs.contains(a))
 }
 
 /// An IPv4-mapped IPv6 address as the IPv4 address the kernel tracks.
@@ -249,7 +253,9 @@ impl Ctnetlink {
 fn entry(payload: &[u8], addrs: &[IpAddr]) -> Option<Entry> {
     let family = *payload.first()?;
     let mut attributes = Vec::new();
-    let (mut src, mut dst) = (None, None);
+    // Every address of the entry: both ends of both directions (a connection the node opened
+    // to a sandbox has the sandbox as its original destination).
+    let mut seen: Vec<Option<IpAddr>> = Vec::with_capacity(4);
     for nla in NlasIterator::new(payload.get(4..)?).map_while(Result::ok) {
         // Only what names the entry is parsed: the rest (protocol state, counters) is not
         // needed, and need not parse.
@@ -260,16 +266,20 @@ fn entry(payload: &[u8], addrs: &[IpAddr]) -> Option<Entry> {
             continue;
         }
         match ConntrackAttribute::parse(&nla).ok()? {
-            ConntrackAttribute::CtaTupleReply(t) => dst = address(&t, false),
+            ConntrackAttribute::CtaTupleReply(t) => {
+                seen.push(address(&t, true));
+                seen.push(address(&t, false));
+            }
             a => {
                 if let ConntrackAttribute::CtaTupleOrig(t) = &a {
-                    src = address(t, true);
+                    seen.push(address(t, true));
+                    seen.push(address(t, false));
                 }
                 attributes.push(a);
             }
         }
     }
-    matches(src, dst, addrs).then_some(Entry { family, attributes })
+    matches(&seen, addrs).then_some(Entry { family, attributes })
 }
 
 /// A tuple's source (or destination) address.
@@ -292,10 +302,10 @@ mod tests {
     fn an_entry_is_the_addresses_by_its_original_source_or_its_reply_destination() {
         let a: IpAddr = "10.200.0.2".parse().unwrap();
         let other: IpAddr = "10.200.0.3".parse().unwrap();
-        assert!(matches(Some(a), Some(other), &[a]));
-        assert!(matches(Some(other), Some(a), &[a]));
-        assert!(!matches(Some(other), Some(other), &[a]));
-        assert!(!matches(None, None, &[a]));
+        assert!(matches(&[Some(a), Some(other)], &[a]));
+        assert!(matches(&[Some(other), Some(other), Some(a), None], &[a]));
+        assert!(!matches(&[Some(other), Some(other)], &[a]));
+        assert!(!matches(&[None, None], &[a]));
         // An IPv4-mapped address is its IPv4 one.
         assert_eq!(canonical("::ffff:10.200.0.2".parse().unwrap()), a);
         assert_eq!(canonical(other), other);

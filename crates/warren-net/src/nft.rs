@@ -73,6 +73,12 @@ pub const LOG_RATE_SANDBOX: u32 = 200;
 /// See [`LOG_RATE_SANDBOX`].
 pub const LOG_BURST_SANDBOX: u32 = 1000;
 
+/// The packet mark of the transparent proxy's own connections (`SO_MARK`): the table refuses
+/// those to the node itself and to the always-denied ranges (see [`crate::proxy::Config::mark`]).
+/// Chosen not to collide with the marks others are known to use (Kubernetes' 0x4000/0x8000,
+/// Docker's, Calico's low bits).
+pub const PROXY_MARK: u32 = 0x5752_0000;
+
 /// Most addresses × port ranges one sandbox's domains may have open at once.
 pub const MAX_RESOLVED: usize = 1024;
 
@@ -341,6 +347,21 @@ impl Firewall {
         self.commit(&b)
     }
 
+    /// Deletes the kernel's refused-packet log meters of sandboxes `indexes` (one transaction):
+    /// a sandbox's rate is not the next holder's of its interface.
+    pub fn reset_meters(&mut self, indexes: &[u32]) -> io::Result<()> {
+        let mut b = Batch::default();
+        for i in indexes {
+            if let Some(e) = self.entries.get(i) {
+                b.destroy(
+                    Set::LogRate,
+                    Element::new(vec![Field::Iface(iface(&e.lease))]),
+                );
+            }
+        }
+        self.commit(&b)
+    }
+
     /// Lets sandbox `index` reach `addrs` on `ports` over TCP for `ttl_s` seconds (what its
     /// allowed domain resolved to). An address allowed already keeps its element while more
     /// than half its time is left (no transaction at all); otherwise it gets the new expiry.
@@ -501,7 +522,7 @@ impl Firewall {
         // address would allow (and no CIDR rule does) goes to the proxy, which checks the name
         // it asks for; the firewall still refuses every other address at once. The proxy's
         // port takes only what was redirected; nothing else reaches it.
-        let (proxy_in, proxy_guard) = match c.proxy_port {
+        let (proxy_in, proxy_guard, proxy_out) = match c.proxy_port {
             Some(port) => {
                 nat.push_str(&format!(
                     r#"  chain prerouting {{
@@ -520,12 +541,18 @@ impl Firewall {
                 ));
                 (
                     format!("    ct status dnat meta l4proto tcp th dport {port} accept\n"),
+                    // Only what could reach the proxy's listeners from elsewhere: the gateway's
+                    // IPv4 address, and IPv6 (its listener is on `[::]`).
                     format!(
-                        "    iifname != \"{p}*\" iifname != \"lo\" meta l4proto tcp th dport {port} drop\n"
+                        "    iifname != \"{p}*\" iifname != \"lo\" ip daddr {gw4} tcp dport {port} drop\n    \
+                         iifname != \"{p}*\" iifname != \"lo\" meta nfproto ipv6 tcp dport {port} drop\n"
                     ),
+                    // The proxy's own connections (its mark) never reach the node itself or an
+                    // always-denied range, whatever a name resolved to.
+                    format!("    meta mark {PROXY_MARK:#x} jump proxy_out\n"),
                 )
             }
-            None => (String::new(), String::new()),
+            None => (String::new(), String::new(), String::new()),
         };
         format!(
             r#"table inet {TABLE} {{
@@ -562,6 +589,11 @@ impl Firewall {
   chain output {{
     type filter hook output priority filter - 10; policy accept;
     oifname "{p}*" jump from_node
+{proxy_out}  }}
+  chain proxy_out {{
+    meta l4proto tcp fib daddr type local reject with tcp reset
+    meta l4proto tcp ip daddr @internal4 ip daddr != @exempt4 reject with tcp reset
+    meta l4proto tcp ip6 daddr @internal6 ip6 daddr != @exempt6 reject with tcp reset
   }}
   chain spoof {{
     meta nfproto ipv4 iifname . ip saddr != @src4 drop
@@ -591,7 +623,7 @@ impl Firewall {
     accept
   }}
   chain refuse {{
-    add @lograte {{ iifname limit rate {LOG_RATE_SANDBOX}/second burst {LOG_BURST_SANDBOX} packets }} limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {g}
+    update @lograte {{ iifname limit rate {LOG_RATE_SANDBOX}/second burst {LOG_BURST_SANDBOX} packets }} limit rate {LOG_RATE}/second burst {LOG_RATE} packets log group {g}
     meta l4proto tcp reject with tcp reset
     reject with icmpx admin-prohibited
   }}

@@ -309,6 +309,10 @@ pub struct Config {
     /// ECH configurations from the node's resolver (it answers no HTTPS records), but
     /// Chromium sends a GREASE ECH extension regardless: set false to let browsers through.
     pub refuse_ech: bool,
+    /// The packet mark (`SO_MARK`) of the proxy's own connections, so the node's firewall can
+    /// refuse those to the node itself or to always-denied ranges whatever the resolver said
+    /// (an address the node gained after `never` was made, say). None: unmarked.
+    pub mark: Option<u32>,
     /// Resource bounds.
     pub limits: Limits,
 }
@@ -322,6 +326,7 @@ impl Config {
             upstream,
             never: Vec::new(),
             refuse_ech: true,
+            mark: None,
             limits: Limits::default(),
         }
     }

@@ -25,10 +25,12 @@ const RECV_BUF: usize = 64 * 1024;
 /// Most sockets one call destroys (a namespace of a finished sandbox holds a few at most).
 const MAX_SOCKETS: usize = 65_536;
 
-/// Destroys every TCP socket (IPv4 and IPv6, any state) in the network namespace `netns`;
-/// returns how many. Meant for a namespace no process lives in any more. Blocking: runs on a
-/// short-lived thread of its own that enters the namespace (a netlink socket acts on the
-/// namespace it was made in).
+/// Destroys every TCP socket (IPv4 and IPv6, any state) in the network namespace `netns`,
+/// then checks that no socket at all is left there; returns how many it destroyed. Meant for a
+/// namespace no process lives in any more: a socket still there then (a UDP or unix socket
+/// kept alive in flight inside a unix socket's queue, say) is an error, and the namespace must
+/// not serve anyone else. Blocking: runs on a short-lived thread of its own that enters the
+/// namespace (a netlink socket acts on the namespace it was made in).
 pub fn destroy_all(netns: BorrowedFd<'_>) -> io::Result<usize> {
     std::thread::scope(|s| {
         s.spawn(move || {
@@ -36,18 +38,83 @@ pub fn destroy_all(netns: BorrowedFd<'_>) -> io::Result<usize> {
                 netns,
                 Some(rustix::thread::LinkNameSpaceType::Network),
             )?;
-            let mut d = Diag::open()?;
             let mut n = 0;
-            for family in [AF_INET, AF_INET6] {
-                for id in d.dump(family)? {
-                    n += usize::from(d.destroy(family, id)?);
+            // A dump walks the kernel's TCP hash tables, which every namespace shares: costly.
+            // The namespace's own counts say first whether there is anything to end.
+            for _ in 0..3 {
+                if !holds_tcp()? {
+                    break;
                 }
+                let mut d = Diag::open()?;
+                for family in [AF_INET, AF_INET6] {
+                    for id in d.dump(family)? {
+                        n += usize::from(d.destroy(family, id)?);
+                    }
+                }
+            }
+            if let Some(what) = leftover()? {
+                return Err(io::Error::other(format!(
+                    "{what} outlived every process of the namespace (held in flight in a unix \
+                     socket, say): the namespace is not reused"
+                )));
             }
             Ok(n)
         })
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("the socket-destroying thread panicked")))
     })
+}
+
+/// What sockets the calling thread's network namespace still holds, if any: internet sockets
+/// of any protocol (its `sockstat` counts) or unix sockets (`/proc/net/unix`).
+fn leftover() -> io::Result<Option<String>> {
+    for (file, protos) in [
+        ("sockstat", &["TCP:", "UDP:", "UDPLITE:", "RAW:"][..]),
+        ("sockstat6", &["TCP6:", "UDP6:", "UDPLITE6:", "RAW6:"][..]),
+    ] {
+        for proto in protos {
+            let n = count(file, proto, "inuse")?;
+            if n > 0 {
+                return Ok(Some(format!(
+                    "{n} {} socket(s)",
+                    proto.trim_end_matches(':')
+                )));
+            }
+        }
+    }
+    if count("sockstat", "TCP:", "tw")? > 0 {
+        return Ok(Some("a TCP socket in TIME_WAIT".into()));
+    }
+    let unix = std::fs::read_to_string("/proc/thread-self/net/unix")?;
+    let n = unix.lines().count().saturating_sub(1);
+    if n > 0 {
+        return Ok(Some(format!("{n} unix socket(s)")));
+    }
+    Ok(None)
+}
+
+/// A count in the calling thread's namespace's `/proc/net/<file>`: the number after `field`
+/// on the line of `proto`; one (so it is checked the hard way) when the line is not there.
+fn count(file: &str, proto: &str, field: &str) -> io::Result<u64> {
+    let text = std::fs::read_to_string(format!("/proc/thread-self/net/{file}"))?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(proto))
+        .and_then(|rest| {
+            let v: Vec<&str> = rest.split_whitespace().collect();
+            v.windows(2)
+                .find(|w| w[0] == field)
+                .and_then(|w| w[1].parse().ok())
+        })
+        .unwrap_or(1))
+}
+
+/// Whether the calling thread's network namespace has TCP sockets (in use, or in TIME_WAIT),
+/// from its `sockstat` counts.
+fn holds_tcp() -> io::Result<bool> {
+    Ok(count("sockstat", "TCP:", "inuse")? > 0
+        || count("sockstat", "TCP:", "tw")? > 0
+        || count("sockstat6", "TCP6:", "inuse")? > 0)
 }
 
 struct Diag {
@@ -288,5 +355,23 @@ mod tests {
             0,
             "nothing left the second time"
         );
+        // A socket that outlives the namespace's processes (here: held by the test) and is not
+        // TCP: the namespace is reported not clean, so it is not reused.
+        let udp = std::thread::scope(|s| {
+            s.spawn(|| {
+                rustix::thread::move_into_link_name_space(
+                    fd.as_fd(),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .unwrap();
+                std::net::UdpSocket::bind("127.0.0.1:0").unwrap()
+            })
+            .join()
+            .unwrap()
+        });
+        let e = destroy_all(fd.as_fd()).unwrap_err();
+        assert!(e.to_string().contains("UDP"), "{e}");
+        drop(udp);
+        assert_eq!(destroy_all(fd.as_fd()).unwrap(), 0);
     }
 }

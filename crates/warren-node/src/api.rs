@@ -295,15 +295,34 @@ async fn put_network(
     Ok(Json(n.set_network(&id, req).await?))
 }
 
+/// `?resume=false`: a paused sandbox is refused rather than resumed (the control plane's
+/// unauthenticated `<port>-<id>` route asks so).
+#[derive(Deserialize)]
+struct ConnectQuery {
+    #[serde(default = "yes")]
+    resume: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
 async fn connect_port(
     State(n): S,
     Path((id, port)): Path<(String, u16)>,
+    Query(q): Query<ConnectQuery>,
     mut req: Request,
 ) -> Result<Response, Error> {
     let id = parse_id(&n, &id)?;
     warren_http::tunnel::check(req.headers())?;
-    let (stream, busy) = n.connect_port(&id, port).await?;
-    Ok(warren_http::tunnel::accept(&mut req, stream, busy))
+    let (stream, busy, permit) = n.connect_port(&id, port, q.resume).await?;
+    let stop = permit.stop.clone();
+    Ok(warren_http::tunnel::accept(
+        &mut req,
+        stream,
+        (busy, permit),
+        async move { stop.cancelled().await },
+    ))
 }
 
 async fn put_task_network(

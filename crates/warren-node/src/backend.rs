@@ -62,6 +62,24 @@ pub struct NetInfo {
     pub generation: u32,
 }
 
+/// Leave to carry one stream to an exposed port of an instance ([`Instance::permit_port`]):
+/// `stop` fires when the port is unexposed or the instance ends; dropping it frees its place.
+pub struct PortPermit {
+    /// Fires when the stream must end.
+    pub stop: tokio_util::sync::CancellationToken,
+    /// What the backend keeps counted while the stream lives.
+    pub hold: Box<dyn Send + Sync>,
+}
+
+/// Why a stream to a port was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortRefusal {
+    /// The port is not exposed (now).
+    NotExposed,
+    /// The port or the node carries as many streams as it may; the message says which.
+    Full(String),
+}
+
 /// A connection attempt of a sandbox that its network policy refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetDenial {
@@ -113,6 +131,11 @@ pub trait Instance: Send + Sync {
     /// Its exposed ports and where the node's host takes connections for each.
     fn exposed(&self) -> Vec<(u16, std::net::SocketAddr)> {
         Vec::new()
+    }
+    /// Leave to carry one more stream to exposed port `port`, or why not.
+    fn permit_port(&self, port: u16) -> Result<PortPermit, PortRefusal> {
+        let _ = port;
+        Err(PortRefusal::NotExposed)
     }
     /// Kills it and frees everything it holds. Idempotent. Blocking.
     fn release(&self);

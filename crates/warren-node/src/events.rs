@@ -308,8 +308,21 @@ impl EventStore {
             "management" => EventKind::Management,
             _ => EventKind::Seccomp,
         };
+        let id = format!("{sandbox}-g{}", i.id);
+        {
+            let g = self.lock();
+            let full = !g.by_id.contains_key(&id)
+                && g.per_sandbox.get(sandbox).copied().unwrap_or(0) >= MAX_EVENTS_PER_SANDBOX;
+            drop(g);
+            if full {
+                // Counted in the overflow event of its kind, like the node's own past the cap
+                // (a guest's details can be made to differ at will: a pid, say).
+                self.occur_with(sandbox, task, kind, String::new(), i.count.max(1), None);
+                return;
+            }
+        }
         let rec = Record {
-            id: format!("{sandbox}-g{}", i.id),
+            id,
             sandbox: sandbox.clone(),
             task: task.map(str::to_string),
             kind,
@@ -541,5 +554,23 @@ mod tests {
         assert!(over.detail.contains("counted here"), "{over:?}");
         assert_eq!(over.count, 500);
         assert_eq!(s.list(&node, &f(&quiet)).len(), 1);
+        // The guest's records too: past the cap, one overflow event of their kind.
+        for id in 0..50 {
+            let i = Incident {
+                id,
+                kind: "seccomp".into(),
+                detail: format!("prlimit64 of pid {id}"),
+                count: 1,
+                first_ms: 1,
+                last_ms: 2,
+                pid: None,
+                comm: None,
+            };
+            s.from_guest(&noisy, None, &i);
+        }
+        let mine = s.list(&node, &f(&noisy));
+        assert_eq!(mine.len(), MAX_EVENTS_PER_SANDBOX + 2);
+        let g = mine.iter().find(|e| e.kind == EventKind::Seccomp).unwrap();
+        assert_eq!(g.count, 50, "{g:?}");
     }
 }

@@ -10,7 +10,7 @@ use warren_types::api::{TaskFailure, TaskNetworkResult};
 use warren_types::id::SandboxId;
 use warren_types::net::{NetworkMode, NetworkPolicy, NetworkStatus, Policy};
 
-use crate::backend::NetDenial;
+use crate::backend::{NetDenial, PortPermit, PortRefusal};
 use crate::error::NodeError;
 use crate::events::NetOccurrence;
 use crate::node::{Busy, Node, Phase, Sandbox, blocking};
@@ -69,6 +69,10 @@ impl Node {
         let sb = self.get(id)?;
         let parsed = self.check_network(&policy)?;
         let _g = sb.lifecycle.lock().await;
+        // Killed while the lock was awaited: its interface may be another sandbox's by now.
+        if sb.phase() == Phase::Stopping {
+            return Err(NodeError::Gone(id.clone()));
+        }
         self.apply(&[(sb.clone(), parsed)], &policy).await?;
         Ok(sb.network_status())
     }
@@ -95,6 +99,8 @@ impl Node {
         for sb in &locked {
             guards.push(sb.lifecycle.lock().await);
         }
+        // Those killed while their locks were awaited are left out.
+        all.retain(|s| s.phase() != Phase::Stopping);
         // Loopback-only sandboxes take `none` (nothing to change) and nothing else.
         let none = parsed.mode == NetworkMode::None;
         let (with, without): (Vec<_>, Vec<_>) = all
@@ -285,25 +291,47 @@ impl Node {
 }
 
 impl Node {
-    /// Opens a connection from the node to exposed port `port` of a sandbox, resuming it
-    /// first if it is paused; the sandbox counts as busy while the returned guard lives (an
-    /// idle timeout does not pause a sandbox that is serving).
+    /// Opens a connection from the node to exposed port `port` of a sandbox; with `resume`, a
+    /// paused sandbox is resumed first (without, it is refused: the unauthenticated
+    /// `<port>-<id>` route must not thaw a task its trainer paused). The sandbox counts as busy
+    /// while the returned guard lives (an idle timeout does not pause a sandbox that is
+    /// serving), and the permit's `stop` fires when the port is unexposed or the sandbox ends.
     pub(crate) async fn connect_port(
         &self,
         id: &SandboxId,
         port: u16,
-    ) -> Result<(tokio::net::TcpStream, Busy), NodeError> {
+        resume: bool,
+    ) -> Result<(tokio::net::TcpStream, Busy, PortPermit), NodeError> {
         let sb = self.get(id)?;
-        let exposed = sb.network_policy().expose;
-        let Some(net) = sb.instance.network().filter(|_| exposed.contains(&port)) else {
+        let not_exposed = || NodeError::Port {
+            code: ErrorCode::NotFound,
+            message: format!(
+                "port {port} of sandbox {id} is not exposed: add it to the sandbox's network \
+                 policy's `expose` (PUT /v1/sandboxes/{id}/network)"
+            ),
+        };
+        let Some(net) = sb.instance.network() else {
+            return Err(not_exposed());
+        };
+        let permit = match sb.instance.permit_port(port) {
+            Ok(p) => p,
+            Err(PortRefusal::NotExposed) => return Err(not_exposed()),
+            Err(PortRefusal::Full(why)) => {
+                return Err(NodeError::Capacity {
+                    message: format!("port {port} of sandbox {id}: {why}"),
+                    retry_after: 1,
+                });
+            }
+        };
+        if !resume && sb.phase() == Phase::Paused {
             return Err(NodeError::Port {
-                code: ErrorCode::NotFound,
+                code: ErrorCode::Conflict,
                 message: format!(
-                    "port {port} of sandbox {id} is not exposed (exposed: {exposed:?}): add it \
-                     to the sandbox's network policy's `expose` (PUT /v1/sandboxes/{id}/network)"
+                    "sandbox {id} is paused: resume it (POST /v1/sandboxes/{id}/resume) to \
+                     reach its ports"
                 ),
             });
-        };
+        }
         self.ensure_running(&sb).await?;
         let busy = Busy::new(&sb);
         let target = std::net::SocketAddr::new(std::net::IpAddr::V4(net.v4), port);
@@ -313,7 +341,9 @@ impl Node {
         )
         .await
         {
-            Ok(Ok(s)) => Ok((s, busy)),
+            // Ended (or unexposed) while connecting: the address may be another's by now.
+            Ok(Ok(_)) if permit.stop.is_cancelled() => Err(NodeError::Gone(id.clone())),
+            Ok(Ok(s)) => Ok((s, busy, permit)),
             Ok(Err(e)) => Err(NodeError::Port {
                 code: ErrorCode::Unavailable,
                 message: format!(

@@ -32,9 +32,9 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
-/// A new network namespace with its loopback up, held by the returned descriptor (no process
-/// needs to live in it): made by a short-lived thread that unshares its own network namespace,
-/// so the caller's threads stay where they are.
+/// A new network namespace with its loopback up and no TCP metrics kept, held by the returned
+/// descriptor (no process needs to live in it): made by a short-lived thread that unshares its
+/// own network namespace, so the caller's threads stay where they are.
 pub fn new_netns() -> io::Result<std::os::fd::OwnedFd> {
     std::thread::Builder::new()
         .name("warren-netns".into())
@@ -49,6 +49,9 @@ pub fn new_netns() -> io::Result<std::os::fd::OwnedFd> {
                 rustix::fs::Mode::empty(),
             )?;
             loopback_up()?;
+            // No per-destination TCP metrics: `ip tcp_metrics` (generic netlink, no capability
+            // needed) would tell whoever runs here next where earlier connections went.
+            std::fs::write("/proc/sys/net/ipv4/tcp_no_metrics_save", "1")?;
             Ok(fd)
         })?
         .join()

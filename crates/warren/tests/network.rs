@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::Platform;
 use common::lab::{
-    Lab, NODE_UPLINK, OTHER_SITE, SITE, SITE6, UNNAMED_SITE, http_probe, icmp_probe, tcp_probe,
-    tls_probe,
+    LATE_NODE, Lab, NODE_UPLINK, OTHER_SITE, SITE, SITE6, UNNAMED_SITE, http_probe, icmp_probe,
+    tcp_probe, tls_probe,
 };
 use warren_sdk::{
     CreateSandbox, EventFilter, EventKind, NetRule, NetworkMode, NetworkPolicy, Protocol, Sandbox,
@@ -276,6 +276,15 @@ fn a_task_changes_phase_and_domains_resolve_through_the_node() {
         assert_eq!(py(&a, &tls_probe(SITE, "files.host.test")).await, other_tls);
         // No name at all (an address as the server name) is refused too.
         assert_eq!(py(&a, &tls_probe(OTHER_SITE, OTHER_SITE)).await, "reset");
+        // An allowed name that resolves to an address the node gained after it started (not
+        // in the always-denied ranges it knew): the proxy's own connection to the node itself
+        // is refused by the firewall, so the sandbox gets a reset, never the node's service.
+        lab.node_gains_an_address();
+        assert_eq!(py(&a, &resolve("late.host.test")).await, LATE_NODE);
+        assert_eq!(
+            py(&a, &tls_probe("late.host.test", "late.host.test")).await,
+            "reset"
+        );
         // An allowed name that answers with the node's address: the answer is dropped.
         assert!(py(&a, &resolve("rebind.host.test")).await.starts_with("fail"));
         let ev = network_events(&c, &a).await;
@@ -547,14 +556,20 @@ fn exposed_ports_are_reachable_from_the_host_and_through_the_control_plane() {
         let e = sb.connect_port(8001).await.unwrap_err();
         assert!(e.to_string().contains("not exposed"), "{e}");
 
-        // A paused sandbox is resumed by a request through the control plane.
+        // A paused sandbox (its task preempted, say) is not thawed by whoever knows its
+        // address: the key-less route answers 409; the authenticated stream resumes it.
         sb.pause().await.unwrap();
         let (cp2, id2) = (cp.clone(), sb.id().to_string());
-        let resumed =
+        let paused =
             tokio::task::spawn_blocking(move || http_get(&cp2, &format!("8000-{id2}.sb.test")))
                 .await
                 .unwrap();
-        assert!(resumed.contains(" 200 "), "{resumed}");
+        assert!(paused.contains(" 409 "), "{paused}");
+        assert_eq!(
+            sb.info().await.unwrap().state,
+            warren_sdk::SandboxState::Paused
+        );
+        drop(sb.connect_port(8000).await.unwrap());
         assert_eq!(
             sb.info().await.unwrap().state,
             warren_sdk::SandboxState::Running
@@ -576,9 +591,19 @@ fn exposed_ports_are_reachable_from_the_host_and_through_the_control_plane() {
         }
         assert_eq!(sb.network().await.unwrap().exposed.len(), 1);
 
-        // Unexposed: the host port closes; exposed again: a host port of the range.
+        // Unexposed: the host port closes, and so does a stream open to it through the API;
+        // exposed again: a host port of the range.
+        let mut open = sb.connect_port(8000).await.unwrap();
         let st = sb.expose(&[]).await.unwrap();
         assert!(st.exposed.is_empty());
+        {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 16];
+            let r = tokio::time::timeout(Duration::from_secs(5), open.read(&mut buf))
+                .await
+                .expect("the stream ends with its port, not left open");
+            assert!(matches!(r, Ok(0) | Err(_)), "{r:?}");
+        }
         let h = host.clone();
         let gone = tokio::task::spawn_blocking(move || http_get(&h, "x"))
             .await
@@ -598,7 +623,7 @@ fn exposed_ports_are_reachable_from_the_host_and_through_the_control_plane() {
                 last = http_get_with(
                     &cp2,
                     &host,
-                    &format!("Authorization: Bearer {key}\r\nX-API-Key: {key}\r\nX-Mine: 1\r\n"),
+                    &format!("Authorization: Basic Zm9v\r\nAuthorization: bearer {key}\r\nX-API-Key: {key}\r\nX-Mine: 1\r\n"),
                 );
                 if last.contains(" 200 ") {
                     break;
@@ -701,9 +726,21 @@ fn an_ended_sandboxs_network_is_flushed_and_serves_the_next_one() {
         let host = a_net.exposed[0].host.clone();
         a.kill().await.unwrap();
 
+        // The node flushes ended sandboxes' namespaces in batches, a moment after they end:
+        // then the connection's tracking entry is gone and the namespace is ready again.
+        let mut flushed = false;
+        for _ in 0..100 {
+            if !tracked().contains(&format!("src={ip} ")) {
+                flushed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(flushed, "{}", tracked());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+
         // The next sandbox gets the same namespace and address, and nothing of the last one:
         // no tracked connection, its policy (default deny), no exposed port.
-        assert!(!tracked().contains(&format!("src={ip} ")), "{}", tracked());
         let b = c.create(&create_req(None, None)).await.unwrap();
         let b_net = b.network().await.unwrap();
         assert_eq!(b_net.ipv4.as_deref(), Some(ip.as_str()));

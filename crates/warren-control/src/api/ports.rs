@@ -41,17 +41,50 @@ pub async fn connect(
 ) -> Result<Response, Error> {
     warren_http::tunnel::check(req.headers()).map_err(Error)?;
     let (_, node) = forward::route(&c, &id)?;
-    let up = open(&node, &id, port).await?;
-    Ok(warren_http::tunnel::accept(&mut req, up, ()))
+    let permit = c
+        .tunnels
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| too_many())?;
+    let up = open(&node, &id, port, true).await?;
+    Ok(warren_http::tunnel::accept(
+        &mut req,
+        up,
+        permit,
+        std::future::pending(),
+    ))
 }
 
-/// Asks the node of sandbox `id` for a stream to its exposed `port`.
-async fn open(node: &NodeEntry, id: &str, port: u16) -> Result<reqwest::Upgraded, Error> {
+/// Streams through the control plane to exposed ports, at once.
+pub const MAX_TUNNELS: usize = 16_384;
+
+/// How long a service in a sandbox has to answer a request of the `<port>-<id>` route.
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn too_many() -> Error {
+    Error(ApiError {
+        code: ErrorCode::Capacity,
+        message: format!(
+            "the control plane carries {MAX_TUNNELS} streams to sandboxes' ports already: retry \
+             shortly"
+        ),
+        retry_after_secs: Some(1),
+    })
+}
+
+/// Asks the node of sandbox `id` for a stream to its exposed `port` (`resume`: a paused
+/// sandbox is resumed first; else refused).
+async fn open(
+    node: &NodeEntry,
+    id: &str,
+    port: u16,
+    resume: bool,
+) -> Result<reqwest::Upgraded, Error> {
     let resp = node
         .client
         .request(
             reqwest::Method::GET,
-            &format!("/v1/sandboxes/{id}/ports/{port}/connect"),
+            &format!("/v1/sandboxes/{id}/ports/{port}/connect?resume={resume}"),
         )
         .header("connection", "upgrade")
         .header("upgrade", warren_http::tunnel::PROTOCOL)
@@ -138,12 +171,32 @@ pub async fn host_route(State(c): State<Arc<Control>>, req: Request, next: Next)
 async fn proxy(c: &Control, port: u16, id: &str, mut req: Request) -> Result<Response, Error> {
     let (_, node) = forward::route(c, id)?;
     // A Warren key sent along by mistake never reaches the sandbox (its agent is untrusted);
-    // a service's own credentials pass.
-    if crate::auth::presented(&req).is_some_and(|k| c.keys.check(k)) {
+    // a service's own credentials pass. Every Authorization value is looked at, whatever its
+    // case.
+    let carries_key = req
+        .headers()
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| {
+            let v = v.trim();
+            let token = match v.split_once(' ') {
+                Some((scheme, t)) if scheme.eq_ignore_ascii_case("bearer") => t.trim(),
+                _ => v,
+            };
+            c.keys.check(token)
+        });
+    if carries_key {
         req.headers_mut().remove(header::AUTHORIZATION);
     }
     req.headers_mut().remove("x-api-key");
-    let up = open(&node, id, port).await?;
+    let permit = c
+        .tunnels
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| too_many())?;
+    // Never resumes: whoever knows the address must not thaw a task its trainer paused.
+    let up = open(&node, id, port, false).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(up))
         .await
         .map_err(|e| bad_gateway(port, id, &e))?;
@@ -152,9 +205,17 @@ async fn proxy(c: &Control, port: u16, id: &str, mut req: Request) -> Result<Res
         .headers()
         .contains_key(header::UPGRADE)
         .then(|| hyper::upgrade::on(&mut req));
-    let mut resp = sender
-        .send_request(req)
+    let mut resp = tokio::time::timeout(ANSWER_TIMEOUT, sender.send_request(req))
         .await
+        .map_err(|_| {
+            Error(ApiError::new(
+                ErrorCode::Timeout,
+                format!(
+                    "port {port} of sandbox {id} did not answer within {} s",
+                    ANSWER_TIMEOUT.as_secs()
+                ),
+            ))
+        })?
         .map_err(|e| bad_gateway(port, id, &e))?;
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS
         && let Some(client_up) = client_up
@@ -165,9 +226,44 @@ async fn proxy(c: &Control, port: u16, id: &str, mut req: Request) -> Result<Res
                 let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
                 let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
             }
+            drop(permit);
         });
+        return Ok(resp.map(Body::new));
     }
-    Ok(resp.map(Body::new))
+    // The answer's body may still be streaming: the place is held until it has been sent.
+    Ok(resp.map(|b| {
+        Body::new(Held {
+            body: b,
+            _permit: permit,
+        })
+    }))
+}
+
+/// An answer's body that holds a place among the control plane's streams until it has been
+/// sent whole (or dropped).
+struct Held<B> {
+    body: B,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Held<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 fn bad_gateway(port: u16, id: &str, e: &dyn std::fmt::Display) -> Error {

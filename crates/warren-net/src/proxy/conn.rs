@@ -359,7 +359,7 @@ async fn dial(
         if addrs.is_empty() {
             continue;
         }
-        match connect_any(&addrs, port, l.connect_timeout).await {
+        match connect_any(&addrs, port, l.connect_timeout, c.mark).await {
             Some(s) => return Ok(s),
             None => unreachable = true,
         }
@@ -376,13 +376,25 @@ async fn dial(
 }
 
 /// Connects to the first of `addrs` that answers, each given an equal share of the time
-/// left.
-async fn connect_any(addrs: &[IpAddr], port: u16, within: Duration) -> Option<TcpStream> {
+/// left; each connection carries `mark`.
+async fn connect_any(
+    addrs: &[IpAddr],
+    port: u16,
+    within: Duration,
+    mark: Option<u32>,
+) -> Option<TcpStream> {
     let deadline = Instant::now() + within;
     for (i, &a) in addrs.iter().enumerate() {
         let left = deadline.saturating_duration_since(Instant::now());
         let share = left / u32::try_from(addrs.len() - i).unwrap_or(1);
-        match timeout(share, TcpStream::connect((a, port))).await {
+        let socket = match marked_socket(a, mark) {
+            Ok(s) => s,
+            Err(e) => {
+                debug!(%a, port, "proxy: a socket to connect with: {e}");
+                return None;
+            }
+        };
+        match timeout(share, socket.connect(SocketAddr::new(a, port))).await {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
                 return Some(s);
@@ -392,4 +404,21 @@ async fn connect_any(addrs: &[IpAddr], port: u16, within: Duration) -> Option<Tc
         }
     }
     None
+}
+
+/// A TCP socket for an address of `a`'s family, carrying `mark` (`SO_MARK`, which needs
+/// `CAP_NET_ADMIN`: the node has it).
+fn marked_socket(a: IpAddr, mark: Option<u32>) -> std::io::Result<tokio::net::TcpSocket> {
+    let domain = if a.is_ipv6() {
+        socket2::Domain::IPV6
+    } else {
+        socket2::Domain::IPV4
+    };
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    if let Some(m) = mark {
+        s.set_mark(m)?;
+    }
+    s.set_nonblocking(true)?;
+    s.set_cloexec(true)?;
+    Ok(tokio::net::TcpSocket::from_std_stream(s.into()))
 }

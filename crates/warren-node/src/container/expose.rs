@@ -9,9 +9,34 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use warren_net::expose::Forwarder;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::PortRefusal;
+use warren_net::expose::{Forwarder, MAX_CONNECTIONS};
 use warren_types::net::PortRange;
+
+/// Streams through the node's API (`.../ports/{port}/connect`, the control plane's
+/// `<port>-<id>` route) the node carries at once, in all.
+pub const MAX_TUNNELS: usize = 16_384;
+
+/// Leave to carry one stream to an exposed port through the node's API: `stop` fires when the
+/// port is unexposed or its sandbox ends; dropping it gives its place back.
+pub struct Permit {
+    /// Fires when the stream must end.
+    pub stop: CancellationToken,
+    counts: [Arc<AtomicUsize>; 2],
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        for c in &self.counts {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
 
 /// Where exposed ports listen.
 #[derive(Debug, Clone, Copy)]
@@ -33,6 +58,16 @@ pub(crate) struct Staged {
 struct Exposed {
     host_port: u16,
     _forwarder: Forwarder,
+    /// Cancelled with the port: ends the streams the node's API carries to it.
+    stop: CancellationToken,
+    /// Those streams, now.
+    tunnels: Arc<AtomicUsize>,
+}
+
+impl Drop for Exposed {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 /// Every sandbox's exposed ports.
@@ -43,6 +78,8 @@ pub(crate) struct Exposures {
     used: HashSet<u16>,
     /// Where the next search for a free host port starts.
     next: u16,
+    /// Streams through the node's API, every port's.
+    tunnels: Arc<AtomicUsize>,
 }
 
 impl Exposures {
@@ -52,6 +89,7 @@ impl Exposures {
             by_lease: HashMap::new(),
             used: HashSet::new(),
             next: cfg.ports.lo,
+            tunnels: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -65,6 +103,34 @@ impl Exposures {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Leave to carry one more stream to exposed port `port` of lease `index`, or why not: it
+    /// is not exposed (now), or the port or the node carries as many as it may.
+    pub(crate) fn permit(&self, index: u32, port: u16) -> Result<Permit, PortRefusal> {
+        let e = self
+            .by_lease
+            .get(&index)
+            .and_then(|m| m.get(&port))
+            .ok_or(PortRefusal::NotExposed)?;
+        for (c, max, what) in [
+            (&e.tunnels, MAX_CONNECTIONS, "this port"),
+            (&self.tunnels, MAX_TUNNELS, "the node"),
+        ] {
+            if c.fetch_add(1, Ordering::Relaxed) >= max {
+                c.fetch_sub(1, Ordering::Relaxed);
+                if what == "the node" {
+                    e.tunnels.fetch_sub(1, Ordering::Relaxed);
+                }
+                return Err(PortRefusal::Full(format!(
+                    "{what} carries {max} streams already: close some, or retry shortly"
+                )));
+            }
+        }
+        Ok(Permit {
+            stop: e.stop.child_token(),
+            counts: [e.tunnels.clone(), self.tunnels.clone()],
+        })
     }
 
     /// Whether lease `index` exposes `port`.
@@ -144,6 +210,8 @@ impl Exposures {
                         Exposed {
                             host_port: s.host_port,
                             _forwarder: f,
+                            stop: CancellationToken::new(),
+                            tunnels: Arc::new(AtomicUsize::new(0)),
                         },
                     );
                 }

@@ -104,8 +104,14 @@ impl Held {
         }
         // The slot is recycled when the namespace is known to be empty, destroyed otherwise.
         let netns = self.netns.take().filter(|_| emptied);
-        if let (Some(lease), Some(net)) = (self.net.take(), &self.host.net) {
-            net.release(lease, netns);
+        match (self.net.take(), &self.host.net) {
+            (Some(lease), Some(net)) => net.release(lease, netns),
+            (None, _) => {
+                if let Some(ns) = netns {
+                    self.host.give_back_loopback(ns);
+                }
+            }
+            (Some(_), None) => {}
         }
         if let Some(socket) = self.socket.take() {
             let _ = std::fs::remove_file(socket);
@@ -157,7 +163,8 @@ pub(crate) struct ContainerInstance {
     /// Whether it was a warm init.
     warm: bool,
     /// Its network interface's lease.
-    net: Option<Lease>,
+    /// Its lease while it holds one (cleared by `release`: the lease may go to another).
+    net: Mutex<Option<Lease>>,
     held: Mutex<Held>,
 }
 
@@ -179,7 +186,7 @@ impl ContainerInstance {
         let socket = held.socket.clone().ok_or_else(|| missing("socket"))?;
         let dir = held.dir.clone().ok_or_else(|| missing("directory"))?;
         held.disarm();
-        let net = held.net;
+        let net = Mutex::new(held.net);
         Ok(ContainerInstance {
             net,
             transport: Transport::Unix(socket),
@@ -266,7 +273,7 @@ impl Instance for ContainerInstance {
     }
 
     fn network(&self) -> Option<NetInfo> {
-        let lease = self.net?;
+        let lease = self.lease()?;
         let net = self.host.net.as_ref()?;
         Some(NetInfo {
             index: lease.index,
@@ -277,18 +284,40 @@ impl Instance for ContainerInstance {
         })
     }
 
+    fn permit_port(
+        &self,
+        port: u16,
+    ) -> Result<crate::backend::PortPermit, crate::backend::PortRefusal> {
+        let (Some(lease), Some(net)) = (self.lease(), self.host.net.as_ref()) else {
+            return Err(crate::backend::PortRefusal::NotExposed);
+        };
+        let p = net.permit(lease.index, port)?;
+        Ok(crate::backend::PortPermit {
+            stop: p.stop.clone(),
+            hold: Box::new(p),
+        })
+    }
+
     fn exposed(&self) -> Vec<(u16, std::net::SocketAddr)> {
-        match (self.net, self.host.net.as_ref()) {
+        match (self.lease(), self.host.net.as_ref()) {
             (Some(lease), Some(net)) => net.exposed(lease.index),
             _ => Vec::new(),
         }
     }
 
     fn release(&self) {
+        *self.net.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .release();
+    }
+}
+
+impl ContainerInstance {
+    /// Its lease, while it holds one.
+    fn lease(&self) -> Option<Lease> {
+        *self.net.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

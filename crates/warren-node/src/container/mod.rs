@@ -51,9 +51,54 @@ pub(crate) struct Host {
     grader: GraderSpec,
     /// The sandbox network, where the node has one.
     pub(crate) net: Option<Arc<net::NodeNet>>,
+    /// Loopback-only network namespaces of ended sandboxes (network `none`), their sockets
+    /// ended, for the next ones: a namespace made and destroyed per sandbox costs the kernel
+    /// more than the rest of a sandbox's network.
+    lo_spare: std::sync::Mutex<Vec<std::os::fd::OwnedFd>>,
 }
 
+/// Loopback-only namespaces kept for the next sandboxes.
+const MAX_LO_SPARE: usize = 128;
+
 impl Host {
+    /// A loopback-only network namespace for a new init: one an ended sandbox left, or a new
+    /// one. Blocking.
+    pub(crate) fn take_loopback(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        match self
+            .lo_spare
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+        {
+            Some(ns) => Ok(ns),
+            None => warren_sys::net::new_netns(),
+        }
+    }
+
+    /// Takes back the loopback-only namespace of an ended sandbox (every process of it gone):
+    /// the TCP sockets still closing in it are ended and it is kept for the next sandbox,
+    /// while there is room. Blocking.
+    pub(crate) fn give_back_loopback(&self, ns: std::os::fd::OwnedFd) {
+        if self
+            .lo_spare
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+            >= MAX_LO_SPARE
+        {
+            return;
+        }
+        match warren_net::sockets::destroy_all(std::os::fd::AsFd::as_fd(&ns)) {
+            Ok(_) => {
+                let mut spare = self.lo_spare.lock().unwrap_or_else(|p| p.into_inner());
+                if spare.len() < MAX_LO_SPARE {
+                    spare.push(ns);
+                }
+            }
+            Err(e) => tracing::warn!("ending a loopback namespace's sockets: {e}"),
+        }
+    }
+
     /// The control socket of the instance `name`.
     pub(crate) fn socket_of(&self, name: &str) -> PathBuf {
         self.sockets.join(format!("{name}.sock"))
@@ -171,6 +216,7 @@ impl ContainerBackend {
             guest_bin: cfg.guest_bin,
             guest_limits: cfg.guest_limits,
             grader: cfg.grader,
+            lo_spare: std::sync::Mutex::new(Vec::new()),
         });
         let pool = pool::Pool::new(pool::Targets {
             host: cfg.warm_host,

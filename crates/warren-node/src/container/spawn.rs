@@ -98,8 +98,8 @@ impl Host {
         let null = std::fs::File::open("/dev/null")?;
         let (mut cfg_w, cfg_r) = std::os::unix::net::UnixStream::pair()?;
         let program = self.guest_bin.clone();
-        // A sandbox with an interface joins a ready network namespace (a slot); one without
-        // gets a namespace of its own with loopback only.
+        // A sandbox with an interface joins a ready network namespace (a slot); one without,
+        // a loopback-only namespace (recycled too).
         if net {
             let Some(n) = &self.net else {
                 return Err(std::io::Error::other(
@@ -109,9 +109,11 @@ impl Host {
             let slot = n.take(name)?;
             held.net = Some(slot.lease);
             held.netns = Some(slot.netns);
+        } else {
+            held.netns = Some(self.take_loopback()?);
         }
         let mut namespaces = warren_sys::spawn::Namespaces::container();
-        namespaces.net = held.netns.is_none();
+        namespaces.net = false;
         let (procs, dirfd) = match &join {
             JoinFds::Procs(v) => (v.iter().map(|f| f.as_fd()).collect::<Vec<_>>(), None),
             JoinFds::Dir(d) => (Vec::new(), Some(d.as_fd())),

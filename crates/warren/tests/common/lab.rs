@@ -17,6 +17,8 @@ pub const SITE6: &str = "2001:db8:1::1";
 pub const DNS: &str = "198.51.100.53";
 /// The node's uplink address.
 pub const NODE_UPLINK: &str = "198.51.100.2";
+/// An address the node gains after it started (see [`Lab::node_gains_an_address`]).
+pub const LATE_NODE: &str = "198.51.100.9";
 
 /// What the fake DNS server answers: (name, address, TTL).
 pub const ZONE: &[(&str, &str, u32)] = &[
@@ -26,6 +28,8 @@ pub const ZONE: &[(&str, &str, u32)] = &[
     ("other.test", OTHER_SITE, 300),
     // An allowed name that answers with the node's gateway: DNS rebinding.
     ("rebind.host.test", "10.200.0.1", 300),
+    // An allowed name that answers with an address the node gained after it started.
+    ("late.host.test", LATE_NODE, 300),
 ];
 
 /// A network namespace of the test's, deleted when dropped.
@@ -142,6 +146,14 @@ impl Lab {
         lab
     }
 
+    /// The node gains [`LATE_NODE`] on its uplink (after it started: its always-denied ranges
+    /// do not name it), with a TCP server on port 443 that greets as the node.
+    pub fn node_gains_an_address(&self) {
+        self.node
+            .ip(&["addr", "add", &format!("{LATE_NODE}/32"), "dev", "up0"]);
+        self.serve_tcp(format!("{LATE_NODE}:443").parse().unwrap());
+    }
+
     /// The node's configuration for this lab (its resolver, short TTLs).
     pub fn node_config(&self) -> String {
         format!("[node.network]\ndns_upstream = \"{DNS}\"\ndns_min_ttl = 1\n")
@@ -150,7 +162,7 @@ impl Lab {
     /// A TCP server that greets each connection with "hi\n", then echoes; on the node's
     /// uplink address it runs in the node's namespace.
     fn serve_tcp(&self, addr: SocketAddr) {
-        let ns = if addr.ip().to_string() == NODE_UPLINK {
+        let ns = if [NODE_UPLINK, LATE_NODE].contains(&addr.ip().to_string().as_str()) {
             &self.node
         } else {
             &self.internet

@@ -229,6 +229,10 @@ pub(crate) struct NodeNet {
     exposures: Mutex<Exposures>,
     /// Slots of ended sandboxes, ready for the next inits.
     spare: Mutex<Vec<slots::Slot>>,
+    /// Slots of ended sandboxes waiting for the flusher (`slots`).
+    flushing: Mutex<Vec<slots::Slot>>,
+    /// Wakes the flusher.
+    flush_wanted: std::sync::Condvar,
     /// The transparent proxy (TLS SNI / HTTP Host checks), where the node runs it.
     proxy: Mutex<Option<warren_net::proxy::Proxy>>,
 }
@@ -431,6 +435,8 @@ impl NodeNet {
             dns: Mutex::new(None),
             exposures: Mutex::new(Exposures::new(cfg.expose)),
             spare: Mutex::new(Vec::new()),
+            flushing: Mutex::new(Vec::new()),
+            flush_wanted: std::sync::Condvar::new(),
             proxy: Mutex::new(None),
             generations: Mutex::new(Generations::open(cfg.generation_file.clone(), 1)?),
         });
@@ -439,6 +445,7 @@ impl NodeNet {
             DnsProxy::start(dns_cfg, Arc::new(DnsRules(Arc::downgrade(&net))))?
         };
         *net.dns.lock().unwrap_or_else(|p| p.into_inner()) = Some(proxy);
+        NodeNet::start_flusher(&net);
         if let Some(sni) = &cfg.sni {
             let mut pc = warren_net::proxy::Config::new(
                 vec![
@@ -452,6 +459,11 @@ impl NodeNet {
             );
             pc.never = never_reached.clone();
             pc.refuse_ech = sni.refuse_ech;
+            pc.mark = Some(warren_net::nft::PROXY_MARK);
+            // Sized for a node of thousands of sandboxes: a few dozen connections per sandbox
+            // at once, each of 3 descriptors within the open-file limit raised above.
+            pc.limits.conns_total = 16_384;
+            pc.limits.conns_per_source = 256;
             let proxy = {
                 let _enter = rt.enter();
                 warren_net::proxy::Proxy::start(
@@ -608,6 +620,18 @@ impl NodeNet {
         {
             o.name = name.to_string();
         }
+    }
+
+    /// Leave to carry one more stream to exposed port `port` of lease `index`, or why not.
+    pub(crate) fn permit(
+        &self,
+        index: u32,
+        port: u16,
+    ) -> Result<super::expose::Permit, crate::backend::PortRefusal> {
+        self.exposures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .permit(index, port)
     }
 
     /// The ports lease `index` exposes and where the node's host takes connections for each.

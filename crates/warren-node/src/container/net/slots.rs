@@ -22,9 +22,14 @@ use warren_net::nft::expand;
 use warren_types::net::Policy;
 
 use super::{DomainRules, NodeNet, Owner};
+use warren_net::nft::Elements;
 
-/// Slots kept for the next inits; past this, an ended sandbox's slot is destroyed.
+/// Slots kept for the next inits (flushed, or waiting to be); past this, an ended sandbox's
+/// slot is destroyed.
 pub(crate) const MAX_SPARE: usize = 128;
+
+/// How long the flusher waits for more ended sandboxes before it flushes a batch.
+const FLUSH_GATHER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A network namespace ready for an init.
 pub(crate) struct Slot {
@@ -86,56 +91,107 @@ impl NodeNet {
     }
 
     /// Gives back the slot of an ended sandbox. With its namespace (`netns`: the caller saw
-    /// every process of the sandbox gone) it is flushed and kept for the next init while
-    /// there is room; otherwise (an adopted sandbox, whose namespace the node does not hold,
-    /// or a flush that failed) it is destroyed. Blocking; idempotent.
+    /// every process of the sandbox gone) it is queued to be flushed and kept for the next init
+    /// while there is room; otherwise (an adopted sandbox, whose namespace the node does not
+    /// hold) it is destroyed. Nothing is decided for its address from now on. Blocking;
+    /// idempotent.
     pub(crate) fn release(&self, lease: Lease, netns: Option<OwnedFd>) {
         self.exposures
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .release(lease.index);
-        if let Some(netns) = netns
-            && self.spare.lock().unwrap_or_else(|p| p.into_inner()).len() < MAX_SPARE
+        // A new generation with no rules: the proxy's recheck cuts what the sandbox had open.
+        let generation = self.new_generation();
+        if let Some(o) = self
+            .owners
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&lease.index)
         {
-            match self.flush(lease, &netns) {
-                Ok(()) => {
-                    self.spare
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(Slot { lease, netns });
-                    return;
-                }
-                Err(e) => tracing::warn!(index = lease.index, "flushing a network slot: {e}"),
+            o.name = String::new();
+            o.domains = DomainRules::default();
+            o.generation = generation;
+        }
+        self.recheck_proxy();
+        if let Some(netns) = netns {
+            let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).len();
+            let mut q = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
+            if spare + q.len() < MAX_SPARE {
+                q.push(Slot { lease, netns });
+                self.flush_wanted.notify_one();
+                return;
             }
         }
         self.destroy(lease);
     }
 
-    /// Puts a slot back to deny-everything under a new generation, ends the TCP sockets its
-    /// namespace still holds (closing ones outlive their processes), and deletes the node's
-    /// conntrack entries of its addresses.
-    fn flush(&self, lease: Lease, netns: &OwnedFd) -> io::Result<()> {
-        let deny_all = expand(&Policy::default()).map_err(io::Error::other)?;
+    /// Flushes a batch of ended sandboxes' slots and keeps them for the next inits: their
+    /// policies back to deny-everything under new generations (one transaction), the TCP
+    /// sockets still closing in their namespaces destroyed, the node's conntrack entries of
+    /// their addresses deleted (one walk of the kernel's table for the whole batch: the table
+    /// is shared by every namespace, and walking it is what a flush costs). A slot any step
+    /// fails for is destroyed instead.
+    fn flush_batch(&self, batch: Vec<Slot>) {
+        let mut kept = Vec::with_capacity(batch.len());
+        let deny_all = match expand(&Policy::default()) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!("the deny-everything policy: {e}");
+                batch.into_iter().for_each(|s| self.destroy(s.lease));
+                return;
+            }
+        };
         {
             let mut fw = self.fw.lock().unwrap_or_else(|p| p.into_inner());
-            let generation = self.new_generation();
-            fw.update_keeping(vec![(lease.index, generation, deny_all)], |_, _, _| false)?;
-            self.owners
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(
-                    lease.index,
-                    Owner {
-                        name: String::new(),
-                        domains: DomainRules::default(),
-                        generation,
-                    },
-                );
+            let updates: Vec<(u32, u32, Elements)> = batch
+                .iter()
+                .map(|s| (s.lease.index, self.new_generation(), deny_all.clone()))
+                .collect();
+            let generations: Vec<(u32, u32)> = updates.iter().map(|u| (u.0, u.1)).collect();
+            let indexes: Vec<u32> = generations.iter().map(|g| g.0).collect();
+            if let Err(e) = fw
+                .update_keeping(updates, |_, _, _| false)
+                .and_then(|()| fw.reset_meters(&indexes))
+            {
+                drop(fw);
+                tracing::warn!("resetting the policies of ended sandboxes: {e}");
+                batch.into_iter().for_each(|s| self.destroy(s.lease));
+                return;
+            }
+            let mut owners = self.owners.write().unwrap_or_else(|p| p.into_inner());
+            for (index, generation) in generations {
+                if let Some(o) = owners.get_mut(&index) {
+                    o.generation = generation;
+                }
+            }
         }
         self.recheck_proxy();
-        warren_net::sockets::destroy_all(netns.as_fd())?;
-        warren_net::conntrack::flush(&[lease.v4.into(), lease.v6.into()])?;
-        Ok(())
+        for s in batch {
+            match warren_net::sockets::destroy_all(s.netns.as_fd()) {
+                Ok(_) => kept.push(s),
+                Err(e) => {
+                    tracing::warn!(index = s.lease.index, "ending a namespace's sockets: {e}");
+                    self.destroy(s.lease);
+                }
+            }
+        }
+        let addrs: Vec<std::net::IpAddr> = kept
+            .iter()
+            .flat_map(|s| [s.lease.v4.into(), s.lease.v6.into()])
+            .collect();
+        if let Err(e) = warren_net::conntrack::flush(&addrs) {
+            tracing::warn!("deleting ended sandboxes' connection tracking: {e}");
+            kept.into_iter().for_each(|s| self.destroy(s.lease));
+            return;
+        }
+        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        for s in kept {
+            if spare.len() < MAX_SPARE {
+                spare.push(s);
+            } else {
+                self.destroy(s.lease);
+            }
+        }
     }
 
     /// Removes a slot's elements and interface and frees its lease.
@@ -166,11 +222,50 @@ impl NodeNet {
         self.free(lease.index);
     }
 
-    /// Destroys the spare slots (the node stops).
+    /// Destroys the spare slots and those waiting to be flushed (the node stops).
     pub(crate) fn drain_spare(&self) {
-        let all = std::mem::take(&mut *self.spare.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut all = std::mem::take(&mut *self.spare.lock().unwrap_or_else(|p| p.into_inner()));
+        all.extend(std::mem::take(
+            &mut *self.flushing.lock().unwrap_or_else(|p| p.into_inner()),
+        ));
         for s in all {
             self.destroy(s.lease);
         }
+    }
+
+    /// Flushes what ended sandboxes gave back, in batches, until the node's network is gone.
+    pub(super) fn start_flusher(net: &std::sync::Arc<NodeNet>) {
+        let weak = std::sync::Arc::downgrade(net);
+        let _ = std::thread::Builder::new()
+            .name("net-flusher".into())
+            .spawn(move || {
+                loop {
+                    let Some(net) = weak.upgrade() else { return };
+                    let waiting = {
+                        let q = net.flushing.lock().unwrap_or_else(|p| p.into_inner());
+                        if q.is_empty() {
+                            // Woken by a release, or now and then to see the node still there.
+                            let (q, _) = net
+                                .flush_wanted
+                                .wait_timeout(q, std::time::Duration::from_secs(1))
+                                .unwrap_or_else(|p| p.into_inner());
+                            !q.is_empty()
+                        } else {
+                            true
+                        }
+                    };
+                    if !waiting {
+                        continue;
+                    }
+                    // A moment for a burst of kills to join the batch.
+                    std::thread::sleep(FLUSH_GATHER);
+                    let batch = std::mem::take(
+                        &mut *net.flushing.lock().unwrap_or_else(|p| p.into_inner()),
+                    );
+                    if !batch.is_empty() {
+                        net.flush_batch(batch);
+                    }
+                }
+            });
     }
 }

@@ -16,14 +16,17 @@ pub(super) struct ProxyRules(pub(super) std::sync::Weak<NodeNet>);
 impl Policy for ProxyRules {
     fn decide(&self, src: IpAddr, name: &str, port: u16) -> Option<u64> {
         let net = self.0.upgrade()?;
-        let (index, rules) = net.domains_of(src)?;
-        rules
+        let index = net.index_of(src)?;
+        // The rules and the generation they belong to, read together: a policy change between
+        // the two reads would let a connection the new rules refuse pass as of the new
+        // generation, and no later check would judge it again.
+        let owners = net.owners.read().unwrap_or_else(|p| p.into_inner());
+        let o = owners.get(&index)?;
+        o.domains
             .ports_for(name)
             .iter()
             .any(|p| (p.lo..=p.hi).contains(&port))
-            .then(|| net.generation(index))
-            .flatten()
-            .map(u64::from)
+            .then_some(u64::from(o.generation))
     }
 
     fn current(&self, src: IpAddr) -> Option<u64> {
