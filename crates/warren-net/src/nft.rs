@@ -1,9 +1,16 @@
 //! The node's firewall: one nftables table, `inet warren`, whose rules never grow with the
-//! number of sandboxes. Everything per sandbox is an element of a set or map keyed by the name
-//! of its interface's node end (`wv<index>`), so a create, a policy change or a kill is one
-//! atomic nf_tables transaction of element changes, written from here as a netlink batch
-//! (`batch.rs`): tens of microseconds, where an `nft -f -` run costs milliseconds. Only the
-//! table itself (at node start and stop) is written by `nft -f -`.
+//! number of sandboxes. Everything per sandbox is an element of a set or map: its own (its
+//! addresses, generation, exposed ports, resolved addresses) keyed by the name of its
+//! interface's node end (`wv<index>`); its rules' elements keyed by a **policy id**, shared by
+//! every sandbox whose policy expands to the same elements — a task of thousands of sandboxes
+//! holds its rules once, and `pol` maps each interface to the id. The rule lookups set the
+//! connection's mark to the id (`ct mark set iifname map @pol`) and match `ct mark . address`;
+//! policy ids have the high bit set, generations never do, so the one cannot pass for the
+//! other. A create, a policy change or a kill is one atomic nf_tables transaction of element
+//! changes, written from here as a netlink batch (`batch.rs`): a task's change writes the new
+//! rules once and moves each sandbox's `pol`, `gen` and `live` entries (hash sets, cheap),
+//! where per-sandbox rules would churn the interval sets, whose changes cost time per element
+//! they hold. Only the table itself (at node start and stop) is written by `nft -f -`.
 //!
 //! The rules match only Warren's interfaces (`iifname`/`oifname "wv*"`) and, for the NAT,
 //! only the pools' source addresses: the host's own traffic never meets them.
@@ -136,6 +143,18 @@ struct Entry {
     lease: Lease,
     generation: u32,
     static_elements: Elements,
+    /// Its rules' canonical text: the key of the shared policy it uses.
+    policy: String,
+}
+
+/// One policy's rules, written once and shared by every sandbox whose policy expands to the
+/// same elements (a task's thousands of sandboxes, the deny-everything of warm inits): its
+/// elements are keyed by the policy's id, and each sandbox's interface maps to it (`pol`).
+#[derive(Debug, Clone)]
+struct Shared {
+    id: u32,
+    users: usize,
+    rules: Elements,
 }
 
 /// An address a sandbox's allowed domain resolved to, open on some ports for a while.
@@ -146,10 +165,18 @@ struct Resolved {
     ports: PortRange,
 }
 
+/// Policy ids have the high bit set; generations never do, so a connection's mark holding a
+/// policy id (the firewall looks rules up by it) is never taken for a live generation.
+pub const POLICY_ID_BASE: u32 = 0x8000_0000;
+
 /// The table and what each sandbox holds in it.
 pub struct Firewall {
     cfg: FirewallConfig,
     entries: HashMap<u32, Entry>,
+    /// The policies in use, by their rules' canonical text.
+    policies: HashMap<String, Shared>,
+    /// The next policy id to try.
+    next_policy: u32,
     /// Dynamic (domain) elements believed present → their expiry (ms, monotonic) and the
     /// domain that resolved to them.
     dynamic: HashMap<Resolved, (u64, String)>,
@@ -164,12 +191,20 @@ fn iface(lease: &Lease) -> IfName {
     IfName::new(&lease.host_if())
 }
 
+/// One sandbox's change: its new state, or none (it goes).
+struct Change {
+    lease: Lease,
+    new: Option<(u32, Elements)>,
+}
+
 impl Firewall {
     /// The table as it should be with no sandbox in it.
     pub fn new(cfg: FirewallConfig) -> Firewall {
         Firewall {
             cfg,
             entries: HashMap::new(),
+            policies: HashMap::new(),
+            next_policy: POLICY_ID_BASE + 1,
             dynamic: HashMap::new(),
             netlink: None,
             exec: false,
@@ -209,8 +244,16 @@ impl Firewall {
         self.dynamic
             .retain(|k, (exp, _)| *exp > now + 1000 && entries.contains_key(&k.index));
         let mut b = Batch::default();
+        for sh in self.policies.values() {
+            for (set, el) in shared_elements(sh) {
+                b.add(set, el);
+            }
+        }
         for e in self.entries.values() {
-            add_entry(&mut b, e);
+            let id = self.policies.get(&e.policy).map_or(0, |s| s.id);
+            for (set, el) in own(e, id) {
+                b.add(set, el);
+            }
         }
         for (r, (exp, _)) in &self.dynamic {
             let k = iface(&self.entries[&r.index].lease);
@@ -229,6 +272,7 @@ impl Firewall {
     /// Removes the table (the node stops for good, or a test ends).
     pub fn remove(&mut self) -> io::Result<()> {
         self.entries.clear();
+        self.policies.clear();
         self.dynamic.clear();
         self.netlink = None;
         run(&format!(
@@ -239,12 +283,32 @@ impl Firewall {
     /// Records `lease` (a sandbox's interface) with `policy`'s elements at generation `gen`,
     /// in memory only (for [`Firewall::install`] after a restart).
     pub fn adopt(&mut self, lease: Lease, generation: u32, elements: Elements) {
+        let key = elements.canonical();
+        if let Some(old) = self.entries.remove(&lease.index) {
+            self.unuse(&old.policy);
+        }
+        if let Some(sh) = self.policies.get_mut(&key) {
+            sh.users += 1;
+        } else {
+            let id = self.free_policy_id(&HashSet::new());
+            self.next_policy = id.wrapping_add(1).max(POLICY_ID_BASE + 1);
+            let (rules, _) = elements.split();
+            self.policies.insert(
+                key.clone(),
+                Shared {
+                    id,
+                    users: 1,
+                    rules,
+                },
+            );
+        }
         self.entries.insert(
             lease.index,
             Entry {
                 lease,
                 generation,
                 static_elements: elements,
+                policy: key,
             },
         );
     }
@@ -252,24 +316,13 @@ impl Firewall {
     /// Adds a sandbox's interface with the elements of its policy (one transaction, which
     /// also takes out whatever an earlier holder of the interface left).
     pub fn add(&mut self, lease: Lease, generation: u32, elements: Elements) -> io::Result<()> {
-        let mut b = Batch::default();
-        let mut gone = Vec::new();
-        if let Some(old) = self.entries.get(&lease.index) {
-            gone = self.destroy_entry(&mut b, old);
-        }
-        let e = Entry {
-            lease,
-            generation,
-            static_elements: elements,
-        };
-        add_entry(&mut b, &e);
-        // All or nothing: on failure the table, and this bookkeeping, keep the earlier holder.
-        self.commit(&b)?;
-        for key in gone {
-            self.dynamic.remove(&key);
-        }
-        self.entries.insert(lease.index, e);
-        Ok(())
+        self.change(
+            vec![Change {
+                lease,
+                new: Some((generation, elements)),
+            }],
+            &|_, _, _| false,
+        )
     }
 
     /// Replaces a sandbox's policy and bumps its generation, in one transaction: its open
@@ -286,47 +339,26 @@ impl Firewall {
     }
 
     /// [`Firewall::update_many`], keeping the resolved addresses for which
-    /// `keep(index, domain, ports)` holds. Elements both policies have stay as they are; an
-    /// element already gone from the kernel (one that timed out) fails nothing.
+    /// `keep(index, domain, ports)` holds. Sandboxes that take the same rules share them: a
+    /// task's change writes the new rules once and moves each sandbox's `pol` entry, whatever
+    /// the number of sandboxes; an element already gone from the kernel (one that timed out)
+    /// fails nothing.
     pub fn update_keeping(
         &mut self,
         updates: Vec<(u32, u32, Elements)>,
         keep: impl Fn(u32, &str, PortRange) -> bool,
     ) -> io::Result<()> {
-        let mut b = Batch::default();
-        let mut new_entries = Vec::with_capacity(updates.len());
-        let mut dynamic_gone = Vec::new();
+        let mut changes = Vec::with_capacity(updates.len());
         for (index, generation, elements) in updates {
             let Some(old) = self.entries.get(&index) else {
                 return Err(io::Error::other("the sandbox has no interface"));
             };
-            let new = Entry {
+            changes.push(Change {
                 lease: old.lease,
-                generation,
-                static_elements: elements,
-            };
-            // Only what changed is written: the kernel's interval sets pay for each change
-            // with the size of the set (a second for thousands of deletions), so a policy
-            // that keeps most of its rules costs what the rest cost.
-            let before: HashSet<(Set, Element)> = policy(old).into_iter().collect();
-            let after: HashSet<(Set, Element)> = policy(&new).into_iter().collect();
-            for (set, el) in before.difference(&after) {
-                b.destroy(*set, el.clone());
-            }
-            dynamic_gone.extend(self.dynamic_of(&mut b, index, iface(&old.lease), &keep));
-            for (set, el) in after.difference(&before) {
-                b.add(*set, el.clone());
-            }
-            new_entries.push(new);
+                new: Some((generation, elements)),
+            });
         }
-        self.commit(&b)?;
-        for key in dynamic_gone {
-            self.dynamic.remove(&key);
-        }
-        for e in new_entries {
-            self.entries.insert(e.lease.index, e);
-        }
-        Ok(())
+        self.change(changes, &keep)
     }
 
     /// A sandbox's current policy generation.
@@ -337,14 +369,241 @@ impl Firewall {
     /// Removes everything of a sandbox's (one transaction); unknown is no error, and neither
     /// is an element already gone from the kernel. Forgotten even if the transaction fails.
     pub fn remove_entry(&mut self, index: u32) -> io::Result<()> {
-        let Some(e) = self.entries.remove(&index) else {
+        let Some(e) = self.entries.get(&index) else {
             return Ok(());
         };
+        let lease = e.lease;
+        let r = self.change(vec![Change { lease, new: None }], &|_, _, _| false);
+        if r.is_err() {
+            // Forgotten all the same; a later install writes the table as this says.
+            if let Some(old) = self.entries.remove(&index) {
+                self.unuse(&old.policy);
+            }
+            self.dynamic.retain(|k, _| k.index != index);
+        }
+        r
+    }
+
+    /// One transaction of sandboxes' changes: each one's own elements (its sources,
+    /// generation, policy id and exposed ports) replaced by what changed, the shared rules of
+    /// policies that gain their first user written, those of policies that lose their last
+    /// one deleted. The bookkeeping changes only once the kernel took it all.
+    fn change(
+        &mut self,
+        changes: Vec<Change>,
+        keep: &dyn Fn(u32, &str, PortRange) -> bool,
+    ) -> io::Result<()> {
         let mut b = Batch::default();
-        for key in self.destroy_entry(&mut b, &e) {
+        // Users each policy gains (or loses), and the rules of those new to the table.
+        let mut delta: HashMap<String, isize> = HashMap::new();
+        let mut fresh: HashMap<String, Elements> = HashMap::new();
+        let mut planned: Vec<(u32, Option<Entry>)> = Vec::with_capacity(changes.len());
+        for c in changes {
+            let old = self.entries.get(&c.lease.index);
+            if let Some(o) = old {
+                *delta.entry(o.policy.clone()).or_default() -= 1;
+            }
+            let new = c.new.map(|(generation, elements)| {
+                let key = elements.canonical();
+                if !self.policies.contains_key(&key) && !fresh.contains_key(&key) {
+                    fresh.insert(key.clone(), elements.split().0);
+                }
+                *delta.entry(key.clone()).or_default() += 1;
+                Entry {
+                    lease: c.lease,
+                    generation,
+                    static_elements: elements,
+                    policy: key,
+                }
+            });
+            planned.push((c.lease.index, new));
+        }
+        // Ids for the new policies: one that loses its last user in this very transaction
+        // passes its id on (so only the elements that differ are written: a sandbox whose
+        // large policy changes a little costs what the change costs), else a free one.
+        let mut dying: Vec<(String, u32)> = delta
+            .iter()
+            .filter_map(|(key, d)| {
+                let sh = self.policies.get(key)?;
+                (sh.users as isize + d <= 0).then(|| (key.clone(), sh.id))
+            })
+            .collect();
+        dying.sort();
+        let mut fresh_keys: Vec<&String> = fresh.keys().collect();
+        fresh_keys.sort();
+        let mut taken: HashSet<u32> = HashSet::new();
+        let mut new_ids: HashMap<String, u32> = HashMap::new();
+        // Dying policy → the fresh one that takes its id.
+        let mut heir: HashMap<String, String> = HashMap::new();
+        for key in fresh_keys {
+            let id = match dying.pop() {
+                Some((old, id)) => {
+                    heir.insert(old, key.clone());
+                    id
+                }
+                None => {
+                    let id = self.free_policy_id(&taken);
+                    taken.insert(id);
+                    id
+                }
+            };
+            new_ids.insert(key.clone(), id);
+        }
+        let id_of = |key: &str| -> u32 {
+            self.policies
+                .get(key)
+                .map(|s| s.id)
+                .or_else(|| new_ids.get(key).copied())
+                .unwrap_or(0)
+        };
+        let mut dynamic_gone = Vec::new();
+        for (index, new) in &planned {
+            let old = self.entries.get(index);
+            let before: HashSet<(Set, Element)> = old
+                .map(|o| own(o, id_of(&o.policy)).into_iter().collect())
+                .unwrap_or_default();
+            let after: HashSet<(Set, Element)> = new
+                .as_ref()
+                .map(|n| own(n, id_of(&n.policy)).into_iter().collect())
+                .unwrap_or_default();
+            for (set, el) in before.difference(&after) {
+                b.destroy(*set, el.clone());
+            }
+            for (set, el) in after.difference(&before) {
+                b.add(*set, el.clone());
+            }
+            if let Some(o) = old {
+                let k = iface(&o.lease);
+                if new.is_none() {
+                    // The kernel's log meter of the interface: its rate is not the next
+                    // holder's.
+                    b.destroy(Set::LogRate, Element::new(vec![Field::Iface(k)]));
+                    dynamic_gone.extend(self.dynamic_of(&mut b, *index, k, &|_, _, _| false));
+                } else {
+                    dynamic_gone.extend(self.dynamic_of(&mut b, *index, k, keep));
+                }
+            }
+        }
+        // Shared rules: written for policies new to the table, deleted for those no sandbox
+        // uses any more; a new policy that takes a dying one's id gets only the difference.
+        let heirs: HashSet<&String> = heir.values().collect();
+        for (key, d) in &delta {
+            let users = self.policies.get(key).map_or(0, |s| s.users) as isize + d;
+            match (self.policies.get(key), fresh.get(key)) {
+                (Some(sh), _) if users <= 0 => {
+                    let before: HashSet<(Set, Element)> = shared_elements(sh).into_iter().collect();
+                    let after: HashSet<(Set, Element)> = match heir.get(key) {
+                        Some(h) => shared_elements(&Shared {
+                            id: sh.id,
+                            users: 0,
+                            rules: fresh[h].clone(),
+                        })
+                        .into_iter()
+                        .collect(),
+                        None => HashSet::new(),
+                    };
+                    for (set, el) in before.difference(&after) {
+                        b.destroy(*set, el.clone());
+                    }
+                    for (set, el) in after.difference(&before) {
+                        b.add(*set, el.clone());
+                    }
+                }
+                (None, Some(rules)) if users > 0 && !heirs.contains(key) => {
+                    let sh = Shared {
+                        id: new_ids[key],
+                        users: 0,
+                        rules: rules.clone(),
+                    };
+                    for (set, el) in shared_elements(&sh) {
+                        b.add(set, el);
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.commit(&b)?;
+        for key in dynamic_gone {
             self.dynamic.remove(&key);
         }
-        self.commit(&b)
+        // Dying policies go first: their ids may live on in their heirs.
+        for (key, d) in &delta {
+            if let Some(sh) = self.policies.get(key)
+                && sh.users as isize + d <= 0
+            {
+                self.policies.remove(key);
+            }
+        }
+        for (key, rules) in fresh {
+            let id = new_ids[&key];
+            self.policies.insert(
+                key,
+                Shared {
+                    id,
+                    users: 0,
+                    rules,
+                },
+            );
+        }
+        for (key, d) in delta {
+            if let Some(sh) = self.policies.get_mut(&key) {
+                sh.users = (sh.users as isize + d).max(0) as usize;
+                if sh.users == 0 {
+                    self.policies.remove(&key);
+                }
+            }
+        }
+        if let Some(&top) = taken.iter().max() {
+            self.next_policy = top.wrapping_add(1).max(POLICY_ID_BASE + 1);
+        }
+        for (index, new) in planned {
+            match new {
+                Some(e) => {
+                    self.entries.insert(index, e);
+                }
+                None => {
+                    self.entries.remove(&index);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A policy id no policy holds and not in `taken`.
+    fn free_policy_id(&self, taken: &HashSet<u32>) -> u32 {
+        let used: HashSet<u32> = self.policies.values().map(|s| s.id).collect();
+        let mut id = self.next_policy.max(POLICY_ID_BASE + 1);
+        while used.contains(&id) || taken.contains(&id) {
+            id = id.wrapping_add(1).max(POLICY_ID_BASE + 1);
+        }
+        id
+    }
+
+    /// One user fewer for the policy `key` (in memory only).
+    fn unuse(&mut self, key: &str) {
+        if let Some(sh) = self.policies.get_mut(key) {
+            sh.users = sh.users.saturating_sub(1);
+            if sh.users == 0 {
+                self.policies.remove(key);
+            }
+        }
+    }
+
+    /// Policies in use now (how many distinct rule sets the table holds).
+    pub fn policies(&self) -> usize {
+        self.policies.len()
+    }
+
+    /// The id of sandbox `index`'s policy (the key of its rules' elements).
+    pub fn policy_id(&self, index: u32) -> Option<u32> {
+        let e = self.entries.get(&index)?;
+        self.policies.get(&e.policy).map(|s| s.id)
+    }
+
+    /// The id a policy new to the table gets next (when no policy gives its id up in the same
+    /// transaction).
+    pub fn next_policy_id(&self) -> u32 {
+        self.free_policy_id(&HashSet::new())
     }
 
     /// Deletes the kernel's refused-packet log meters of sandboxes `indexes` (one transaction):
@@ -447,21 +706,6 @@ impl Firewall {
         r
     }
 
-    /// Writes the deletion of everything of entry `e`'s into `b`; returns its resolved
-    /// addresses (to forget).
-    fn destroy_entry(&self, b: &mut Batch, e: &Entry) -> Vec<Resolved> {
-        destroy_policy(b, e);
-        let (s4, s6) = sources(e);
-        b.destroy(Set::Src4, s4);
-        b.destroy(Set::Src6, s6);
-        // The kernel's log meter of the interface: its rate is not the next holder's.
-        b.destroy(
-            Set::LogRate,
-            Element::new(vec![Field::Iface(iface(&e.lease))]),
-        );
-        self.dynamic_of(b, e.lease.index, iface(&e.lease), &|_, _, _| false)
-    }
-
     /// Writes the deletion of sandbox `index`'s dynamic elements that `keep` does not keep
     /// into `b`; returns them (to forget once the transaction succeeded).
     fn dynamic_of(
@@ -530,10 +774,11 @@ impl Firewall {
     iifname "{p}*" meta l4proto tcp th dport {{ 80, 443 }} jump sni
   }}
   chain sni {{
-    iifname . ip daddr @any4 return
-    iifname . ip6 daddr @any6 return
-    iifname . ip daddr . meta l4proto . th dport @allow4 return
-    iifname . ip6 daddr . meta l4proto . th dport @allow6 return
+    ct mark set iifname map @pol
+    ct mark . ip daddr @any4 return
+    ct mark . ip6 daddr @any6 return
+    ct mark . ip daddr . meta l4proto . th dport @allow4 return
+    ct mark . ip6 daddr . meta l4proto . th dport @allow6 return
     iifname . ip daddr . tcp dport @dyn4 redirect to :{port}
     iifname . ip6 daddr . tcp dport @dyn6 redirect to :{port}
   }}
@@ -560,18 +805,19 @@ impl Firewall {
   set src6 {{ type ifname . ipv6_addr; }}
   map gen {{ type ifname : mark; }}
   set live {{ type ifname . mark; }}
+  map pol {{ type ifname : mark; }}
   set internal4 {{ type ipv4_addr; flags interval; {i4} }}
   set internal6 {{ type ipv6_addr; flags interval; {i6} }}
   set exempt4 {{ type ipv4_addr; flags interval; {e4} }}
   set exempt6 {{ type ipv6_addr; flags interval; {e6} }}
-  set any4 {{ type ifname . ipv4_addr; flags interval; }}
-  set any6 {{ type ifname . ipv6_addr; flags interval; }}
-  set denyany4 {{ type ifname . ipv4_addr; flags interval; }}
-  set denyany6 {{ type ifname . ipv6_addr; flags interval; }}
-  set allow4 {{ type ifname . ipv4_addr . inet_proto . inet_service; flags interval; }}
-  set allow6 {{ type ifname . ipv6_addr . inet_proto . inet_service; flags interval; }}
-  set deny4 {{ type ifname . ipv4_addr . inet_proto . inet_service; flags interval; }}
-  set deny6 {{ type ifname . ipv6_addr . inet_proto . inet_service; flags interval; }}
+  set any4 {{ type mark . ipv4_addr; flags interval; }}
+  set any6 {{ type mark . ipv6_addr; flags interval; }}
+  set denyany4 {{ type mark . ipv4_addr; flags interval; }}
+  set denyany6 {{ type mark . ipv6_addr; flags interval; }}
+  set allow4 {{ type mark . ipv4_addr . inet_proto . inet_service; flags interval; }}
+  set allow6 {{ type mark . ipv6_addr . inet_proto . inet_service; flags interval; }}
+  set deny4 {{ type mark . ipv4_addr . inet_proto . inet_service; flags interval; }}
+  set deny6 {{ type mark . ipv6_addr . inet_proto . inet_service; flags interval; }}
   set dyn4 {{ type ifname . ipv4_addr . inet_service; flags interval, timeout; }}
   set dyn6 {{ type ifname . ipv6_addr . inet_service; flags interval, timeout; }}
   set expose {{ type ifname . inet_service; }}
@@ -606,14 +852,15 @@ impl Firewall {
     ip6 daddr @internal6 ip6 daddr != @exempt6 goto refuse
     ct original ip daddr @internal4 ct original ip daddr != @exempt4 goto refuse
     ct original ip6 daddr @internal6 ct original ip6 daddr != @exempt6 goto refuse
-    iifname . ip daddr @denyany4 goto refuse
-    iifname . ip6 daddr @denyany6 goto refuse
-    meta l4proto {{ tcp, udp }} iifname . ip daddr . meta l4proto . th dport @deny4 goto refuse
-    meta l4proto {{ tcp, udp }} iifname . ip6 daddr . meta l4proto . th dport @deny6 goto refuse
-    iifname . ip daddr @any4 goto pass
-    iifname . ip6 daddr @any6 goto pass
-    meta l4proto {{ tcp, udp }} iifname . ip daddr . meta l4proto . th dport @allow4 goto pass
-    meta l4proto {{ tcp, udp }} iifname . ip6 daddr . meta l4proto . th dport @allow6 goto pass
+    ct mark set iifname map @pol
+    ct mark . ip daddr @denyany4 goto refuse
+    ct mark . ip6 daddr @denyany6 goto refuse
+    meta l4proto {{ tcp, udp }} ct mark . ip daddr . meta l4proto . th dport @deny4 goto refuse
+    meta l4proto {{ tcp, udp }} ct mark . ip6 daddr . meta l4proto . th dport @deny6 goto refuse
+    ct mark . ip daddr @any4 goto pass
+    ct mark . ip6 daddr @any6 goto pass
+    meta l4proto {{ tcp, udp }} ct mark . ip daddr . meta l4proto . th dport @allow4 goto pass
+    meta l4proto {{ tcp, udp }} ct mark . ip6 daddr . meta l4proto . th dport @allow6 goto pass
     meta l4proto tcp iifname . ip daddr . tcp dport @dyn4 goto pass
     meta l4proto tcp iifname . ip6 daddr . tcp dport @dyn6 goto pass
     goto refuse
@@ -633,14 +880,15 @@ impl Firewall {
     reject with icmpx admin-prohibited
   }}
   chain reverse {{
-    oifname . ip saddr @denyany4 drop
-    oifname . ip6 saddr @denyany6 drop
-    meta l4proto {{ tcp, udp }} oifname . ip saddr . meta l4proto . th sport @deny4 drop
-    meta l4proto {{ tcp, udp }} oifname . ip6 saddr . meta l4proto . th sport @deny6 drop
-    oifname . ip saddr @any4 goto pass_in
-    oifname . ip6 saddr @any6 goto pass_in
-    meta l4proto {{ tcp, udp }} oifname . ip saddr . meta l4proto . th sport @allow4 goto pass_in
-    meta l4proto {{ tcp, udp }} oifname . ip6 saddr . meta l4proto . th sport @allow6 goto pass_in
+    ct mark set oifname map @pol
+    ct mark . ip saddr @denyany4 drop
+    ct mark . ip6 saddr @denyany6 drop
+    meta l4proto {{ tcp, udp }} ct mark . ip saddr . meta l4proto . th sport @deny4 drop
+    meta l4proto {{ tcp, udp }} ct mark . ip6 saddr . meta l4proto . th sport @deny6 drop
+    ct mark . ip saddr @any4 goto pass_in
+    ct mark . ip6 saddr @any6 goto pass_in
+    meta l4proto {{ tcp, udp }} ct mark . ip saddr . meta l4proto . th sport @allow4 goto pass_in
+    meta l4proto {{ tcp, udp }} ct mark . ip6 saddr . meta l4proto . th sport @allow6 goto pass_in
     meta l4proto tcp oifname . ip saddr . tcp sport @dyn4 goto pass_in
     meta l4proto tcp oifname . ip6 saddr . tcp sport @dyn6 goto pass_in
     drop
@@ -673,13 +921,54 @@ impl Firewall {
     }
 }
 
-/// A sandbox's own addresses (`src4`, `src6`).
-fn sources(e: &Entry) -> (Element, Element) {
-    let k = Field::Iface(iface(&e.lease));
-    (
-        Element::new(vec![k, Field::Addr(IpAddr::V4(e.lease.v4))]),
-        Element::new(vec![k, Field::Addr(IpAddr::V6(e.lease.v6))]),
-    )
+/// A sandbox's own elements: its addresses (`src4`, `src6`), its generation (`gen`, `live`),
+/// its shared policy's id (`pol`), its exposed ports (`expose`).
+fn own(e: &Entry, policy_id: u32) -> Vec<(Set, Element)> {
+    let k = iface(&e.lease);
+    let mut v = vec![
+        (
+            Set::Src4,
+            Element::new(vec![Field::Iface(k), Field::Addr(IpAddr::V4(e.lease.v4))]),
+        ),
+        (
+            Set::Src6,
+            Element::new(vec![Field::Iface(k), Field::Addr(IpAddr::V6(e.lease.v6))]),
+        ),
+        (
+            Set::Gen,
+            Element {
+                data: Some(e.generation),
+                ..Element::new(vec![Field::Iface(k)])
+            },
+        ),
+        (
+            Set::Live,
+            Element::new(vec![Field::Iface(k), Field::Mark(e.generation)]),
+        ),
+        (
+            Set::Pol,
+            Element {
+                data: Some(policy_id),
+                ..Element::new(vec![Field::Iface(k)])
+            },
+        ),
+    ];
+    let (_, expose) = e.static_elements.split();
+    v.extend(
+        expose
+            .iter()
+            .map(|m| (Set::Expose, m.element(Field::Iface(k)))),
+    );
+    v
+}
+
+/// A shared policy's rules, keyed by its id.
+fn shared_elements(sh: &Shared) -> Vec<(Set, Element)> {
+    let mut v = Vec::new();
+    for (set, members) in sh.rules.sorted() {
+        v.extend(members.iter().map(|m| (set, m.element(Field::Mark(sh.id)))));
+    }
+    v
 }
 
 /// A resolved address's element (with its timeout, to add it).
@@ -698,47 +987,6 @@ fn resolved(k: IfName, r: &Resolved, timeout_ms: Option<u64>) -> (Set, Element) 
         ])
     };
     (set, e)
-}
-
-/// The elements of a sandbox's policy: its generation (`gen`, `live`) and its rules.
-fn policy(e: &Entry) -> Vec<(Set, Element)> {
-    let k = iface(&e.lease);
-    let mut v = vec![
-        (
-            Set::Gen,
-            Element {
-                data: Some(e.generation),
-                ..Element::new(vec![Field::Iface(k)])
-            },
-        ),
-        (
-            Set::Live,
-            Element::new(vec![Field::Iface(k), Field::Mark(e.generation)]),
-        ),
-    ];
-    for (set, members) in e.static_elements.sorted() {
-        v.extend(members.iter().map(|m| (set, m.element(k))));
-    }
-    v
-}
-
-fn add_entry(b: &mut Batch, e: &Entry) {
-    let (s4, s6) = sources(e);
-    b.add(Set::Src4, s4);
-    b.add(Set::Src6, s6);
-    add_policy(b, e);
-}
-
-fn add_policy(b: &mut Batch, e: &Entry) {
-    for (set, el) in policy(e) {
-        b.add(set, el);
-    }
-}
-
-fn destroy_policy(b: &mut Batch, e: &Entry) {
-    for (set, el) in policy(e) {
-        b.destroy(set, el);
-    }
 }
 
 /// Milliseconds on a monotonic clock (the kernel's set timeouts are monotonic too: a wall

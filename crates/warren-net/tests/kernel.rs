@@ -345,10 +345,10 @@ fn config() -> (Addressing, FirewallConfig) {
     (addressing, cfg)
 }
 
-/// The sets and maps that hold per-sandbox elements.
-const PER_SANDBOX: [&str; 14] = [
-    "src4", "src6", "gen", "live", "any4", "any6", "denyany4", "denyany6", "allow4", "allow6",
-    "deny4", "deny6", "dyn4", "dyn6",
+/// The sets and maps that hold per-sandbox (or per-policy) elements.
+const PER_SANDBOX: [&str; 15] = [
+    "src4", "src6", "gen", "live", "pol", "any4", "any6", "denyany4", "denyany6", "allow4",
+    "allow6", "deny4", "deny6", "dyn4", "dyn6",
 ];
 
 /// The elements of the per-sandbox sets as `nft -j` lists them, each as its JSON, sorted;
@@ -448,7 +448,7 @@ fn elements_written_by_netlink_are_those_nft_writes_and_netlink_deletes_them() {
         );
         let (a, b) = (addressing.lease(2).unwrap(), addressing.lease(3).unwrap());
         fw.add(a, 7, rich).unwrap();
-        fw.add(b, 0xfedc_ba98, policy(vec![], vec![])).unwrap();
+        fw.add(b, 0x7edc_ba98, policy(vec![], vec![])).unwrap();
         let https = [
             PortRange { lo: 443, hi: 443 },
             PortRange { lo: 8000, hi: 8080 },
@@ -464,17 +464,24 @@ fn elements_written_by_netlink_are_those_nft_writes_and_netlink_deletes_them() {
         }
         let (by_netlink, t_netlink) = listed(&node);
         // What the kernel holds, read back: the interface, the mark in host order, a CIDR as
-        // a prefix, ports as a range.
+        // a prefix, ports as a range; the rules keyed by their policy's id, which each
+        // interface maps to.
+        let (pa, pb) = (fw.policy_id(a.index).unwrap(), fw.policy_id(b.index).unwrap());
+        assert!(pa >= 0x8000_0000 && pb >= 0x8000_0000 && pa != pb);
         assert_eq!(
             by_netlink["gen"],
-            vec![r#"["wv2",7]"#, r#"["wv3",4275878552]"#],
+            vec![r#"["wv2",7]"#, r#"["wv3",2128394904]"#],
+            "{by_netlink:#?}"
+        );
+        assert_eq!(
+            by_netlink["pol"],
+            vec![format!(r#"["wv2",{pa}]"#), format!(r#"["wv3",{pb}]"#)],
             "{by_netlink:#?}"
         );
         assert!(
-            by_netlink["allow4"].contains(
-                &r#"{"concat":["wv2",{"prefix":{"addr":"203.0.113.0","len":24}},"tcp",{"range":[1000,2000]}]}"#
-                    .to_string()
-            ),
+            by_netlink["allow4"].contains(&format!(
+                r#"{{"concat":[{pa},{{"prefix":{{"addr":"203.0.113.0","len":24}}}},"tcp",{{"range":[1000,2000]}}]}}"#
+            )),
             "{by_netlink:#?}"
         );
         assert_eq!(by_netlink["dyn4"].len(), 2, "{by_netlink:#?}");
@@ -557,7 +564,11 @@ fn elements_gone_from_the_kernel_fail_no_change_and_a_refusal_changes_nothing() 
         // behind the firewall's back starts, but ends elsewhere) changes nothing, and the
         // error says which set and element.
         fw.add(lease, 3, policy(vec![], vec![])).unwrap();
-        node.sh(r#"nft add element inet warren any4 '{ "wv2" . 10.0.0.0/16 }'"#);
+        // The sandbox's next policy gets the id its current one gives up.
+        let id = fw.policy_id(lease.index).unwrap();
+        node.sh(&format!(
+            "nft add element inet warren any4 '{{ {id} . 10.0.0.0/16 }}'"
+        ));
         let wide = policy(
             vec![
                 NetRule::cidr("192.0.2.0/24"),
@@ -568,7 +579,9 @@ fn elements_gone_from_the_kernel_fail_no_change_and_a_refusal_changes_nothing() 
         );
         let err = fw.update(lease.index, 4, wide).unwrap_err().to_string();
         assert!(
-            err.contains(r#"adding element "wv2" . 10.0.0.0/8 to set inet warren any4"#),
+            err.contains(&format!(
+                "adding element {id} . 10.0.0.0/8 to set inet warren any4"
+            )),
             "{err}"
         );
         assert_eq!(fw.generation(lease.index), Some(3));
@@ -607,7 +620,10 @@ fn a_policy_of_thousands_of_elements_goes_in_many_messages_of_one_transaction() 
         let (sets, _) = listed(&node);
         assert_eq!(sets["allow4"].len(), 4000);
         // An element far into the batch is refused: the error names it, and nothing changed.
-        node.sh(r#"nft add element inet warren any4 '{ "wv2" . 10.15.0.0/24 }'"#);
+        let id = fw.policy_id(lease.index).unwrap();
+        node.sh(&format!(
+            "nft add element inet warren any4 '{{ {id} . 10.15.0.0/24 }}'"
+        ));
         let many_again = many.clone();
         let mut again = many;
         again.push(NetRule::cidr("10.15.0.0/16"));
@@ -615,12 +631,14 @@ fn a_policy_of_thousands_of_elements_goes_in_many_messages_of_one_transaction() 
             .update(lease.index, 2, policy(again, vec![]))
             .unwrap_err()
             .to_string();
-        assert!(err.contains(r#""wv2" . 10.15.0.0/16"#), "{err}");
+        assert!(err.contains(&format!("{id} . 10.15.0.0/16")), "{err}");
         let (sets, _) = listed(&node);
         assert_eq!(sets["gen"], vec![r#"["wv2",1]"#]);
         assert_eq!(sets["allow4"].len(), 4000);
         // A change that keeps most of the policy touches only what changed.
-        node.sh(r#"nft delete element inet warren any4 '{ "wv2" . 10.15.0.0/24 }'"#);
+        node.sh(&format!(
+            "nft delete element inet warren any4 '{{ {id} . 10.15.0.0/24 }}'"
+        ));
         let mut plus = many_again;
         plus.push(NetRule::cidr("192.0.2.0/24"));
         let t = Instant::now();
@@ -731,4 +749,69 @@ fn firewall_latency_by_netlink_against_nft() {
         .unwrap();
     eprintln!("{}", warren_net::nft::measure::table(&rows));
     assert_eq!(rows.len(), 6);
+}
+
+#[test]
+fn sandboxes_with_the_same_rules_share_them() {
+    if !is_root() {
+        eprintln!("SKIP: needs root (network namespaces, nftables)");
+        return;
+    }
+    let node = Ns::new("shr");
+    let (addressing, cfg) = config();
+    node.run(|| {
+        let mut fw = Firewall::new(cfg);
+        fw.install().unwrap();
+        let setup = policy(
+            vec![
+                NetRule::cidr("198.51.100.0/24"),
+                rule("0.0.0.0/0", "443", Some(Protocol::Tcp)),
+            ],
+            vec![],
+        );
+        let agent = policy(
+            vec![rule("203.0.113.0/24", "80", Some(Protocol::Tcp))],
+            vec![],
+        );
+        let leases: Vec<_> = (2..12).map(|i| addressing.lease(i).unwrap()).collect();
+        for (g, l) in leases.iter().enumerate() {
+            fw.add(*l, g as u32 + 1, setup.clone()).unwrap();
+        }
+        // Ten sandboxes, one copy of their rules; each interface maps to the one id.
+        let (sets, _) = listed(&node);
+        assert_eq!(fw.policies(), 1);
+        assert_eq!(sets["any4"].len(), 1, "{sets:#?}");
+        assert_eq!(sets["allow4"].len(), 1, "{sets:#?}");
+        assert_eq!(sets["pol"].len(), 10);
+        let id = fw.policy_id(leases[0].index).unwrap();
+        assert!(sets["pol"].iter().all(|p| p.ends_with(&format!(",{id}]"))));
+        // The task moves to its next phase in one transaction: the new rules are written
+        // once, and the old ones go with their last user.
+        let updates = leases
+            .iter()
+            .enumerate()
+            .map(|(g, l)| (l.index, 100 + g as u32, agent.clone()))
+            .collect();
+        fw.update_many(updates).unwrap();
+        let (sets, _) = listed(&node);
+        assert_eq!(fw.policies(), 1);
+        assert!(sets["any4"].is_empty(), "{sets:#?}");
+        assert_eq!(sets["allow4"].len(), 1, "{sets:#?}");
+        assert!(sets["allow4"][0].contains("203.0.113.0"), "{sets:#?}");
+        // One sandbox apart: a second policy; the shared one stays for the other nine.
+        fw.update(leases[0].index, 200, setup.clone()).unwrap();
+        assert_eq!(fw.policies(), 2);
+        for l in &leases[1..] {
+            fw.remove_entry(l.index).unwrap();
+        }
+        let (sets, _) = listed(&node);
+        assert_eq!(fw.policies(), 1);
+        assert_eq!(sets["allow4"].len(), 1, "{sets:#?}");
+        assert!(sets["allow4"][0].contains("0.0.0.0"), "{sets:#?}");
+        fw.remove_entry(leases[0].index).unwrap();
+        let (left, _) = listed(&node);
+        assert!(left.values().all(Vec::is_empty), "{left:#?}");
+        assert_eq!(fw.policies(), 0);
+        fw.remove().unwrap();
+    });
 }

@@ -38,6 +38,8 @@ pub(crate) enum Set {
     Dyn4,
     Dyn6,
     Expose,
+    /// Each sandbox's shared policy (`ifname : mark`, the policy's id).
+    Pol,
     /// The per-sandbox log meter (`lograte`, filled by the kernel; deleted with its sandbox).
     LogRate,
 }
@@ -61,6 +63,7 @@ impl Set {
             Set::Dyn4 => "dyn4",
             Set::Dyn6 => "dyn6",
             Set::Expose => "expose",
+            Set::Pol => "pol",
             Set::LogRate => "lograte",
         }
     }
@@ -69,7 +72,7 @@ impl Set {
     pub(crate) fn interval(self) -> bool {
         !matches!(
             self,
-            Set::Src4 | Set::Src6 | Set::Gen | Set::Live | Set::Expose | Set::LogRate
+            Set::Src4 | Set::Src6 | Set::Gen | Set::Live | Set::Expose | Set::Pol | Set::LogRate
         )
     }
 }
@@ -148,8 +151,10 @@ fn push_ip(a: IpAddr, out: &mut Vec<u8>) {
 }
 
 impl Field {
-    /// Appends the field's start (or, with `end`, its end) as the kernel stores it.
-    fn encode(&self, end: bool, out: &mut Vec<u8>) {
+    /// Appends the field's start (or, with `end`, its end) as the kernel stores it: in an
+    /// interval set (`interval`) keys compare as big-endian byte strings, so nft stores a host
+    /// order field (a mark) there in network order, as it does here.
+    fn encode(&self, end: bool, interval: bool, out: &mut Vec<u8>) {
         match *self {
             Field::Iface(n) => out.extend_from_slice(&n.0),
             Field::Addr(a) => push_ip(a, out),
@@ -164,6 +169,7 @@ impl Field {
                 out.extend_from_slice(&p.to_be_bytes());
                 out.extend_from_slice(&[0, 0]);
             }
+            Field::Mark(m) if interval => out.extend_from_slice(&m.to_be_bytes()),
             Field::Mark(m) => out.extend_from_slice(&m.to_ne_bytes()),
         }
     }
@@ -204,11 +210,18 @@ impl Element {
         }
     }
 
-    /// The key's bytes: every field's start, or with `end` every field's end.
+    /// The key's bytes in an interval set: every field's start, or with `end` every field's
+    /// end.
+    #[cfg(test)]
     pub(crate) fn key_bytes(&self, end: bool) -> Vec<u8> {
+        self.key_bytes_in(end, true)
+    }
+
+    /// The key's bytes in a set with (`interval`) or without intervals.
+    fn key_bytes_in(&self, end: bool, interval: bool) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.key.len() * 16);
         for f in &self.key {
-            f.encode(end, &mut out);
+            f.encode(end, interval, &mut out);
         }
         out
     }
@@ -217,12 +230,12 @@ impl Element {
     /// `whole`, its value and timeout too (an addition; a deletion names the key only).
     pub(crate) fn attributes(&self, set: Set, whole: bool) -> Vec<SetElementAttribute> {
         let mut v = vec![SetElementAttribute::Key(DataAttribute::Value(
-            self.key_bytes(false),
+            self.key_bytes_in(false, set.interval()),
         ))];
         if set.interval() {
             v.push(SetElementAttribute::KeyEnd(vec![DefaultNla::new(
                 NFTA_DATA_VALUE,
-                self.key_bytes(true),
+                self.key_bytes_in(true, true),
             )]));
         }
         if whole {

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use warren_types::net::{Cidr, Policy, PortRange, Protocol, Target};
 
 use super::MAX_ELEMENTS;
-use super::element::{Element, Field, IfName, Set, proto_name};
+use super::element::{Element, Field, Set, proto_name};
 
 /// One element of a policy, without the interface that keys it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,17 +22,13 @@ pub(crate) enum Member {
 }
 
 impl Member {
-    /// The element keyed by interface `iface`.
-    pub(crate) fn element(&self, iface: IfName) -> Element {
+    /// The element keyed by `key`: a shared policy's id (its rules), or an interface (the
+    /// exposed ports, which are each sandbox's own).
+    pub(crate) fn element(&self, key: Field) -> Element {
         Element::new(match *self {
-            Member::Net(c) => vec![Field::Iface(iface), Field::Net(c)],
-            Member::Port(c, p, r) => vec![
-                Field::Iface(iface),
-                Field::Net(c),
-                Field::Proto(p),
-                Field::Ports(r),
-            ],
-            Member::Exposed(p) => vec![Field::Iface(iface), Field::Port(p)],
+            Member::Net(c) => vec![key, Field::Net(c)],
+            Member::Port(c, p, r) => vec![key, Field::Net(c), Field::Proto(p), Field::Ports(r)],
+            Member::Exposed(p) => vec![key, Field::Port(p)],
         })
     }
 }
@@ -69,6 +65,32 @@ impl Elements {
     /// Whether it has none.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Its rules (which sandboxes with the same rules share) and its exposed ports (each
+    /// sandbox's own), apart.
+    pub(crate) fn split(&self) -> (Elements, Vec<Member>) {
+        let mut rules = self.clone();
+        let expose = rules.sets.remove(&Set::Expose).unwrap_or_default();
+        (rules, expose)
+    }
+
+    /// The rules in one canonical text: equal for two policies exactly when their rules'
+    /// elements are (what sandboxes share them by).
+    pub(crate) fn canonical(&self) -> String {
+        let mut out = String::new();
+        for (set, members) in self.sorted() {
+            if set == Set::Expose {
+                continue;
+            }
+            let mut v: Vec<String> = members.iter().map(Member::to_string).collect();
+            v.sort_unstable();
+            out.push_str(set.name());
+            out.push('{');
+            out.push_str(&v.join(","));
+            out.push('}');
+        }
+        out
     }
 
     /// Set by set, in a stable order.

@@ -136,7 +136,9 @@ impl Generations {
             .and_then(|s| s.trim().parse::<u32>().ok())
             .unwrap_or(1);
         let mut g = Generations {
-            next: stored.max(floor).max(1),
+            next: Some(stored.max(floor).max(1))
+                .filter(|n| *n < warren_net::nft::POLICY_ID_BASE)
+                .unwrap_or(1),
             reserved: 0,
             file,
         };
@@ -158,8 +160,12 @@ impl Generations {
             tracing::warn!("reserving network policy generations: {e}");
         }
         let g = self.next;
-        // u32 marks: after 4 billion changes they wrap, skipping 0.
-        self.next = self.next.wrapping_add(1).max(1);
+        // Below the policy ids' high bit: after two billion changes they wrap, skipping 0.
+        self.next = if self.next.wrapping_add(1) >= warren_net::nft::POLICY_ID_BASE {
+            1
+        } else {
+            self.next + 1
+        };
         g
     }
 }
