@@ -349,9 +349,12 @@ def test_the_host_route_reaches_an_exposed_port(net: Server):
             assert _status(net.url + "/", headers={"Host": host}) == 200
             # A port it does not expose: the route has no such port.
             assert _status(net.url + "/", headers={"Host": sb.get_host(8001)}) == 404
-            # A paused sandbox is resumed by a request through the route.
+            # A paused sandbox (its task preempted, say) is not thawed by whoever knows its
+            # address: 409, and it stays paused; an authenticated stream resumes it.
             sb.pause()
-            assert _status(net.url + "/", headers={"Host": host}) == 200
+            assert _status(net.url + "/", headers={"Host": host}) == 409
+            assert sb.info().state == "paused"
+            sb.connect_port(8000).close()
             assert sb.info().state == "running"
 
 
