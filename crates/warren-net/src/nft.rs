@@ -398,13 +398,22 @@ impl Firewall {
         let mut delta: HashMap<String, isize> = HashMap::new();
         let mut fresh: HashMap<String, Elements> = HashMap::new();
         let mut planned: Vec<(u32, Option<Entry>)> = Vec::with_capacity(changes.len());
+        // A task's sandboxes take one policy: its canonical text made once.
+        let mut last: Option<(Elements, String)> = None;
         for c in changes {
             let old = self.entries.get(&c.lease.index);
             if let Some(o) = old {
                 *delta.entry(o.policy.clone()).or_default() -= 1;
             }
             let new = c.new.map(|(generation, elements)| {
-                let key = elements.canonical();
+                let key = match &last {
+                    Some((e, k)) if *e == elements => k.clone(),
+                    _ => {
+                        let k = elements.canonical();
+                        last = Some((elements.clone(), k.clone()));
+                        k
+                    }
+                };
                 if !self.policies.contains_key(&key) && !fresh.contains_key(&key) {
                     fresh.insert(key.clone(), elements.split().0);
                 }
@@ -953,12 +962,13 @@ fn own(e: &Entry, policy_id: u32) -> Vec<(Set, Element)> {
             },
         ),
     ];
-    let (_, expose) = e.static_elements.split();
-    v.extend(
-        expose
-            .iter()
-            .map(|m| (Set::Expose, m.element(Field::Iface(k)))),
-    );
+    if let Some(expose) = e.static_elements.sets.get(&Set::Expose) {
+        v.extend(
+            expose
+                .iter()
+                .map(|m| (Set::Expose, m.element(Field::Iface(k)))),
+        );
+    }
     v
 }
 

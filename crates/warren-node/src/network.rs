@@ -151,24 +151,30 @@ impl Node {
             }
             return Err(e);
         }
-        // Saved again: the records now carry the new generations.
-        self.save_policies(batch, |_| policy.clone()).await
+        // Not saved again for the new generations: a restarted daemon gives every adopted
+        // sandbox a fresh one anyway.
+        Ok(())
     }
 
-    /// Sets each sandbox's policy (`of(its place in the batch)`) and saves its record.
+    /// Sets each sandbox's policy (`of(its place in the batch)`) and saves the records, all in
+    /// one blocking task (a task's change saves hundreds).
     async fn save_policies(
         &self,
         batch: &[(Arc<Sandbox>, Policy)],
         of: impl Fn(usize) -> NetworkPolicy,
     ) -> Result<(), NodeError> {
+        let mut records = Vec::with_capacity(batch.len());
         for (i, (sb, _)) in batch.iter().enumerate() {
             *sb.network.lock().unwrap_or_else(|p| p.into_inner()) = of(i);
-            let (dir, record) = (sb.dir.clone(), sb.current_record());
-            blocking(move || crate::state::save(&dir, &record))
-                .await
-                .map_err(|e| NodeError::host("saving the sandbox's state", e))?;
+            records.push((sb.dir.clone(), sb.current_record()));
         }
-        Ok(())
+        blocking(move || {
+            records
+                .iter()
+                .try_for_each(|(dir, record)| crate::state::save(dir, record))
+        })
+        .await
+        .map_err(|e| NodeError::host("saving the sandboxes' state", e))
     }
 
     /// The firewall side of [`Node::apply`]: one backend call for the whole batch.

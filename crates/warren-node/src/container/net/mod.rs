@@ -666,18 +666,26 @@ impl NodeNet {
         let mut batch = Vec::with_capacity(updates.len());
         let mut rules: HashMap<u32, (DomainRules, u32)> = HashMap::new();
         let mut fw = self.fw.lock().unwrap_or_else(|p| p.into_inner());
+        // A task's sandboxes take one policy: expanded once, not once per sandbox.
+        let mut last: Option<(&Policy, Elements, DomainRules)> = None;
         for (index, policy) in updates {
-            let elements = expand(policy).map_err(std::io::Error::other)?;
             if fw.generation(*index).is_none() {
                 return Err(std::io::Error::other("the sandbox has no interface"));
             }
+            if !last.as_ref().is_some_and(|(p, _, _)| *p == *policy) {
+                let elements = expand(policy).map_err(std::io::Error::other)?;
+                last = Some((*policy, elements, DomainRules::of(policy)));
+            }
+            let Some((_, elements, domains)) = &last else {
+                continue;
+            };
             let generation = self
                 .generations
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
-            batch.push((*index, generation, elements));
-            rules.insert(*index, (DomainRules::of(policy), generation));
+            batch.push((*index, generation, elements.clone()));
+            rules.insert(*index, (domains.clone(), generation));
         }
         // Host ports for newly exposed ports are bound before the firewall changes, so a
         // change that cannot have them changes nothing.
