@@ -151,9 +151,19 @@ impl Node {
             }
             return Err(e);
         }
-        // Not saved again for the new generations: a restarted daemon gives every adopted
-        // sandbox a fresh one anyway.
-        Ok(())
+        // Not saved again for the new generations (a restarted daemon gives every adopted
+        // sandbox a fresh one anyway), only for the host ports of exposed ports, which the
+        // change just bound.
+        let exposing: Vec<(Arc<Sandbox>, Policy)> = batch
+            .iter()
+            .zip(&before)
+            .filter(|(_, was)| !(policy.expose.is_empty() && was.expose.is_empty()))
+            .map(|((sb, p), _)| (sb.clone(), p.clone()))
+            .collect();
+        if exposing.is_empty() {
+            return Ok(());
+        }
+        self.save_policies(&exposing, |_| policy.clone()).await
     }
 
     /// Sets each sandbox's policy (`of(its place in the batch)`) and saves the records, all in
