@@ -104,6 +104,9 @@ pub struct BuildSpec {
     pub memory: ByteSize,
     /// How long each run step may take. Default one hour.
     pub step_timeout: Duration,
+    /// What the builder sandbox may reach (a package index for `pip install`, a mirror for
+    /// `apt-get`). Default: the node's, everything outbound denied.
+    pub network: Option<crate::NetworkPolicy>,
 }
 
 impl BuildSpec {
@@ -115,6 +118,7 @@ impl BuildSpec {
             steps: Vec::new(),
             memory: ByteSize(2 << 30),
             step_timeout: Duration::from_secs(3600),
+            network: None,
         }
     }
 
@@ -205,6 +209,7 @@ impl Client {
                 timeout: Some(24 * 3600),
                 labels: [(BUILD_LABEL.to_string(), spec.name.clone())].into(),
                 builder: true,
+                network: spec.network.clone(),
                 ..CreateSandbox::default()
             })
             .await?;

@@ -152,6 +152,10 @@ pub struct BuildArgs {
     /// workspace the agent edits), `root`, or `UID:GID` [default: root].
     #[arg(long, value_name = "user|root|UID:GID")]
     pub owner: Option<String>,
+    /// What the builder may reach while the steps run (`--allow-domain pypi.org`, ...; see
+    /// `warren network`). Default: everything outbound denied.
+    #[command(flatten)]
+    pub network: super::network::PolicyArgs,
     /// The order of the steps as given on the command line (filled in from the parse).
     #[arg(skip)]
     pub order: Vec<StepKind>,
@@ -574,6 +578,9 @@ fn build_spec(a: BuildArgs) -> anyhow::Result<BuildSpec> {
     let mut spec = BuildSpec::new(a.name, a.from);
     spec.memory = a.memory;
     spec.step_timeout = std::time::Duration::from_secs(a.step_timeout);
+    if a.network.given() {
+        spec.network = Some(a.network.policy()?);
+    }
     for kind in order {
         spec.steps.push(match kind {
             StepKind::Run => BuildStep::Run(runs.next().context("step order")?),

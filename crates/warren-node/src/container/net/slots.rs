@@ -7,12 +7,16 @@
 //!
 //! Flushed means nothing of the last sandbox carries over: its processes are all gone (the
 //! slot is only recycled once its init has been reaped and its cgroup removed: the pid
-//! namespace, and so every process in it, died with the init), the TCP sockets still closing
-//! in its namespace are destroyed (they would show in `/proc/net/tcp`), its policy is back to
+//! namespace, and so every process in it, died with the init); the TCP sockets still closing
+//! in its namespace are destroyed and no socket of any other kind may be left (one kept alive
+//! in flight in a unix socket makes the slot be destroyed instead); its policy is back to
 //! deny-everything under a new generation (every connection marked before is judged again and
-//! refused), the node's conntrack entries of its addresses are deleted, and its exposed ports
-//! are closed. Nothing inside the sandbox could have changed the namespace's
-//! interfaces, addresses, routes or settings: its commands hold no capabilities.
+//! refused, the proxy's included) and its log meter is gone; the node's conntrack entries of
+//! its addresses are deleted; its exposed ports are closed. The namespace keeps no TCP metrics
+//! (`warren_sys::net::new_netns`), so nothing says where earlier connections went. Nothing
+//! inside the sandbox could have changed the namespace's interfaces, addresses, routes or
+//! settings: its commands hold no capabilities. Flushes run in batches on a thread of their
+//! own (`start_flusher`): the conntrack table every namespace shares is walked once per batch.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
