@@ -313,8 +313,13 @@ fn main() -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
-/// `warren-bench network [--quick]`.
-fn network_main(quick: bool, warm: bool) -> std::process::ExitCode {
+/// Runs one part of `warren-bench network` (`part` gets the plan and the directory of this
+/// executable, where the guest binary is) on a runtime of its own and prints what it returns.
+fn network_part_main<F, Fut>(quick: bool, part: F) -> std::process::ExitCode
+where
+    F: FnOnce(Plan, PathBuf) -> Fut,
+    Fut: std::future::Future<Output = String>,
+{
     let Some(exe_dir) = std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(PathBuf::from))
@@ -322,7 +327,6 @@ fn network_main(quick: bool, warm: bool) -> std::process::ExitCode {
         eprintln!("warren-bench: cannot tell where its own executable is");
         return std::process::ExitCode::FAILURE;
     };
-    let plan = Plan::new(quick);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -333,37 +337,26 @@ fn network_main(quick: bool, warm: bool) -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let r = rt.block_on(network::part(&plan, &exe_dir, warm));
+    let text = rt.block_on(part(Plan::new(quick), exe_dir));
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
-    print!("{}", network::render(&plan, &r));
+    print!("{text}");
     std::process::ExitCode::SUCCESS
+}
+
+/// `warren-bench network-part warm|cold [--quick]`.
+fn network_main(quick: bool, warm: bool) -> std::process::ExitCode {
+    network_part_main(quick, |plan, exe_dir| async move {
+        let r = network::part(&plan, &exe_dir, warm).await;
+        network::render(&plan, &r)
+    })
 }
 
 /// `warren-bench network-part names [--quick]`: firewall writes and the transparent proxy's
 /// cost per connection.
 fn names_main(quick: bool) -> std::process::ExitCode {
-    let Some(exe_dir) = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(PathBuf::from))
-    else {
-        eprintln!("warren-bench: cannot tell where its own executable is");
-        return std::process::ExitCode::FAILURE;
-    };
-    let plan = Plan::new(quick);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("warren-bench: tokio runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let text = rt.block_on(names::part(&plan, &exe_dir));
-    rt.shutdown_timeout(std::time::Duration::from_secs(2));
-    print!("{text}");
-    std::process::ExitCode::SUCCESS
+    network_part_main(quick, |plan, exe_dir| async move {
+        names::part(&plan, &exe_dir).await
+    })
 }
 
 /// `warren-bench soak ...`.

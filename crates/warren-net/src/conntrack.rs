@@ -125,24 +125,7 @@ impl Ctnetlink {
     }
 
     fn recv(&mut self) -> io::Result<usize> {
-        loop {
-            match self.socket.recv(&mut &mut self.buf[..], 0) {
-                Ok(n) => return Ok(n.min(self.buf.len())),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "conntrack: no answer from the kernel within 5 s",
-                    ));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        crate::netlink::recv(&self.socket, &mut self.buf, "conntrack", 5)
     }
 
     /// The entries of `addrs`, and whether the dump was interrupted by changes.

@@ -15,6 +15,7 @@ pub mod conntrack;
 pub mod dns;
 pub mod expose;
 pub mod link;
+mod netlink;
 pub mod nflog;
 pub mod nft;
 pub mod proxy;

@@ -168,24 +168,7 @@ impl Diag {
     }
 
     fn recv(&mut self) -> io::Result<usize> {
-        loop {
-            match self.socket.recv(&mut &mut self.buf[..], 0) {
-                Ok(n) => return Ok(n.min(self.buf.len())),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "sock_diag: no answer from the kernel within 5 s",
-                    ));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        crate::netlink::recv(&self.socket, &mut self.buf, "sock_diag", 5)
     }
 
     /// The ids of every TCP socket of `family`.
@@ -213,12 +196,7 @@ impl Diag {
                     match kind {
                         NLMSG_DONE => return Ok(ids),
                         NLMSG_ERROR => {
-                            let code = i32::from_ne_bytes(
-                                b.payload()
-                                    .get(..4)
-                                    .and_then(|c| c.try_into().ok())
-                                    .unwrap_or([0; 4]),
-                            );
+                            let code = crate::netlink::error_code(b.payload());
                             if code < 0 {
                                 return Err(io::Error::from_raw_os_error(-code));
                             }
@@ -257,12 +235,7 @@ impl Diag {
                 };
                 let len = (b.length() as usize).max(16);
                 if b.sequence_number() == seq && b.message_type() == NLMSG_ERROR {
-                    let code = i32::from_ne_bytes(
-                        b.payload()
-                            .get(..4)
-                            .and_then(|c| c.try_into().ok())
-                            .unwrap_or([0; 4]),
-                    );
+                    let code = crate::netlink::error_code(b.payload());
                     return match -code {
                         0 => Ok(true),
                         // Gone by itself meanwhile.

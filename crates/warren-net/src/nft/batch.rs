@@ -367,23 +367,13 @@ impl Netlink {
     fn answers(&mut self, begin: u32, last: u32) -> io::Result<Option<Refusal>> {
         let mut first: Option<Refusal> = None;
         loop {
-            let n = match self.socket.recv(&mut &mut self.answers[..], 0) {
-                Ok(n) => n.min(self.answers.len()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "nf_tables: no answer from the kernel to a transaction within {} s",
-                            ANSWER_TIMEOUT.as_secs()
-                        ),
-                    ));
-                }
+            let n = match crate::netlink::recv(
+                &self.socket,
+                &mut self.answers,
+                "nf_tables (a transaction)",
+                ANSWER_TIMEOUT.as_secs(),
+            ) {
+                Ok(n) => n,
                 Err(e) if e.raw_os_error() == Some(Errno::NOBUFS.raw_os_error()) => {
                     return Err(io::Error::other(
                         "nf_tables: the kernel's answers to a transaction overflowed the \
