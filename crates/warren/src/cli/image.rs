@@ -44,7 +44,7 @@ pub enum ImageCommand {
         sandboxes never do). --copy puts files in owned by root, or by --owner. The new image\n\
         is the --from layers plus one new layer holding exactly what the steps changed; the\n\
         builder sandbox is removed.")]
-    Build(BuildArgs),
+    Build(Box<BuildArgs>),
     /// Pull an image from an OCI registry (Docker Hub, GHCR, a private registry).
     #[command(after_help = "Examples:\n  \
         warren image pull docker.io/library/python:3.12\n  \
@@ -187,7 +187,7 @@ pub fn build_order(m: &clap::ArgMatches) -> Vec<StepKind> {
 pub async fn run(client: &Client, json: bool, cmd: ImageCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         ImageCommand::Import(a) => import(client, json, a).await,
-        ImageCommand::Build(a) => build(client, json, a).await,
+        ImageCommand::Build(a) => build(client, json, *a).await,
         ImageCommand::Pull(a) => {
             let password = if a.password_stdin {
                 let mut s = String::new();
