@@ -144,7 +144,13 @@ impl Node {
         policy: &NetworkPolicy,
     ) -> Result<(), NodeError> {
         let before: Vec<NetworkPolicy> = batch.iter().map(|(sb, _)| sb.network_policy()).collect();
-        self.save_policies(batch, |_| policy.clone()).await?;
+        if let Err(e) = self.save_policies(batch, |_| policy.clone()).await {
+            // Nothing changed in the firewall: neither may the policies the API shows.
+            for ((sb, _), was) in batch.iter().zip(&before) {
+                *sb.network.lock().unwrap_or_else(|p| p.into_inner()) = was.clone();
+            }
+            return Err(e);
+        }
         if let Err(e) = self.change_firewall(batch).await {
             if let Err(e2) = self.save_policies(batch, |i| before[i].clone()).await {
                 tracing::error!("putting the sandboxes' records back after a failed change: {e2}");

@@ -119,11 +119,11 @@ pub fn router(c: Arc<Control>) -> Router {
         .merge(uploads)
         .merge(authed)
         .fallback(warren_http::not_found)
-        // A request refused before its body was read (no key, a bad path) still gets its
-        // answer, not a reset connection.
-        .layer(middleware::from_fn(warren_http::drain::unread_body))
         // `<port>-<id>.<sandbox_domain>` goes to the sandbox's port before anything else.
         .layer(middleware::from_fn_with_state(c.clone(), ports::host_route))
+        // A request refused before its body was read (no key, a bad path, a sandbox port that
+        // is not exposed) still gets its answer, not a reset connection.
+        .layer(middleware::from_fn(warren_http::drain::unread_body))
         .with_state(c)
 }
 
