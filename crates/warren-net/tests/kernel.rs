@@ -6,94 +6,15 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{Ns, is_root};
 use warren_net::link::{Addressing, Links};
 use warren_net::nflog::Reader;
 use warren_net::nft::{Elements, Firewall, FirewallConfig, expand};
 use warren_types::net::{Cidr, NetRule, NetworkPolicy, PortRange, Protocol};
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
-/// A network namespace made for this test, deleted when dropped.
-struct Ns {
-    name: String,
-}
-
-impl Ns {
-    fn new(tag: &str) -> Ns {
-        let name = format!("wnt-{}-{tag}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap();
-        assert!(ok.success(), "ip netns add {name}");
-        let ns = Ns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    fn ip(&self, args: &[&str]) {
-        let out = Command::new("ip")
-            .arg("-n")
-            .arg(&self.name)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ip -n {} {args:?}: {}",
-            self.name,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn sh(&self, cmd: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.name, "sh", "-c", cmd])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn file(&self) -> std::fs::File {
-        std::fs::File::open(format!("/run/netns/{}", self.name)).unwrap()
-    }
-
-    /// Runs `f` on a thread inside this namespace.
-    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let fd = self.file();
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                rustix::thread::move_into_link_name_space(
-                    fd.as_fd(),
-                    Some(rustix::thread::LinkNameSpaceType::Network),
-                )
-                .unwrap();
-                f()
-            })
-            .join()
-            .unwrap()
-        })
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
 
 /// What a connection attempt from the sandbox came to.
 #[derive(Debug, PartialEq)]

@@ -11,6 +11,8 @@
 //!                                                                                 2001:db8::10 A
 //! ```
 
+#[path = "../common/mod.rs"]
+mod common;
 mod world;
 
 use std::io::{self, Read, Write};

@@ -5,8 +5,7 @@
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::AsFd;
-use std::process::{Command, Stdio};
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +15,8 @@ use hickory_proto::rr::{RData, Record, RecordType};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use warren_net::proxy::{Config, Limits, Policy, Proxy, Refusal};
 use warren_types::net::Cidr;
+
+pub use crate::common::{Ns, enter, is_root};
 
 /// One test at a time: the measurement must not share the two CPUs with the other test.
 pub static SERIAL: Mutex<()> = Mutex::new(());
@@ -31,127 +32,12 @@ pub const NODE_UPLINK: &str = "198.51.100.2";
 pub const DENIED_ADDR: &str = "198.51.100.30";
 const DNS: &str = "198.51.100.1";
 
-pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
 pub fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
 pub fn sa(s: &str, port: u16) -> SocketAddr {
     SocketAddr::new(ip(s), port)
-}
-
-// ----- Namespaces ------------------------------------------------------------------------
-
-/// A network namespace made for this test, deleted when dropped (a failing test too).
-pub struct Ns {
-    name: String,
-}
-
-impl Ns {
-    fn new(tag: &str) -> Ns {
-        let name = format!("wpx-{}-{tag}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(Stdio::null())
-            .status();
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap();
-        assert!(ok.success(), "ip netns add {name}");
-        let ns = Ns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    fn ip(&self, args: &[&str]) {
-        let out = Command::new("ip")
-            .arg("-n")
-            .arg(&self.name)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ip -n {} {args:?}: {}",
-            self.name,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// Runs `cmd` in the namespace with `stdin`, and asserts it succeeded.
-    fn exec(&self, cmd: &[&str], stdin: &str) {
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(cmd)
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn file(&self) -> std::fs::File {
-        std::fs::File::open(format!("/run/netns/{}", self.name)).unwrap()
-    }
-
-    /// Runs `f` on a thread inside this namespace and waits for it.
-    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let fd = self.file();
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                enter(&fd);
-                f()
-            })
-            .join()
-            .unwrap()
-        })
-    }
-
-    /// Runs `f` on a thread of its own inside this namespace, for as long as it runs.
-    fn spawn(&self, f: impl FnOnce() + Send + 'static) {
-        let fd = self.file();
-        std::thread::spawn(move || {
-            enter(&fd);
-            f()
-        });
-    }
-}
-
-/// Moves the calling thread into the network namespace of `fd`.
-fn enter(fd: &std::fs::File) {
-    rustix::thread::move_into_link_name_space(
-        fd.as_fd(),
-        Some(rustix::thread::LinkNameSpaceType::Network),
-    )
-    .unwrap();
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
 }
 
 // ----- The internet: TLS certificates, servers, DNS --------------------------------------
