@@ -32,6 +32,7 @@ const MAX_REFUSAL: usize = 64 << 10;
         ("port" = u16, Path, description = "An exposed port of the sandbox.", minimum = 1)),
     responses((status = 101, description = "Switched to a TCP stream to the port."),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 429, description = "The port, its node or the control plane carries as many streams as it may.", body = ErrorBody),
         (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn connect(
