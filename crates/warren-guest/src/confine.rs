@@ -1,5 +1,6 @@
 //! What every command the guest starts is confined by: the system-call policy of
-//! `seccomp/agent.json` (compiled to BPF at build time), resource limits, a Landlock ruleset
+//! `seccomp/agent.json` (compiled to one BPF program at build time, see `build.rs`), resource
+//! limits, a Landlock ruleset
 //! where the kernel has Landlock, and the handling of the policy's notifications: each
 //! denied call is answered `EPERM` and counted as an incident.
 
@@ -15,14 +16,9 @@ use crate::incidents::Incidents;
 
 include!(concat!(env!("OUT_DIR"), "/syscall_names.rs"));
 
-/// The allowlist; its default is "notify the guest".
+/// The whole policy: the allowlist, whose default is "notify the guest", the calls that must
+/// look absent (clone3) and ENOSYS for calls newer than the review.
 const AGENT_BPF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/agent.bpf"));
-/// System calls that must look absent.
-const ENOSYS_BPF: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/enosys.bpf"));
-
-/// The highest system-call number the policy was reviewed against (seccompiler's table:
-/// `mseal`); newer ones answer ENOSYS, so programs fall back instead of failing on EPERM.
-const LAST_REVIEWED: u32 = 462;
 
 const RLIMIT_CORE: u32 = 4;
 const RLIMIT_NOFILE: u32 = 7;
@@ -47,10 +43,6 @@ pub fn prepare(limits: GuestLimits) -> std::io::Result<(Arc<Confinement>, OwnedF
     };
     let c = if limits.system_call_filter {
         Confinement {
-            filters: vec![
-                Program::from_bytes(ENOSYS_BPF)?,
-                Program::enosys_above(LAST_REVIEWED),
-            ],
             notify: Some((Program::from_bytes(AGENT_BPF)?, theirs)),
             ..c
         }
@@ -185,7 +177,6 @@ mod tests {
     fn the_compiled_policy_loads() {
         let p = Program::from_bytes(AGENT_BPF).unwrap();
         assert!(p.len() > 100, "the allowlist is there");
-        assert!(Program::from_bytes(ENOSYS_BPF).is_ok());
         assert_eq!(
             syscall_name(0),
             if SYSCALL_NAMES.is_empty() {

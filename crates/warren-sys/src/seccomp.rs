@@ -40,33 +40,6 @@ impl Program {
         Ok(Program { insns })
     }
 
-    /// A program answering `ENOSYS` for every system call numbered above `last` (those the
-    /// policy was never reviewed against: libc and runtimes fall back from ENOSYS, not from
-    /// EPERM). Other architectures and the x32 range are left to the agent filter.
-    pub fn enosys_above(last: u32) -> Program {
-        const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
-        const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
-        const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
-        const JGT_K: u16 = 0x25; // BPF_JMP | BPF_JGT | BPF_K
-        const RET_K: u16 = 0x06; // BPF_RET | BPF_K
-        #[cfg(target_arch = "x86_64")]
-        const AUDIT_ARCH: u32 = 0xC000_003E;
-        #[cfg(target_arch = "aarch64")]
-        const AUDIT_ARCH: u32 = 0xC000_00B7;
-        let i = |code, jt, jf, k| libc::sock_filter { code, jt, jf, k };
-        Program {
-            insns: vec![
-                i(LD_W_ABS, 0, 0, 4),        // seccomp_data.arch
-                i(JEQ_K, 0, 4, AUDIT_ARCH),  // another arch: allow here
-                i(LD_W_ABS, 0, 0, 0),        // seccomp_data.nr
-                i(JGE_K, 2, 0, 0x4000_0000), // x32: allow here
-                i(JGT_K, 0, 1, last),        // newer than the policy?
-                i(RET_K, 0, 0, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
-                i(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
-            ],
-        }
-    }
-
     pub(crate) fn fprog(&self) -> libc::sock_fprog {
         libc::sock_fprog {
             len: self.insns.len() as u16,
