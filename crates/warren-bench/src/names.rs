@@ -10,6 +10,8 @@
 //!   443 goes through the proxy, which checks the TLS server name and dials the name) and one
 //!   by its address (straight through the firewall). Each times connect + TLS handshake + one
 //!   small request inside the sandbox (Python's `ssl`), the two arms interleaved.
+//! - The DNS proxy's cost per query: the same two sandboxes, one asking the fake internet's DNS
+//!   server itself (allowed by address), one asking its resolver (the node's proxy).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, UdpSocket};
@@ -219,6 +221,22 @@ fn client(resolve: bool, n: usize) -> String {
     )
 }
 
+/// Python for a sandbox: `n` DNS queries for [`NAME`] (A, one UDP socket), each timed from
+/// send to answer; prints each one's milliseconds. With `proxy` they go to the sandbox's
+/// resolver (the node's DNS proxy, from `/etc/resolv.conf`), else straight to the fake
+/// internet's DNS server.
+fn dns_client(proxy: bool, n: usize) -> String {
+    let server = if proxy {
+        "[l.split()[1] for l in open('/etc/resolv.conf') if l.startswith('nameserver')][0]"
+            .to_string()
+    } else {
+        format!("'{SITE}'")
+    };
+    format!(
+        "import socket,struct,time,random\nserver={server}\nq=b''.join(bytes([len(p)])+p.encode() for p in '{NAME}'.split('.'))+b'\\0'+struct.pack('>HH',1,1)\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM); s.settimeout(5)\nout=[]\nfor i in range({n}):\n    m=struct.pack('>HHHHHH',random.randint(0,65535),0x0100,1,0,0,0)+q\n    t=time.perf_counter(); s.sendto(m,(server,53)); d,_=s.recvfrom(1500)\n    out.append((time.perf_counter()-t)*1000)\n    assert d[:2]==m[:2] and d[3]&15==0 and d[6:8]!=b'\\0\\0', d\nprint(' '.join('%.4f' % x for x in out))\n"
+    )
+}
+
 async fn run_client(
     node: &Arc<Node>,
     id: &warren_types::id::SandboxId,
@@ -248,11 +266,7 @@ async fn run_client(
 }
 
 /// The proxy's cost: per-connection times straight and through the proxy.
-async fn proxy_cost(
-    plan: &Plan,
-    exe_dir: &Path,
-    work: &Path,
-) -> Result<(Samples, Samples), String> {
+async fn proxy_cost(plan: &Plan, exe_dir: &Path, work: &Path) -> Result<Arms, String> {
     host_prepare()?;
     let net = Internet::new()?;
     serve_https(&net)?;
@@ -283,7 +297,10 @@ fn host_prepare() -> Result<(), String> {
     crate::host::preflight_cgroup_parent(CGROUP_PARENT).map_err(|e| format!("{e:#}"))
 }
 
-async fn measure_arms(plan: &Plan, node: &Arc<Node>) -> Result<(Samples, Samples), String> {
+/// Per-connection (TLS) and per-query (DNS) times: (straight, proxied) each.
+type Arms = ((Samples, Samples), (Samples, Samples));
+
+async fn measure_arms(plan: &Plan, node: &Arc<Node>) -> Result<Arms, String> {
     let mk = |policy: NetworkPolicy| CreateSandbox {
         image: "host".into(),
         memory: Some(ByteSize(256 << 20)),
@@ -320,7 +337,21 @@ async fn measure_arms(plan: &Plan, node: &Arc<Node>) -> Result<(Samples, Samples
             proxied.push(Duration::from_secs_f64(ms / 1000.0));
         }
     }
-    Ok((straight, proxied))
+    // DNS: the address-allowed sandbox asks the fake internet's server itself; the other asks
+    // its resolver, the node's proxy, which asks the same server (under its per-sandbox rate
+    // of 200 a second with a burst of 400: these are fewer).
+    let (mut dns_straight, mut dns_proxied) = (Samples::default(), Samples::default());
+    run_client(node, &direct.id, &dns_client(false, 5)).await?;
+    run_client(node, &named.id, &dns_client(true, 5)).await?;
+    for _ in 0..4 {
+        for ms in run_client(node, &direct.id, &dns_client(false, n / 4)).await? {
+            dns_straight.push(Duration::from_secs_f64(ms / 1000.0));
+        }
+        for ms in run_client(node, &named.id, &dns_client(true, n / 4)).await? {
+            dns_proxied.push(Duration::from_secs_f64(ms / 1000.0));
+        }
+    }
+    Ok(((straight, proxied), (dns_straight, dns_proxied)))
 }
 
 /// Measures both and renders them as Markdown.
@@ -354,7 +385,7 @@ pub async fn part(plan: &Plan, exe_dir: &Path) -> String {
         Err(e) => return format!("{s}Proxy cost: not measured: temp dir: {e}\n\n"),
     };
     match proxy_cost(plan, exe_dir, work.path()).await {
-        Ok((straight, proxied)) => {
+        Ok(((straight, proxied), (dns_straight, dns_proxied))) => {
             let (a, b) = (
                 straight.pct(50.0).unwrap_or_default(),
                 proxied.pct(50.0).unwrap_or_default(),
@@ -369,6 +400,22 @@ pub async fn part(plan: &Plan, exe_dir: &Path) -> String {
                 straight.len(),
                 straight.p50_p99(),
                 proxied.p50_p99(),
+                crate::stats::ms(b.saturating_sub(a)),
+                b.as_secs_f64() / a.as_secs_f64().max(1e-9),
+            ));
+            let (a, b) = (
+                dns_straight.pct(50.0).unwrap_or_default(),
+                dns_proxied.pct(50.0).unwrap_or_default(),
+            );
+            s.push_str(&format!(
+                "One DNS query (A) from inside a sandbox ({} each, the arms alternated):\n\n\
+                 | path | p50 / p99 |\n|---|---|\n\
+                 | straight to the DNS server (allowed by address) | {} |\n\
+                 | through the node's DNS proxy (checks the name, asks upstream, opens the answer's addresses) | {} |\n\n\
+                 The DNS proxy adds {} per query at the median ({:.2}×).\n\n",
+                dns_straight.len(),
+                dns_straight.p50_p99(),
+                dns_proxied.p50_p99(),
                 crate::stats::ms(b.saturating_sub(a)),
                 b.as_secs_f64() / a.as_secs_f64().max(1e-9),
             ));
