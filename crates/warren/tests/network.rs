@@ -1,6 +1,6 @@
 //! Sandbox networks against the real kernel: default deny, allow by CIDR, port and domain,
-//! run-time changes for a sandbox and a task, the always-denied destinations, events, and no
-//! leftovers. Each test runs its node in a network namespace of its own with a fake internet
+//! run-time changes for a sandbox and a task, the always-denied destinations, events, image
+//! builds under a policy, and no leftovers. Each test runs its node in a network namespace of its own with a fake internet
 //! beyond it (see `common::lab`); no traffic goes anywhere else.
 
 mod common;
@@ -764,4 +764,126 @@ fn netns_of(pid: i32) -> u64 {
     std::fs::metadata(format!("/proc/{pid}/ns/net"))
         .unwrap()
         .ino()
+}
+
+/// A busybox root file system for image builds (static busybox from the host).
+fn busybox_rootfs(root: &std::path::Path) {
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).is_file())
+        .expect("busybox is missing: install busybox-static (make test does)");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+}
+
+/// `image build` steps run in a builder sandbox under the policy the build names: by default
+/// nothing outbound (a step that fetches fails, and the build saves nothing); with
+/// `--allow-domain` the step reaches that name, through the node's resolver and its
+/// transparent proxy, and no other.
+#[test]
+fn image_builds_reach_only_what_their_policy_allows() {
+    require_root!();
+    let lab = Lab::new("i");
+    // No warm inits holding the images' layers, which unmount a second after their last use.
+    let cfg = format!(
+        "[node]\nwarm_pool = 0\nwarm_images = 0\nlayer_idle_unmount = 1\n\n{}",
+        lab.node_config()
+    );
+    let p = Platform::start_in(&lab.node.name, Some(&cfg));
+    let work = tempfile::tempdir().unwrap();
+    let base = work.path().join("base");
+    busybox_rootfs(&base);
+    let ok = |args: &[&str]| {
+        let out = p.cli(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ok(&[
+        "image",
+        "import",
+        base.to_str().unwrap(),
+        "--name",
+        "t/base",
+    ]);
+    // Static busybox's wget crashes on static glibc's NSS: the step resolves with busybox's own
+    // resolver (the `Address` after the `Name` line) and speaks HTTP with nc, naming the
+    // site in the Host header, as the transparent proxy requires for port 80 (the lab's sites
+    // greet with `hi`).
+    let get = |host: &str| {
+        format!(
+            "printf 'GET / HTTP/1.0\\r\\nHost: pypi.test\\r\\n\\r\\n' | nc -w 5 {host} 80 > /tmp/r \
+             && head -n 1 /tmp/r > /etc/fetched && grep -qx hi /etc/fetched"
+        )
+    };
+    let fetch = format!(
+        "ip=$(nslookup pypi.test | awk '/^Name:/ {{n=1}} n && /^Address/ {{print $NF; exit}}'); \
+         echo \"resolved $ip\"; [ -n \"$ip\" ] && {}",
+        get("$ip")
+    );
+    let fetch = fetch.as_str();
+    let build = |name: &str, run: &str, policy: &[&str]| {
+        let mut args = vec!["image", "build", "--from", "t/base", "--run", run];
+        args.extend_from_slice(policy);
+        args.extend_from_slice(&["--name", name]);
+        let out = p.cli(&args);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    // No policy: everything outbound denied, the site's address refused at once.
+    let direct = get(SITE);
+    let (built, err) = build("t/fetch:none", &direct, &[]);
+    assert!(!built, "a build without a policy fetched: {err}");
+    assert!(err.contains("can't connect"), "{err}");
+    // Nor does the name resolve.
+    let (built, err) = build("t/fetch:none", fetch, &[]);
+    assert!(!built, "a build without a policy fetched: {err}");
+    assert!(!err.contains(&format!("resolved {SITE}")), "{err}");
+    // Another name allowed: still not this one.
+    let (built, err) = build("t/fetch:other", fetch, &["--allow-domain", "other.test"]);
+    assert!(!built, "a build allowed another name fetched: {err}");
+    assert!(!err.contains(&format!("resolved {SITE}")), "{err}");
+    for name in ["t/fetch:none", "t/fetch:other"] {
+        let out = p.cli(&["image", "inspect", name]);
+        assert!(!out.status.success(), "{name} was saved by a failed build");
+    }
+
+    // Allowed by name: the step reaches the site, and its result is in the image.
+    ok(&[
+        "image",
+        "build",
+        "--from",
+        "t/base",
+        "--allow-domain",
+        "pypi.test",
+        "--run",
+        fetch,
+        "--name",
+        "t/fetch:ok",
+    ]);
+    p.run(async || {
+        let sb = p
+            .client()
+            .create(&CreateSandbox {
+                image: "t/fetch:ok".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let r = sb
+            .exec(&argv(["/bin/busybox", "cat", "/etc/fetched"]))
+            .await
+            .unwrap();
+        assert_eq!(r.stdout, "hi\n");
+        sb.kill().await.unwrap();
+    });
+    p.assert_clean();
 }
