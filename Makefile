@@ -28,6 +28,7 @@ test: deps
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace
 	sdk/python/run-tests.sh
+	sdk/e2b/run-tests.sh
 	scripts/contract/run.sh
 
 bench: build

@@ -100,7 +100,7 @@ ip netns add "$netns"
 ip -n "$netns" link set lo up
 
 WARREN_LOG=warn nsenter --net="/run/netns/$netns" -- "$warren" up --config "$here/node.toml" --data-dir "$data" \
-  --listen "127.0.0.1:$port" --cgroup-parent "$cgroup_parent" --kill-sandboxes-on-exit \
+  --listen "127.0.0.1:$port" --cgroup-parent "$cgroup_parent" --kill-sandboxes-on-exit --e2b-listen off \
   </dev/null >"$work/warren-up.log" 2>&1 &
 pid=$!
 for _ in $(seq 300); do

@@ -98,6 +98,8 @@ impl WarrenUp {
             .arg("--cgroup-parent")
             .arg(CGROUP_PARENT)
             .arg("--kill-sandboxes-on-exit")
+            .arg("--e2b-listen")
+            .arg("off")
             .env("WARREN_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(logf.try_clone()?)

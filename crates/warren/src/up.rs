@@ -4,7 +4,7 @@
 //! control plane reaches it there, exactly as it would reach a remote node over TCP. Stopping
 //! `warren up` (Ctrl-C, SIGTERM) leaves sandboxes running; the next `warren up` re-adopts them.
 
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -43,6 +43,11 @@ pub struct UpArgs {
     /// Kill every sandbox when stopping, instead of leaving them for the next start.
     #[arg(long)]
     pub kill_sandboxes_on_exit: bool,
+    /// Address the E2B-compatible gateway listens on, or `off` [default: 127.0.0.1:7701]. Its
+    /// key is in <data-dir>/e2b.key: E2B_API_KEY=$(cat that) E2B_API_URL=http://ADDR
+    /// E2B_SANDBOX_URL=http://ADDR.
+    #[arg(long, env = "WARREN_E2B_LISTEN")]
+    pub e2b_listen: Option<String>,
 }
 
 /// The config file of `warren up`.
@@ -51,6 +56,7 @@ pub struct UpArgs {
 struct FileConfig {
     data_dir: Option<PathBuf>,
     listen: Option<String>,
+    e2b_listen: Option<String>,
     node: Option<NodeConfig>,
     control: Option<ControlConfig>,
 }
@@ -81,6 +87,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         .clone()
         .or(file.listen)
         .unwrap_or_else(|| "127.0.0.1:7700".to_string());
+    let e2b_listen = args
+        .e2b_listen
+        .clone()
+        .or(file.e2b_listen)
+        .unwrap_or_else(|| "127.0.0.1:7701".to_string());
+    let e2b_listen = (e2b_listen != "off").then_some(e2b_listen);
     let mut node_cfg = file.node.unwrap_or_default();
     if file_sets_no_state_dir(&node_cfg) {
         node_cfg.state_dir = data_dir.join("node");
@@ -108,6 +120,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     rt.block_on(serve(
         data_dir,
         listen,
+        e2b_listen,
         node_cfg,
         control_cfg,
         args.kill_sandboxes_on_exit,
@@ -160,6 +173,7 @@ fn init_logging() {
 async fn serve(
     data_dir: PathBuf,
     listen: String,
+    e2b_listen: Option<String>,
     node_cfg: NodeConfig,
     control_cfg: ControlConfig,
     kill_on_exit: bool,
@@ -174,6 +188,12 @@ async fn serve(
             "listening on {listen} (is another warren up running? choose another with --listen)"
         )
     })?;
+    let e2b_tcp = match &e2b_listen {
+        Some(a) => Some(listen_tcp(a).await.with_context(|| {
+            format!("the E2B gateway listening on {a} (choose another with --e2b-listen, or `off`)")
+        })?),
+        None => None,
+    };
 
     let (node, report) = Node::start(node_cfg).await?;
     let sock = data_dir.join("node.sock");
@@ -198,6 +218,22 @@ async fn serve(
         );
     }
     let app = warren_control::api::router(started.control.clone());
+    let e2b_server = match (e2b_tcp, &e2b_listen) {
+        (Some(tcp), Some(addr)) => {
+            let gw = e2b_gateway(&data_dir, &listen)?;
+            eprintln!(
+                "warren: serving the E2B gateway on http://{addr}: E2B_API_KEY=$(cat {}) \
+                 E2B_API_URL=http://{addr} E2B_SANDBOX_URL=http://{addr}",
+                data_dir.join("e2b.key").display()
+            );
+            Some(tokio::spawn(warren_http::serve::serve(
+                tcp,
+                warren_e2b::router(std::sync::Arc::new(gw)),
+                std::future::pending(),
+            )))
+        }
+        _ => None,
+    };
     eprintln!(
         "warren: serving http://{listen} (node {}, {} sandboxes re-adopted). Try: warren sandbox create --image host",
         node.id, report.adopted
@@ -223,6 +259,9 @@ async fn serve(
             SHUTDOWN_GRACE.as_secs()
         ),
     }
+    if let Some(s) = e2b_server {
+        s.abort();
+    }
     // The control plane goes first, so its collector stops polling the node.
     drop(started);
     node_server.abort();
@@ -246,6 +285,41 @@ async fn serve(
         eprintln!("warren: stopped; sandboxes keep running and are re-adopted on the next start");
     }
     Ok(())
+}
+
+/// The E2B gateway: its key (`<data-dir>/e2b.key`, made at the first start, mode 0600), acting
+/// on the REST API at `listen` with the admin key.
+fn e2b_gateway(data_dir: &std::path::Path, listen: &str) -> anyhow::Result<warren_e2b::Gateway> {
+    let key_file = data_dir.join("e2b.key");
+    let key = match std::fs::read_to_string(&key_file) {
+        Ok(k) => k.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let k = warren_e2b::keys::new_key();
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&key_file)
+                .with_context(|| format!("creating {}", key_file.display()))?;
+            std::io::Write::write_all(&mut f, format!("{k}\n").as_bytes())?;
+            k
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", key_file.display())),
+    };
+    if !warren_e2b::keys::is_key_form(&key) {
+        anyhow::bail!(
+            "{} does not hold an E2B-form key (e2b_ and hex): remove it to have a new one made",
+            key_file.display()
+        );
+    }
+    let admin = std::fs::read_to_string(warren_sdk::config::key_file(data_dir))
+        .with_context(|| "reading the admin key the E2B gateway acts with")?;
+    let warren = warren_sdk::Client::new(&format!("http://{listen}"), Some(admin.trim()))?;
+    Ok(warren_e2b::Gateway {
+        warren,
+        key,
+        base_image: "host".into(),
+    })
 }
 
 async fn shutdown_signal() {

@@ -112,6 +112,16 @@ fn dependencies_point_one_way() {
     for d in ["warren-sys", "warren-node", "warren-control"] {
         assert!(!has("warren-sdk", d), "warren-sdk must not depend on {d}");
     }
+    // The E2B gateway is a client of the public API, nothing more.
+    for d in [
+        "warren-sys",
+        "warren-node",
+        "warren-control",
+        "warren-net",
+        "warren-guest",
+    ] {
+        assert!(!has("warren-e2b", d), "warren-e2b must not depend on {d}");
+    }
     // File operations on trees others control: rustix only, so the control plane (imports),
     // the node and the guest can all use them.
     assert!(

@@ -171,6 +171,9 @@ def start_server(config: Optional[str] = None, *, network: bool = False) -> Serv
         "--cgroup-parent",
         cgroup,
         "--kill-sandboxes-on-exit",
+        # Sessions run several servers: none takes the E2B gateway's default port.
+        "--e2b-listen",
+        "off",
     ]
     if config is not None:
         cfg = data_dir / "config.toml"
@@ -184,6 +187,7 @@ def start_server(config: Optional[str] = None, *, network: bool = False) -> Serv
         "WARREN_CONFIG",
         "WARREN_LISTEN",
         "WARREN_CGROUP_PARENT",
+        "WARREN_E2B_LISTEN",
     ):
         env.pop(var, None)
     log = open(data_dir / "warren.log", "wb")

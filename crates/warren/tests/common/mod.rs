@@ -192,6 +192,9 @@ impl Platform {
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("--cgroup-parent")
             .arg(&self.cgroup_parent)
+            // Tests run many platforms at once: none takes the E2B gateway's default port.
+            .arg("--e2b-listen")
+            .arg("off")
             .env("WARREN_LOG", "warn,warren_node=info")
             .stdin(Stdio::null());
         // Tests share the machine's network namespace: a node there gets no sandbox network

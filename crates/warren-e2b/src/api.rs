@@ -1,0 +1,499 @@
+//! E2B's control-plane routes, translated onto Warren's API.
+//!
+//! | E2B | Warren |
+//! |---|---|
+//! | `POST /sandboxes`, `POST /v2/sandboxes` | create (template → image; `base` → the configured image) |
+//! | `GET /sandboxes/{id}` | get |
+//! | `GET /v2/sandboxes`, `GET /sandboxes` | list (metadata = labels, state), paginated here |
+//! | `DELETE /sandboxes/{id}` | kill |
+//! | `POST /sandboxes/{id}/timeout` | set the timeout |
+//! | `POST /sandboxes/{id}/pause` | pause |
+//! | `POST /[v2/]sandboxes/{id}/connect`, `POST /sandboxes/{id}/resume` | resume where paused |
+//!
+//! Answers use E2B's shapes (camelCase, `Error` = `{"code": <status>, "message"}`); Warren's
+//! own refusals pass through with their status and message.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use warren_sdk::{CreateSandbox, ListFilter, NetworkPolicy, SandboxInfo, SandboxState};
+
+use crate::{CLIENT_ID, ENVD_VERSION, Gateway, keys};
+
+/// E2B's default sandbox lifetime, seconds.
+const DEFAULT_TIMEOUT: u64 = 300;
+/// Most sandboxes in one list page (E2B's limit).
+const MAX_PAGE: usize = 100;
+
+pub(crate) fn routes() -> Router<Arc<Gateway>> {
+    Router::new()
+        .route("/sandboxes", post(create).get(list))
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(info).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/resume", post(resume))
+}
+
+/// An E2B error answer.
+#[derive(Debug)]
+pub(crate) struct ApiError(pub StatusCode, pub String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.0,
+            Json(json!({"code": self.0.as_u16(), "message": self.1})),
+        )
+            .into_response()
+    }
+}
+
+impl From<warren_sdk::Error> for ApiError {
+    fn from(e: warren_sdk::Error) -> ApiError {
+        let status = match &e {
+            warren_sdk::Error::Api { status, .. } => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
+            }
+            warren_sdk::Error::Invalid(_) => StatusCode::BAD_REQUEST,
+            warren_sdk::Error::Connect { .. } | warren_sdk::Error::Transport(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            _ => StatusCode::BAD_GATEWAY,
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+type Answer<T> = Result<T, ApiError>;
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+/// Checks `X-API-KEY`.
+pub(crate) fn authorize(gw: &Gateway, headers: &HeaderMap) -> Answer<()> {
+    let presented = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if presented.is_empty() {
+        return Err(ApiError(
+            StatusCode::UNAUTHORIZED,
+            "no API key: send X-API-KEY (E2B_API_KEY; `warren up` writes the gateway's key to \
+             <data-dir>/e2b.key)"
+                .into(),
+        ));
+    }
+    if !keys::matches(presented, &gw.key) {
+        return Err(ApiError(
+            StatusCode::UNAUTHORIZED,
+            "invalid API key: use the gateway's key (<data-dir>/e2b.key)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A sandbox id from a path: Warren's ids are E2B's form too (lower-case letters and digits).
+fn sandbox_id(id: &str) -> Answer<()> {
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("sandbox {id:?} not found: ids are letters and digits"),
+        ));
+    }
+    Ok(())
+}
+
+/// The body of both create routes (`NewSandbox`, `NewSandboxV2`); unknown fields are ignored,
+/// as E2B's API does.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    auto_pause: Option<bool>,
+    network: Option<Value>,
+}
+
+/// E2B's `Sandbox` (create, connect).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Created {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    envd_version: &'static str,
+    envd_access_token: String,
+    domain: Option<String>,
+}
+
+/// The template name E2B shows for a Warren image.
+fn template_of(gw: &Gateway, image: &str) -> String {
+    if image == gw.base_image {
+        "base".into()
+    } else {
+        image.to_string()
+    }
+}
+
+fn created(gw: &Gateway, sb: &SandboxInfo) -> Created {
+    Created {
+        template_id: template_of(gw, &sb.image),
+        sandbox_id: sb.id.to_string(),
+        client_id: CLIENT_ID,
+        envd_version: ENVD_VERSION,
+        envd_access_token: keys::access_token(&gw.key, sb.id.as_str()),
+        domain: None,
+    }
+}
+
+async fn create(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Answer<(StatusCode, Json<Created>)> {
+    authorize(&gw, &headers)?;
+    let req: NewSandbox = if body.is_empty() {
+        NewSandbox::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| bad(format!("the create body is not a NewSandbox: {e}")))?
+    };
+    if req.auto_pause == Some(true) {
+        return Err(bad(
+            "autoPause is not supported by this gateway: a Warren sandbox is killed at its \
+             timeout (pause it yourself, or leave autoPause out)",
+        ));
+    }
+    if req.network.as_ref().is_some_and(|n| !n.is_null()) {
+        return Err(bad(
+            "the network field (allowOut, denyOut) is not supported by this gateway yet: use \
+             allow_internet_access, or Warren's own API (`warren network set`)",
+        ));
+    }
+    let template = req.template_id.unwrap_or_else(|| "base".into());
+    let image = if template == "base" {
+        gw.base_image.clone()
+    } else {
+        template
+    };
+    let network = match req.allow_internet_access {
+        // E2B's default: the internet, never the node, control plane or metadata addresses.
+        None | Some(true) => NetworkPolicy::internet(),
+        Some(false) => NetworkPolicy::default(),
+    };
+    let create = CreateSandbox {
+        image,
+        timeout: Some(req.timeout.unwrap_or(DEFAULT_TIMEOUT)),
+        labels: req.metadata.unwrap_or_default(),
+        env: req.env_vars.unwrap_or_default(),
+        network: Some(network),
+        ..Default::default()
+    };
+    let sb = gw.warren.create(&create).await?;
+    let info = match sb.snapshot() {
+        Some(i) => i.clone(),
+        None => sb.info().await?,
+    };
+    Ok((StatusCode::CREATED, Json(created(&gw, &info))))
+}
+
+/// E2B's `SandboxDetail` and `ListedSandbox` (the latter without the token).
+fn detail(gw: &Gateway, sb: &SandboxInfo, with_token: bool) -> Value {
+    let mut v = json!({
+        "templateID": template_of(gw, &sb.image),
+        "sandboxID": sb.id.to_string(),
+        "clientID": CLIENT_ID,
+        "startedAt": sb.created_at,
+        "endAt": sb.expires_at,
+        "envdVersion": ENVD_VERSION,
+        "cpuCount": sb.resources.cpu.div_ceil(1000).max(1),
+        "memoryMB": sb.resources.memory.0 >> 20,
+        "diskSizeMB": sb.resources.disk.map(|d| d.0 >> 20).unwrap_or(0),
+        "state": sb.state.as_str(),
+        "metadata": sb.labels,
+    });
+    if with_token {
+        v["envdAccessToken"] = json!(keys::access_token(&gw.key, sb.id.as_str()));
+    }
+    v
+}
+
+async fn info(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer<Json<Value>> {
+    authorize(&gw, &headers)?;
+    sandbox_id(&id)?;
+    let sb = gw.warren.get(&id).await?;
+    Ok(Json(detail(&gw, &sb, true)))
+}
+
+/// List parameters (`GET /v2/sandboxes`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    order: Option<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
+}
+
+/// `k1=v1&k2=v2`, each part URL-encoded.
+fn parse_metadata(s: &str) -> Answer<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for pair in s.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| bad(format!("metadata filter {pair:?} is not key=value")))?;
+        out.push((percent_decode(k)?, percent_decode(v)?));
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> Answer<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let h = b
+                    .get(i + 1..i + 3)
+                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| bad(format!("{s:?} has a bad percent escape")))?;
+                out.push(h);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad(format!("{s:?} is not UTF-8 once decoded")))
+}
+
+async fn list(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Answer<Response> {
+    authorize(&gw, &headers)?;
+    let wanted: Vec<&str> = match &q.state {
+        Some(s) => s.split(',').filter(|s| !s.is_empty()).collect(),
+        None => vec!["running", "paused"],
+    };
+    for s in &wanted {
+        if !matches!(*s, "running" | "paused") {
+            return Err(bad(format!("state {s:?} is not one of running, paused")));
+        }
+    }
+    let limit = q.limit.unwrap_or(MAX_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(bad(format!("limit must be 1 to {MAX_PAGE}, got {limit}")));
+    }
+    let offset: usize = match &q.next_token {
+        None => 0,
+        Some(t) => t
+            .parse()
+            .map_err(|_| bad(format!("nextToken {t:?} is not one this gateway gave")))?,
+    };
+    let desc = match q.order.as_deref() {
+        None | Some("desc") => true,
+        Some("asc") => false,
+        Some(o) => return Err(bad(format!("order {o:?} is not asc or desc"))),
+    };
+    let mut filter = ListFilter::default();
+    for (k, v) in parse_metadata(q.metadata.as_deref().unwrap_or(""))? {
+        filter = filter.label(k, v);
+    }
+    let mut all = gw.warren.list(&filter).await?.into_items();
+    all.retain(|s| wanted.contains(&s.state.as_str()));
+    all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+    if desc {
+        all.reverse();
+    }
+    let page: Vec<Value> = all
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(|s| detail(&gw, s, false))
+        .collect();
+    let mut resp = Json(page).into_response();
+    if offset + limit < all.len()
+        && let Ok(v) = (offset + limit).to_string().parse()
+    {
+        resp.headers_mut().insert("x-next-token", v);
+    }
+    Ok(resp)
+}
+
+async fn kill(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer<StatusCode> {
+    authorize(&gw, &headers)?;
+    sandbox_id(&id)?;
+    gw.warren.sandbox(&id)?.kill().await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+struct Timeout {
+    timeout: u64,
+}
+
+async fn set_timeout(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Answer<StatusCode> {
+    authorize(&gw, &headers)?;
+    sandbox_id(&id)?;
+    let t: Timeout = serde_json::from_slice(&body)
+        .map_err(|e| bad(format!("the body must be {{\"timeout\": seconds}}: {e}")))?;
+    gw.warren.sandbox(&id)?.set_timeout(t.timeout).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn pause(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer<StatusCode> {
+    authorize(&gw, &headers)?;
+    sandbox_id(&id)?;
+    let sb = gw.warren.sandbox(&id)?;
+    if sb.info().await?.state == SandboxState::Paused {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        ));
+    }
+    sb.pause().await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ConnectBody {
+    timeout: Option<u64>,
+}
+
+/// Resumes a paused sandbox (201) or finds it running (200), and sets its timeout when given.
+async fn connect_or_resume(
+    gw: &Gateway,
+    id: &str,
+    body: &[u8],
+    running: StatusCode,
+) -> Answer<(StatusCode, Json<Created>)> {
+    sandbox_id(id)?;
+    let b: ConnectBody = if body.is_empty() {
+        ConnectBody::default()
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| bad(format!("the body must be {{\"timeout\": seconds}}: {e}")))?
+    };
+    if b.timeout == Some(0) {
+        return Err(bad("timeout must be at least 1 second"));
+    }
+    let sb = gw.warren.sandbox(id)?;
+    let mut info = sb.info().await.map_err(|e| {
+        if e.is_not_found() {
+            ApiError(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))
+        } else {
+            e.into()
+        }
+    })?;
+    let status = if info.state == SandboxState::Paused {
+        info = sb.resume().await?;
+        StatusCode::CREATED
+    } else {
+        running
+    };
+    if let Some(t) = b.timeout {
+        info = sb.set_timeout(t).await?;
+    }
+    Ok((status, Json(created(gw, &info))))
+}
+
+async fn connect(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Answer<(StatusCode, Json<Created>)> {
+    authorize(&gw, &headers)?;
+    connect_or_resume(&gw, &id, &body, StatusCode::OK).await
+}
+
+/// The deprecated resume (SDK 2.0 to 2.5): 201 either way, 409 when it was not paused.
+async fn resume(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Answer<(StatusCode, Json<Created>)> {
+    authorize(&gw, &headers)?;
+    sandbox_id(&id)?;
+    let info = gw.warren.get(&id).await?;
+    if info.state != SandboxState::Paused {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is not paused"),
+        ));
+    }
+    connect_or_resume(&gw, &id, &body, StatusCode::CREATED).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_filters_decode() {
+        assert_eq!(
+            parse_metadata("a=1&b%20c=d%2Fe&e=f+g").unwrap(),
+            vec![
+                ("a".into(), "1".into()),
+                ("b c".into(), "d/e".into()),
+                ("e".into(), "f g".into())
+            ]
+        );
+        assert!(parse_metadata("a").is_err());
+        assert!(parse_metadata("a=%2").is_err());
+        assert!(parse_metadata("a=%zz").is_err());
+        assert!(parse_metadata("a=%ff").is_err(), "not UTF-8");
+        assert!(parse_metadata("").unwrap().is_empty());
+    }
+}

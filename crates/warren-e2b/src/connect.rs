@@ -1,0 +1,356 @@
+//! The Connect protocol as the E2B SDK speaks it to envd: JSON codec only, no compression.
+//!
+//! - Unary: `POST /<package>.<Service>/<Method>`, `Content-Type: application/json`, one JSON
+//!   message each way; an error is a non-200 status with `{"code": "<name>", "message": ...}`.
+//! - Server stream: `Content-Type: application/connect+json` both ways; every message is an
+//!   envelope (one flag byte, a 4-byte big-endian length, the payload). The request is one
+//!   envelope; the response is 200 with message envelopes as they come and one last envelope
+//!   flagged end-of-stream (`0x02`) carrying `{}` or `{"error": {...}}` — an error after the
+//!   stream began goes there, the status stays 200.
+//!
+//! Everything a client sends is bounded: an envelope larger than [`MAX_MESSAGE`] is refused
+//! before its payload is read, and so is a compressed one (nothing here decompresses).
+
+use axum::http::StatusCode;
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Serialize;
+
+/// Largest request message (a command line and its environment are far smaller; a file's
+/// content never travels in a Connect message).
+pub const MAX_MESSAGE: usize = 4 << 20;
+
+/// Envelope flag: the payload is compressed.
+pub const FLAG_COMPRESSED: u8 = 0x01;
+/// Envelope flag: the end of the stream (the payload is the end message).
+pub const FLAG_END_STREAM: u8 = 0x02;
+
+/// `Content-Type` of unary calls.
+pub const UNARY_JSON: &str = "application/json";
+/// `Content-Type` of streaming calls.
+pub const STREAM_JSON: &str = "application/connect+json";
+
+/// Connect's error codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Canceled,
+    Unknown,
+    InvalidArgument,
+    DeadlineExceeded,
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    Aborted,
+    OutOfRange,
+    Unimplemented,
+    Internal,
+    Unavailable,
+    DataLoss,
+    Unauthenticated,
+}
+
+impl Code {
+    /// The code's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Canceled => "canceled",
+            Code::Unknown => "unknown",
+            Code::InvalidArgument => "invalid_argument",
+            Code::DeadlineExceeded => "deadline_exceeded",
+            Code::NotFound => "not_found",
+            Code::AlreadyExists => "already_exists",
+            Code::PermissionDenied => "permission_denied",
+            Code::ResourceExhausted => "resource_exhausted",
+            Code::FailedPrecondition => "failed_precondition",
+            Code::Aborted => "aborted",
+            Code::OutOfRange => "out_of_range",
+            Code::Unimplemented => "unimplemented",
+            Code::Internal => "internal",
+            Code::Unavailable => "unavailable",
+            Code::DataLoss => "data_loss",
+            Code::Unauthenticated => "unauthenticated",
+        }
+    }
+
+    /// The HTTP status of a unary error with this code.
+    pub fn http_status(self) -> StatusCode {
+        match self {
+            Code::Canceled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+            Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+                StatusCode::BAD_REQUEST
+            }
+            Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        }
+    }
+}
+
+/// A Connect error: a code and a message for people.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub code: Code,
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct WireError<'a> {
+    code: &'static str,
+    message: &'a str,
+}
+
+impl Error {
+    pub fn new(code: Code, message: impl Into<String>) -> Error {
+        Error {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The body of a unary error response.
+    pub fn unary_body(&self) -> Vec<u8> {
+        serde_json::to_vec(&WireError {
+            code: self.code.as_str(),
+            message: &self.message,
+        })
+        .unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+/// One envelope around `payload`.
+pub fn envelope(flags: u8, payload: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(5 + payload.len());
+    b.put_u8(flags);
+    b.put_u32(payload.len() as u32);
+    b.put_slice(payload);
+    b.freeze()
+}
+
+/// A message envelope holding `msg` as JSON.
+pub fn message<T: Serialize>(msg: &T) -> Bytes {
+    envelope(0, &serde_json::to_vec(msg).unwrap_or_default())
+}
+
+/// The end-of-stream envelope: `{}`, or the error.
+pub fn end_stream(error: Option<&Error>) -> Bytes {
+    #[derive(Serialize)]
+    struct End<'a> {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        error: Option<WireError<'a>>,
+    }
+    let end = End {
+        error: error.map(|e| WireError {
+            code: e.code.as_str(),
+            message: &e.message,
+        }),
+    };
+    envelope(
+        FLAG_END_STREAM,
+        &serde_json::to_vec(&end).unwrap_or_default(),
+    )
+}
+
+/// Splits the first envelope off `body`: its flags, its payload and what follows. Refuses a
+/// truncated envelope, a compressed one and one larger than `max`.
+pub fn split_envelope(body: &[u8], max: usize) -> Result<(u8, &[u8], &[u8]), Error> {
+    let invalid = |m: String| Error::new(Code::InvalidArgument, m);
+    if body.len() < 5 {
+        return Err(invalid(format!(
+            "a Connect envelope needs a 5-byte header (flags, big-endian length); got {} bytes",
+            body.len()
+        )));
+    }
+    let flags = body[0];
+    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    if flags & FLAG_COMPRESSED != 0 {
+        return Err(Error::new(
+            Code::Unimplemented,
+            "compressed messages are not accepted: send Connect-Content-Encoding identity",
+        ));
+    }
+    if len > max {
+        return Err(Error::new(
+            Code::ResourceExhausted,
+            format!("a message of {len} bytes is over the limit of {max}"),
+        ));
+    }
+    let rest = &body[5..];
+    if rest.len() < len {
+        return Err(invalid(format!(
+            "the envelope announces {len} bytes but the body holds {}",
+            rest.len()
+        )));
+    }
+    Ok((flags, &rest[..len], &rest[len..]))
+}
+
+/// The one request message of a server-streaming call: exactly one envelope, not flagged
+/// end-of-stream, holding JSON of type `T`.
+pub fn stream_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Error> {
+    let (flags, payload, rest) = split_envelope(body, MAX_MESSAGE)?;
+    if flags & FLAG_END_STREAM != 0 {
+        return Err(Error::new(
+            Code::InvalidArgument,
+            "the request's envelope is flagged end-of-stream: send the message in a plain envelope",
+        ));
+    }
+    if !rest.is_empty() {
+        return Err(Error::new(
+            Code::InvalidArgument,
+            "a server-streaming call takes exactly one request message",
+        ));
+    }
+    json(payload)
+}
+
+/// A request message parsed from JSON.
+pub fn json<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, Error> {
+    if payload.len() > MAX_MESSAGE {
+        return Err(Error::new(
+            Code::ResourceExhausted,
+            format!(
+                "a message of {} bytes is over the limit of {MAX_MESSAGE}",
+                payload.len()
+            ),
+        ));
+    }
+    serde_json::from_slice(payload)
+        .map_err(|e| Error::new(Code::InvalidArgument, format!("the request message: {e}")))
+}
+
+/// Every message envelope of a client-streaming body, in order (a trailing end-of-stream
+/// envelope, if any, ends it).
+pub fn client_stream(body: &[u8]) -> Result<Vec<&[u8]>, Error> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let (flags, payload, r) = split_envelope(rest, MAX_MESSAGE)?;
+        if flags & FLAG_END_STREAM != 0 {
+            if !r.is_empty() {
+                return Err(Error::new(
+                    Code::InvalidArgument,
+                    "data after the end-of-stream envelope",
+                ));
+            }
+            break;
+        }
+        out.push(payload);
+        rest = r;
+    }
+    Ok(out)
+}
+
+/// The `Connect-Timeout-Ms` header's value, where it is a valid one (1 to 10 digits).
+pub fn timeout_ms(value: Option<&str>) -> Result<Option<u64>, Error> {
+    match value {
+        None => Ok(None),
+        Some(v) if !v.is_empty() && v.len() <= 10 && v.bytes().all(|b| b.is_ascii_digit()) => {
+            Ok(v.parse().ok())
+        }
+        Some(v) => Err(Error::new(
+            Code::InvalidArgument,
+            format!("Connect-Timeout-Ms must be 1 to 10 digits, got {v:?}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize, PartialEq)]
+    struct Msg {
+        a: u32,
+    }
+
+    #[test]
+    fn envelopes_round_trip() {
+        let e = envelope(0, b"{\"a\":7}");
+        assert_eq!(&e[..5], &[0, 0, 0, 0, 7]);
+        assert_eq!(stream_request::<Msg>(&e).unwrap(), Msg { a: 7 });
+        let end = end_stream(None);
+        assert_eq!(&end[..], b"\x02\x00\x00\x00\x02{}");
+        let err = end_stream(Some(&Error::new(Code::NotFound, "no such process")));
+        let (flags, payload, rest) = split_envelope(&err, MAX_MESSAGE).unwrap();
+        assert_eq!((flags, rest.len()), (FLAG_END_STREAM, 0));
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(payload).unwrap(),
+            serde_json::json!({"error": {"code": "not_found", "message": "no such process"}})
+        );
+    }
+
+    #[test]
+    fn malformed_envelopes_get_clear_errors() {
+        // Short header, short payload, compressed, oversized, trailing data, end flag, bad JSON.
+        let e = stream_request::<Msg>(b"\x00\x00").unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(e.message.contains("5-byte header"), "{e}");
+        let e = stream_request::<Msg>(b"\x00\x00\x00\x00\x09{}").unwrap_err();
+        assert!(e.message.contains("announces 9 bytes"), "{e}");
+        let e = stream_request::<Msg>(b"\x01\x00\x00\x00\x02{}").unwrap_err();
+        assert_eq!(e.code, Code::Unimplemented);
+        let big = [0u8, 0xff, 0xff, 0xff, 0xff];
+        let e = stream_request::<Msg>(&big).unwrap_err();
+        assert_eq!(e.code, Code::ResourceExhausted);
+        let mut two = envelope(0, b"{\"a\":1}").to_vec();
+        two.extend_from_slice(&envelope(0, b"{\"a\":2}"));
+        let e = stream_request::<Msg>(&two).unwrap_err();
+        assert!(e.message.contains("exactly one"), "{e}");
+        let e = stream_request::<Msg>(&end_stream(None)).unwrap_err();
+        assert!(e.message.contains("end-of-stream"), "{e}");
+        let e = stream_request::<Msg>(&envelope(0, b"{\"a\":")).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(e.message.starts_with("the request message"), "{e}");
+    }
+
+    #[test]
+    fn client_streams_split_into_messages() {
+        let mut body = envelope(0, b"1").to_vec();
+        body.extend_from_slice(&envelope(0, b"22"));
+        assert_eq!(client_stream(&body).unwrap(), vec![&b"1"[..], &b"22"[..]]);
+        body.extend_from_slice(&end_stream(None));
+        assert_eq!(client_stream(&body).unwrap().len(), 2);
+        body.push(0);
+        assert!(client_stream(&body).is_err(), "data after the end");
+        assert!(client_stream(b"").unwrap().is_empty());
+    }
+
+    #[test]
+    fn codes_map_to_the_protocols_statuses() {
+        assert_eq!(Code::NotFound.http_status(), StatusCode::NOT_FOUND);
+        assert_eq!(Code::AlreadyExists.http_status(), StatusCode::CONFLICT);
+        assert_eq!(
+            Code::Unauthenticated.http_status(),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            Code::DeadlineExceeded.http_status(),
+            StatusCode::GATEWAY_TIMEOUT
+        );
+        assert_eq!(Code::Canceled.http_status().as_u16(), 499);
+        let body = Error::new(Code::AlreadyExists, "exists").unary_body();
+        assert_eq!(body, br#"{"code":"already_exists","message":"exists"}"#);
+    }
+
+    #[test]
+    fn timeouts_parse_or_are_refused() {
+        assert_eq!(timeout_ms(None).unwrap(), None);
+        assert_eq!(timeout_ms(Some("60000")).unwrap(), Some(60000));
+        for bad in ["", "-1", "1e3", "12345678901", "6 0"] {
+            assert!(timeout_ms(Some(bad)).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! E2B-form keys (`e2b_` + 40 lower-case hex: the form SDKs 2.25 to 2.45 insist on), the
+//! check of a presented one, and the per-sandbox envd access tokens, derived from the key so
+//! the gateway keeps no table of them.
+
+use sha2::{Digest, Sha256};
+
+/// A new key.
+pub fn new_key() -> String {
+    let bytes: [u8; 20] = rand::random();
+    format!("e2b_{}", hex(&bytes))
+}
+
+/// Whether `s` has the key form.
+pub fn is_key_form(s: &str) -> bool {
+    s.strip_prefix("e2b_").is_some_and(|h| {
+        !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// Compares a presented key with the gateway's in time independent of where they differ.
+pub fn matches(presented: &str, key: &str) -> bool {
+    let (a, b) = (
+        Sha256::digest(presented.as_bytes()),
+        Sha256::digest(key.as_bytes()),
+    );
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+/// The envd access token of sandbox `id`: what a secure sandbox's in-sandbox calls must carry
+/// (`X-Access-Token`).
+pub fn access_token(key: &str, id: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"warren-e2b envd access token\0");
+    h.update(key.as_bytes());
+    h.update(b"\0");
+    h.update(id.as_bytes());
+    hex(&h.finalize()[..20])
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_have_the_form_older_sdks_check() {
+        let k = new_key();
+        assert_eq!(k.len(), 44);
+        assert!(is_key_form(&k), "{k}");
+        assert_ne!(k, new_key());
+        for bad in ["e2b_", "e2b_XYZ", "sk_e2b_00", "", "e2b_0g"] {
+            assert!(!is_key_form(bad), "{bad}");
+        }
+        assert!(matches(&k, &k));
+        assert!(!matches(&k, &new_key()));
+        assert!(!matches("", &k));
+    }
+
+    #[test]
+    fn access_tokens_differ_by_sandbox_and_key() {
+        let (k1, k2) = (new_key(), new_key());
+        let t = access_token(&k1, "abc");
+        assert_eq!(t, access_token(&k1, "abc"));
+        assert_ne!(t, access_token(&k1, "abd"));
+        assert_ne!(t, access_token(&k2, "abc"));
+        assert_eq!(t.len(), 40);
+    }
+}

@@ -1,0 +1,48 @@
+//! Warren's E2B-compatible gateway: the unmodified `e2b` SDK, pointed at it with
+//! `E2B_API_URL` and `E2B_SANDBOX_URL` (one listener serves both), drives Warren sandboxes.
+//!
+//! It is a thin translation onto Warren's own REST API (through `warren-sdk`), holding no state
+//! of its own: E2B's control-plane routes (`api`) become Warren creates, lists, timeouts,
+//! pauses and kills; the in-sandbox side (envd's routes, chosen by the `E2b-Sandbox-Id` and
+//! `E2b-Sandbox-Port` headers, `envd`) becomes Warren's exec and file operations. The Connect
+//! protocol envd speaks is in `connect`.
+//!
+//! Keys: the SDK sends `X-API-KEY`, which older SDKs insist is `e2b_` and hex; the gateway
+//! has one such key (`warren up` writes it to `<data-dir>/e2b.key`) and acts with a Warren key.
+
+pub mod api;
+pub mod connect;
+pub mod envd;
+pub mod keys;
+
+use std::sync::Arc;
+
+use axum::Router;
+
+/// The envd version the gateway reports. The SDK switches features on by it; it says what
+/// the gateway really implements (see `envd`).
+pub const ENVD_VERSION: &str = "0.1.0";
+
+/// E2B's constant client id (deprecated in its API, still required in answers).
+pub const CLIENT_ID: &str = "6532622b";
+
+/// What the gateway needs.
+pub struct Gateway {
+    /// Warren's API, as the gateway's identity.
+    pub warren: warren_sdk::Client,
+    /// The E2B key clients must present.
+    pub key: String,
+    /// The Warren image the `base` template names.
+    pub base_image: String,
+}
+
+/// The gateway's routes.
+pub fn router(gw: Arc<Gateway>) -> Router {
+    api::routes()
+        .merge(envd::routes())
+        .with_state(gw)
+        .layer(axum::extract::DefaultBodyLimit::max(connect::MAX_MESSAGE))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,145 @@
+"""Sandbox lifecycle through the gateway with the unmodified `e2b` SDK, sync and async:
+create, info, is_running, timeouts, list (metadata and state filters, pagination, order),
+pause and connect (resume), kill, and the errors the SDK maps (unknown sandbox, bad key)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from datetime import datetime, timezone
+
+import pytest
+from e2b import (
+    AsyncSandbox,
+    AuthenticationException,
+    NotFoundException,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+)
+
+
+def run_id() -> str:
+    return secrets.token_hex(4)
+
+
+def test_the_key_file_is_private_and_of_e2b_form(gateway):
+    path = gateway.data_dir / "e2b.key"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    key = path.read_text().strip()
+    assert key.startswith("e2b_") and len(key) == 44
+    int(key[4:], 16)
+
+
+def test_create_info_timeout_and_kill(gateway):
+    run = run_id()
+    sb = Sandbox.create("base", timeout=120, metadata={"run": run})
+    try:
+        assert sb.sandbox_id.isalnum() and sb.sandbox_id == sb.sandbox_id.lower()
+        info = sb.get_info()
+        assert info.sandbox_id == sb.sandbox_id
+        assert info.template_id == "base"
+        assert info.metadata == {"run": run}
+        assert info.state == SandboxState.RUNNING
+        lifetime = (info.end_at - info.started_at).total_seconds()
+        assert 119 <= lifetime <= 121, lifetime
+        assert info.started_at <= datetime.now(timezone.utc)
+        assert sb.is_running()
+        # The gateway made a Warren sandbox of the base template's image, with the metadata as
+        # labels and the internet allowed (E2B's default).
+        w = gateway.warren("GET", f"/v1/sandboxes/{sb.sandbox_id}").json()
+        assert w["image"] == "host" and w["labels"] == {"run": run}
+        assert w["network"]["mode"] == "filtered"
+        cidrs = sorted(r.get("cidr") for r in w["network"]["allow"])
+        assert cidrs == ["0.0.0.0/0", "::/0"], w["network"]
+
+        sb.set_timeout(600)
+        lifetime = (sb.get_info().end_at - datetime.now(timezone.utc)).total_seconds()
+        assert 590 <= lifetime <= 601, lifetime
+    finally:
+        assert sb.kill() is True
+    assert sb.kill() is False, "a second kill finds nothing"
+    assert Sandbox.kill(sb.sandbox_id) is False
+    assert not sb.is_running()
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sb.sandbox_id)
+
+
+def test_no_internet_when_asked(gateway):
+    sb = Sandbox.create("base", timeout=60, allow_internet_access=False)
+    try:
+        w = gateway.warren("GET", f"/v1/sandboxes/{sb.sandbox_id}").json()
+        assert w["network"]["mode"] == "filtered" and w["network"]["allow"] == [], w["network"]
+    finally:
+        sb.kill()
+
+
+def test_list_filters_pages_and_orders(gateway):
+    run = run_id()
+    made = [Sandbox.create("base", timeout=120, metadata={"run": run, "i": str(i)}) for i in range(3)]
+    try:
+        mine = SandboxQuery(metadata={"run": run})
+        ids = [s.sandbox_id for s in Sandbox.list(query=mine).next_items()]
+        assert sorted(ids) == sorted(s.sandbox_id for s in made)
+        one = SandboxQuery(metadata={"run": run, "i": "1"})
+        assert [s.sandbox_id for s in Sandbox.list(query=one).next_items()] == [made[1].sandbox_id]
+        assert Sandbox.list(query=SandboxQuery(metadata={"run": "x" + run})).next_items() == []
+        # Pages of one, oldest first, then newest first.
+        pages = Sandbox.list(query=mine, limit=1, order="asc")
+        seen = []
+        while pages.has_next:
+            items = pages.next_items()
+            assert len(items) <= 1
+            seen += [s.sandbox_id for s in items]
+        assert seen == [s.sandbox_id for s in made]
+        newest = Sandbox.list(query=mine, limit=2, order="desc").next_items()
+        assert [s.sandbox_id for s in newest] == [made[2].sandbox_id, made[1].sandbox_id]
+        listed = newest[0]
+        assert listed.template_id == "base" and listed.metadata["run"] == run
+        assert listed.state == SandboxState.RUNNING
+
+        # Pause one: the state filter sees it, is_running does not; connect resumes it.
+        made[0].pause()
+        paused = SandboxQuery(metadata={"run": run}, state=[SandboxState.PAUSED])
+        assert [s.sandbox_id for s in Sandbox.list(query=paused).next_items()] == [made[0].sandbox_id]
+        assert not made[0].is_running()
+        assert Sandbox.get_info(made[0].sandbox_id).state == SandboxState.PAUSED
+        again = Sandbox.connect(made[0].sandbox_id)
+        assert again.is_running()
+        assert Sandbox.get_info(made[0].sandbox_id).state == SandboxState.RUNNING
+        running = SandboxQuery(metadata={"run": run}, state=[SandboxState.RUNNING])
+        assert len(Sandbox.list(query=running).next_items()) == 3
+    finally:
+        for s in made:
+            s.kill()
+
+
+def test_unknown_sandboxes_and_bad_keys(gateway):
+    with pytest.raises(NotFoundException):
+        Sandbox.connect("abcdefghij0123456789")
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info("abcdefghij0123456789")
+    with pytest.raises(AuthenticationException):
+        Sandbox.create("base", api_key="e2b_" + "0" * 40)
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="e2b_" + "1" * 40).next_items()
+
+
+async def test_async_lifecycle(gateway):
+    run = run_id()
+    sb = await AsyncSandbox.create("base", timeout=60, metadata={"run": run})
+    try:
+        assert await sb.is_running()
+        info = await sb.get_info()
+        assert info.metadata == {"run": run}
+        listed = await AsyncSandbox.list(query=SandboxQuery(metadata={"run": run})).next_items()
+        assert [s.sandbox_id for s in listed] == [sb.sandbox_id]
+        await sb.set_timeout(120)
+        await sb.pause()
+        assert not await sb.is_running()
+        back = await AsyncSandbox.connect(sb.sandbox_id)
+        assert await back.is_running()
+    finally:
+        assert await sb.kill() is True
+    assert not await sb.is_running()
