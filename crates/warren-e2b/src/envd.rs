@@ -2,25 +2,126 @@
 //! one URL and routed by headers (`E2b-Sandbox-Id`, `E2b-Sandbox-Port`).
 //!
 //! Served so far: `GET /health` (204 while the sandbox runs; 502 with E2B's "was not found"
-//! when it does not, which is how `is_running()` turns false). Processes, files and watches
-//! are to come (the gateway reports envd 0.1.0 meanwhile).
+//! when it does not, which is how `is_running()` turns false) and `process.Process` (see
+//! `process`). Every call but `/health` must carry the sandbox's access token
+//! (`X-Access-Token`, answered at create). Files and watches are to come.
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use serde_json::json;
+use warren_sdk::Sandbox;
 
-use crate::Gateway;
+use crate::{Gateway, connect, keys, process};
 
 /// envd's port: the only one the gateway serves.
 pub const ENVD_PORT: u16 = 49983;
 
 pub(crate) fn routes() -> Router<Arc<Gateway>> {
-    Router::new().route("/health", get(health))
+    Router::new()
+        .route("/health", get(health))
+        .route("/process.Process/{method}", post(process_call))
+}
+
+/// The sandbox a data-plane call is for, as the user it names (`Authorization: Basic
+/// base64("<user>:")`; none: Warren's default `user`), its access token checked.
+pub(crate) fn sandbox_for(gw: &Gateway, headers: &HeaderMap) -> Result<Sandbox, connect::Error> {
+    use connect::{Code, Error};
+    let (id, port) = match target(headers) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return Err(Error::new(
+                Code::InvalidArgument,
+                "no sandbox named: send E2b-Sandbox-Id and E2b-Sandbox-Port (E2B_SANDBOX_URL \
+                 set to this gateway does)",
+            ));
+        }
+        Err(Refusal::NoSuchSandbox(id)) => {
+            return Err(Error::new(
+                Code::NotFound,
+                format!("sandbox {id} was not found"),
+            ));
+        }
+        Err(r) => return Err(Error::new(Code::InvalidArgument, format!("{r:?}"))),
+    };
+    if port != ENVD_PORT {
+        return Err(Error::new(
+            Code::Unavailable,
+            format!("port {port} is not open: the gateway serves envd's ({ENVD_PORT})"),
+        ));
+    }
+    let token = headers
+        .get("x-access-token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !keys::matches(token, &keys::access_token(&gw.key, &id)) {
+        return Err(Error::new(
+            Code::Unauthenticated,
+            "missing or wrong X-Access-Token: use the envdAccessToken the create answered",
+        ));
+    }
+    let sb = gw
+        .warren
+        .sandbox(&id)
+        .map_err(|e| Error::new(Code::NotFound, e.to_string()))?;
+    match basic_user(headers)? {
+        Some(user) => Ok(sb.as_user(&user)),
+        None => Ok(sb),
+    }
+}
+
+/// The user of `Authorization: Basic base64("<user>:")`, if the header is there.
+fn basic_user(headers: &HeaderMap) -> Result<Option<String>, connect::Error> {
+    use base64::Engine;
+    let Some(v) = headers.get(axum::http::header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let bad = || {
+        connect::Error::new(
+            connect::Code::Unauthenticated,
+            "Authorization must be Basic base64(\"<user>:\")",
+        )
+    };
+    let v = v.to_str().map_err(|_| bad())?;
+    let b64 = v.strip_prefix("Basic ").ok_or_else(bad)?;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(raw).map_err(|_| bad())?;
+    let user = text.split(':').next().unwrap_or("");
+    Ok((!user.is_empty()).then(|| user.to_string()))
+}
+
+/// `POST /process.Process/<method>`.
+async fn process_call(
+    State(gw): State<Arc<Gateway>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let streaming = matches!(method.as_str(), "Start" | "Connect" | "StreamInput");
+    let sb = match sandbox_for(&gw, &headers) {
+        Ok(sb) => sb,
+        Err(e) if streaming => return process::stream_error(e),
+        Err(e) => return process::unary(Err(e)),
+    };
+    match method.as_str() {
+        "Start" => process::start(sb, headers, body).await,
+        "Connect" => process::attach(sb, headers, body).await,
+        "List" => process::list(sb, body).await,
+        "SendSignal" => process::signal(sb, body).await,
+        "StreamInput" => process::stream_error(process::not_yet(&method)),
+        "SendInput" | "CloseStdin" | "Update" => process::unary(Err(process::not_yet(&method))),
+        other => process::unary(Err(connect::Error::new(
+            connect::Code::Unimplemented,
+            format!("process.Process has no method {other:?}"),
+        ))),
+    }
 }
 
 /// E2B's proxy answer for a sandbox that is gone or unreachable (the SDK matches the

@@ -14,14 +14,17 @@ pub mod api;
 pub mod connect;
 pub mod envd;
 pub mod keys;
+mod process;
 
 use std::sync::Arc;
 
 use axum::Router;
 
 /// The envd version the gateway reports. The SDK switches features on by it; it says what
-/// the gateway really implements (see `envd`).
-pub const ENVD_VERSION: &str = "0.1.0";
+/// the gateway really implements (see `envd`): 0.4.0 lets the SDK leave stdin closed and the
+/// user unnamed (Warren's default, `user`); none of the later features (closing stdin,
+/// octet-stream uploads, file metadata) is claimed.
+pub const ENVD_VERSION: &str = "0.4.0";
 
 /// E2B's constant client id (deprecated in its API, still required in answers).
 pub const CLIENT_ID: &str = "6532622b";

@@ -185,3 +185,149 @@ async fn data_plane_routing_headers() {
     let (s, _) = call(&app, health(Some("abc"), Some("49983"))).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
 }
+
+/// A data-plane call: routing headers, the token, a body.
+fn envd_call(path: &str, token: Option<&str>, ctype: &str, body: Vec<u8>) -> Request<Body> {
+    let mut b = Request::post(path)
+        .header("e2b-sandbox-id", "abcdef0123456789wxyz")
+        .header("e2b-sandbox-port", "49983")
+        .header("content-type", ctype);
+    if let Some(t) = token {
+        b = b.header("x-access-token", t);
+    }
+    b.body(Body::from(body)).unwrap()
+}
+
+/// The envelopes of a streaming answer.
+async fn stream_answer(app: &axum::Router, req: Request<Body>) -> Vec<(u8, serde_json::Value)> {
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(
+        resp.status(),
+        StatusCode::OK,
+        "streams answer 200, errors at the end"
+    );
+    assert_eq!(resp.headers()["content-type"], crate::connect::STREAM_JSON);
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let mut rest = &body[..];
+    while !rest.is_empty() {
+        let (flags, payload, r) = crate::connect::split_envelope(rest, 1 << 20).unwrap();
+        out.push((flags, serde_json::from_slice(payload).unwrap()));
+        rest = r;
+    }
+    out
+}
+
+#[tokio::test]
+async fn data_plane_calls_need_the_sandboxs_token_and_whole_envelopes() {
+    let (app, key) = gateway();
+    let good = keys::access_token(&key, "abcdef0123456789wxyz");
+    let start = crate::connect::envelope(0, br#"{"process":{"cmd":"true"}}"#).to_vec();
+    // Streaming: the error is the end-of-stream message.
+    for token in [
+        None,
+        Some("nope"),
+        Some(keys::access_token(&key, "other").as_str()),
+    ] {
+        let ev = stream_answer(
+            &app,
+            envd_call(
+                "/process.Process/Start",
+                token,
+                crate::connect::STREAM_JSON,
+                start.clone(),
+            ),
+        )
+        .await;
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].0, crate::connect::FLAG_END_STREAM);
+        assert_eq!(ev[0].1["error"]["code"], "unauthenticated", "{token:?}");
+    }
+    // Unary: the error's status and body.
+    let (s, j) = call(
+        &app,
+        envd_call(
+            "/process.Process/List",
+            None,
+            "application/json",
+            b"{}".to_vec(),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_eq!(j["code"], "unauthenticated");
+    // With the token: a malformed or oversized envelope is refused before anything runs.
+    for (body, code) in [
+        (b"\x00\x00\x00".to_vec(), "invalid_argument"),
+        (b"\x00\x7f\xff\xff\xff".to_vec(), "resource_exhausted"),
+        (b"\x01\x00\x00\x00\x02{}".to_vec(), "unimplemented"),
+        (
+            crate::connect::envelope(0, b"{}").to_vec(),
+            "invalid_argument",
+        ),
+        (
+            crate::connect::envelope(
+                0,
+                br#"{"process":{"cmd":"sh"},"pty":{"size":{"cols":80,"rows":24}}}"#,
+            )
+            .to_vec(),
+            "unimplemented",
+        ),
+    ] {
+        let ev = stream_answer(
+            &app,
+            envd_call(
+                "/process.Process/Start",
+                Some(&good),
+                crate::connect::STREAM_JSON,
+                body.clone(),
+            ),
+        )
+        .await;
+        assert_eq!(ev.last().unwrap().1["error"]["code"], code, "{body:?}");
+    }
+    // Unknown methods, and the ones not served yet, say so.
+    let (s, j) = call(
+        &app,
+        envd_call(
+            "/process.Process/Nope",
+            Some(&good),
+            "application/json",
+            b"{}".to_vec(),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (s, j["code"].as_str()),
+        (StatusCode::NOT_IMPLEMENTED, Some("unimplemented"))
+    );
+    let (s, j) = call(
+        &app,
+        envd_call(
+            "/process.Process/SendInput",
+            Some(&good),
+            "application/json",
+            b"{}".to_vec(),
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_IMPLEMENTED);
+    assert!(
+        j["message"].as_str().unwrap().contains("not supported"),
+        "{j}"
+    );
+    // Warren unreachable: unavailable, in the stream.
+    let ev = stream_answer(
+        &app,
+        envd_call(
+            "/process.Process/Start",
+            Some(&good),
+            crate::connect::STREAM_JSON,
+            start,
+        ),
+    )
+    .await;
+    assert_eq!(ev.last().unwrap().1["error"]["code"], "unavailable");
+}

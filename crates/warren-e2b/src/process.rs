@@ -1,0 +1,368 @@
+//! envd's `process.Process` service onto Warren's background processes: `Start` and
+//! `Connect` stream a process's events (`start` with its pid first, then its output, then
+//! `end`), `List` and `SendSignal` are unary. A process is named by its pid in the sandbox,
+//! as E2B's are; Warren's process id is found from it.
+//!
+//! Not yet: PTYs, stdin (`SendInput`, `StreamInput`, `CloseStdin`), tags: each answers
+//! `unimplemented` saying so.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use warren_sdk::{ExecEvent, ExecRequest, Sandbox};
+
+use crate::connect::{self, Code, Error};
+
+/// How long a process's stream may be silent before a keepalive event, at most (the client's
+/// `Keepalive-Ping-Interval` when shorter).
+const KEEPALIVE: Duration = Duration::from_secs(50);
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+    cwd: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StartRequest {
+    process: ProcessConfig,
+    pty: Option<Value>,
+    tag: Option<String>,
+    stdin: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Selector {
+    pid: Option<u32>,
+    tag: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Selected {
+    process: Selector,
+}
+
+#[derive(Debug, Deserialize)]
+struct SignalRequest {
+    process: Selector,
+    signal: Value,
+}
+
+/// A Warren error as Connect's.
+pub(crate) fn warren_error(e: warren_sdk::Error) -> Error {
+    let code = match &e {
+        warren_sdk::Error::Api { status, .. } => match *status {
+            400 | 413 | 422 => Code::InvalidArgument,
+            401 => Code::Unauthenticated,
+            403 => Code::PermissionDenied,
+            404 => Code::NotFound,
+            409 => Code::FailedPrecondition,
+            429 => Code::ResourceExhausted,
+            503 => Code::Unavailable,
+            _ => Code::Internal,
+        },
+        warren_sdk::Error::Invalid(_) => Code::InvalidArgument,
+        warren_sdk::Error::Connect { .. } | warren_sdk::Error::Transport(_) => Code::Unavailable,
+        _ => Code::Internal,
+    };
+    Error::new(code, e.to_string())
+}
+
+/// A unary answer: the message, or the error with its status.
+pub(crate) fn unary(r: Result<Value, Error>) -> Response {
+    match r {
+        Ok(v) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, connect::UNARY_JSON)],
+            v.to_string(),
+        )
+            .into_response(),
+        Err(e) => (
+            e.code.http_status(),
+            [(header::CONTENT_TYPE, connect::UNARY_JSON)],
+            e.unary_body(),
+        )
+            .into_response(),
+    }
+}
+
+/// A streaming answer whose call failed before it began: one end-of-stream envelope.
+pub(crate) fn stream_error(e: Error) -> Response {
+    stream_response(futures_util::stream::once(async move {
+        connect::end_stream(Some(&e))
+    }))
+}
+
+fn stream_response<S>(s: S) -> Response
+where
+    S: futures_util::Stream<Item = Bytes> + Send + 'static,
+{
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, connect::STREAM_JSON)],
+        Body::from_stream(s.map(Ok::<_, std::convert::Infallible>)),
+    )
+        .into_response()
+}
+
+fn unimplemented(what: &str) -> Error {
+    Error::new(
+        Code::Unimplemented,
+        format!("{what} is not supported by Warren's E2B gateway yet (see docs/e2b.md)"),
+    )
+}
+
+/// `Connect-Timeout-Ms` as seconds for the process's lifetime; none: no limit.
+fn lifetime(headers: &HeaderMap) -> Result<Option<f64>, Error> {
+    let v = headers
+        .get("connect-timeout-ms")
+        .and_then(|v| v.to_str().ok());
+    Ok(connect::timeout_ms(v)?.map(|ms| ms as f64 / 1000.0))
+}
+
+/// The keepalive interval the client asked for (`Keepalive-Ping-Interval`, seconds).
+fn keepalive(headers: &HeaderMap) -> Duration {
+    headers
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map(|s| Duration::from_secs(s).min(KEEPALIVE))
+        .unwrap_or(KEEPALIVE)
+}
+
+/// `Start`: starts the command as a Warren background process and streams it.
+pub(crate) async fn start(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Response {
+    let req: StartRequest = match connect::stream_request(&body) {
+        Ok(r) => r,
+        Err(e) => return stream_error(e),
+    };
+    if req.pty.as_ref().is_some_and(|p| !p.is_null()) {
+        return stream_error(unimplemented("a PTY"));
+    }
+    if req.stdin == Some(true) {
+        return stream_error(unimplemented("stdin for a command"));
+    }
+    if req.tag.is_some() {
+        return stream_error(unimplemented("a process tag"));
+    }
+    if req.process.cmd.is_empty() {
+        return stream_error(Error::new(Code::InvalidArgument, "process.cmd is empty"));
+    }
+    let timeout = match lifetime(&headers) {
+        Ok(t) => t,
+        Err(e) => return stream_error(e),
+    };
+    let mut argv = vec![req.process.cmd];
+    argv.extend(req.process.args);
+    let exec = ExecRequest {
+        argv: Some(argv),
+        env: req.process.envs,
+        cwd: req.process.cwd,
+        timeout: Some(timeout.unwrap_or(0.0)),
+        ..Default::default()
+    };
+    let info = match sb.start_process(&exec).await {
+        Ok(i) => i,
+        Err(e) => return stream_error(warren_error(e)),
+    };
+    follow(sb, info.process_id, info.pid, keepalive(&headers))
+}
+
+/// `Connect`: streams a running process found by pid.
+pub(crate) async fn attach(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Response {
+    let req: Selected = match connect::stream_request(&body) {
+        Ok(r) => r,
+        Err(e) => return stream_error(e),
+    };
+    match find(&sb, &req.process).await {
+        Ok((process_id, pid)) => follow(sb, process_id, pid, keepalive(&headers)),
+        Err(e) => stream_error(e),
+    }
+}
+
+/// Warren's process id and the pid of the process `sel` names.
+async fn find(sb: &Sandbox, sel: &Selector) -> Result<(u64, i32), Error> {
+    if sel.tag.is_some() {
+        return Err(unimplemented("a process tag"));
+    }
+    let Some(pid) = sel.pid else {
+        return Err(Error::new(Code::InvalidArgument, "name the process by pid"));
+    };
+    let list = sb.processes().await.map_err(warren_error)?;
+    list.iter()
+        .find(|p| p.running && p.pid as i64 == pid as i64)
+        .map(|p| (p.process_id, p.pid))
+        .ok_or_else(|| Error::new(Code::NotFound, format!("process with pid {pid} not found")))
+}
+
+/// The stream of a process: `start`, its output, `end`, the end of the stream. A process that
+/// ended is forgotten once its end is sent.
+fn follow(sb: Sandbox, process_id: u64, pid: i32, keepalive: Duration) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let send = |v: Value| {
+            let tx = tx.clone();
+            async move { tx.send(connect::message(&v)).await.is_ok() }
+        };
+        if !send(json!({"event": {"start": {"pid": pid}}})).await {
+            return;
+        }
+        let mut events = match sb.process_output(process_id).await {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = tx.send(connect::end_stream(Some(&warren_error(e)))).await;
+                return;
+            }
+        };
+        let end = loop {
+            let next = match tokio::time::timeout(keepalive, events.next()).await {
+                Err(_) => {
+                    if !send(json!({"event": {"keepalive": {}}})).await {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(n) => n,
+            };
+            match next {
+                Some(Ok(ExecEvent::Stdout { data })) => {
+                    if !send(json!({"event": {"data": {"stdout": data}}})).await {
+                        return;
+                    }
+                }
+                Some(Ok(ExecEvent::Stderr { data })) => {
+                    if !send(json!({"event": {"data": {"stderr": data}}})).await {
+                        return;
+                    }
+                }
+                Some(Ok(ExecEvent::Exit(st))) => {
+                    if st.timed_out {
+                        break Some(Error::new(
+                            Code::DeadlineExceeded,
+                            "the command ran past its timeout and was killed",
+                        ));
+                    }
+                    let end = match st.signal {
+                        Some(sig) => json!({
+                            "exitCode": -1,
+                            "exited": false,
+                            "status": format!("signal: {}", signal_name(sig)),
+                            "error": format!("signal: {}", signal_name(sig)),
+                        }),
+                        None => json!({
+                            "exitCode": st.exit_code,
+                            "exited": true,
+                            "status": format!("exit status {}", st.exit_code),
+                        }),
+                    };
+                    if !send(json!({"event": {"end": end}})).await {
+                        return;
+                    }
+                    break None;
+                }
+                Some(Ok(ExecEvent::Error(e))) => {
+                    break Some(Error::new(Code::Internal, e.message));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => break Some(warren_error(e)),
+                None => {
+                    break Some(Error::new(
+                        Code::Unavailable,
+                        "the process's output ended before its exit status",
+                    ));
+                }
+            }
+        };
+        let _ = tx.send(connect::end_stream(end.as_ref())).await;
+        let _ = sb.forget_process(process_id).await;
+    });
+    stream_response(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (b, rx))
+    }))
+}
+
+fn signal_name(sig: i32) -> String {
+    match sig {
+        9 => "killed".into(),
+        15 => "terminated".into(),
+        2 => "interrupt".into(),
+        1 => "hangup".into(),
+        6 => "aborted".into(),
+        11 => "segmentation fault".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+/// `List`: the running processes.
+pub(crate) async fn list(sb: Sandbox, body: Bytes) -> Response {
+    if let Err(e) = connect::json::<Value>(if body.is_empty() { b"{}" } else { &body }) {
+        return unary(Err(e));
+    }
+    unary(
+        async {
+            let list = sb.processes().await.map_err(warren_error)?;
+            let procs: Vec<Value> = list
+                .iter()
+                .filter(|p| p.running)
+                .map(|p| {
+                    json!({
+                        "config": {
+                            "cmd": p.argv.first().cloned().unwrap_or_default(),
+                            "args": p.argv.iter().skip(1).collect::<Vec<_>>(),
+                            "envs": {},
+                        },
+                        "pid": p.pid,
+                    })
+                })
+                .collect();
+            Ok(json!({ "processes": procs }))
+        }
+        .await,
+    )
+}
+
+/// `SendSignal`: SIGKILL or SIGTERM to the process's group.
+pub(crate) async fn signal(sb: Sandbox, body: Bytes) -> Response {
+    unary(
+        async {
+            let req: SignalRequest = connect::json(&body)?;
+            let sig = match &req.signal {
+                Value::String(s) if s == "SIGNAL_SIGKILL" => "KILL",
+                Value::String(s) if s == "SIGNAL_SIGTERM" => "TERM",
+                Value::Number(n) if n.as_u64() == Some(9) => "KILL",
+                Value::Number(n) if n.as_u64() == Some(15) => "TERM",
+                other => {
+                    return Err(Error::new(
+                        Code::InvalidArgument,
+                        format!("signal {other} is not SIGNAL_SIGKILL or SIGNAL_SIGTERM"),
+                    ));
+                }
+            };
+            let (process_id, _) = find(&sb, &req.process).await?;
+            sb.signal_process(process_id, sig)
+                .await
+                .map_err(warren_error)?;
+            Ok(json!({}))
+        }
+        .await,
+    )
+}
+
+/// The calls not served yet.
+pub(crate) fn not_yet(method: &str) -> Error {
+    unimplemented(&format!("process.Process/{method}"))
+}
