@@ -17,7 +17,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 use warren_sdk::Sandbox;
 
-use crate::{Gateway, connect, keys, process};
+use crate::{Gateway, connect, files, keys, process};
 
 /// envd's port: the only one the gateway serves.
 pub const ENVD_PORT: u16 = 49983;
@@ -26,6 +26,95 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
     Router::new()
         .route("/health", get(health))
         .route("/process.Process/{method}", post(process_call))
+        .route("/filesystem.Filesystem/{method}", post(filesystem_call))
+        .route(
+            "/files",
+            get(files_read)
+                .post(files_write)
+                .layer(axum::extract::DefaultBodyLimit::max(
+                    files::MAX_UPLOAD + (1 << 20),
+                )),
+        )
+}
+
+/// `POST /filesystem.Filesystem/<method>` (all unary).
+async fn filesystem_call(
+    State(gw): State<Arc<Gateway>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if method == "WatchDir" {
+        return process::stream_error(connect::Error::new(
+            connect::Code::Unimplemented,
+            "filesystem.Filesystem/WatchDir is not supported by Warren's E2B gateway yet",
+        ));
+    }
+    match sandbox_for(&gw, &headers) {
+        Ok(sb) => files::filesystem(sb, &method, body).await,
+        Err(e) => process::unary(Err(e)),
+    }
+}
+
+/// `/files`' query.
+#[derive(Debug, serde::Deserialize)]
+struct FilesQuery {
+    path: Option<String>,
+    username: Option<String>,
+    signature: Option<String>,
+}
+
+/// The sandbox of a `/files` call, as the user its query names, or the HTTP error's status
+/// and message.
+fn files_sandbox(
+    gw: &Gateway,
+    headers: &HeaderMap,
+    q: &FilesQuery,
+) -> Result<Sandbox, (StatusCode, String)> {
+    if q.signature.is_some() && headers.get("x-access-token").is_none() {
+        return Err((
+            StatusCode::UNAUTHORIZED,
+            "signed file URLs are not supported by Warren's E2B gateway yet: send X-Access-Token"
+                .into(),
+        ));
+    }
+    let sb = sandbox_for(gw, headers).map_err(|e| (e.code.http_status(), e.message))?;
+    Ok(match q.username.as_deref().filter(|u| !u.is_empty()) {
+        Some(u) => sb.as_user(u),
+        None => sb,
+    })
+}
+
+/// A `/files` error answer.
+fn files_error((status, m): (StatusCode, String)) -> Response {
+    (
+        status,
+        axum::Json(json!({"code": status.as_u16(), "message": m})),
+    )
+        .into_response()
+}
+
+async fn files_read(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    axum::extract::Query(q): axum::extract::Query<FilesQuery>,
+) -> Response {
+    match files_sandbox(&gw, &headers, &q) {
+        Ok(sb) => files::read(sb, q.path).await,
+        Err(e) => files_error(e),
+    }
+}
+
+async fn files_write(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    axum::extract::Query(q): axum::extract::Query<FilesQuery>,
+    form: axum::extract::Multipart,
+) -> Response {
+    match files_sandbox(&gw, &headers, &q) {
+        Ok(sb) => files::write(sb, q.path, form).await,
+        Err(e) => files_error(e),
+    }
 }
 
 /// The sandbox a data-plane call is for, as the user it names (`Authorization: Basic

@@ -13,6 +13,7 @@
 pub mod api;
 pub mod connect;
 pub mod envd;
+mod files;
 pub mod keys;
 mod process;
 

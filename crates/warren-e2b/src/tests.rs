@@ -331,3 +331,80 @@ async fn data_plane_calls_need_the_sandboxs_token_and_whole_envelopes() {
     .await;
     assert_eq!(ev.last().unwrap().1["error"]["code"], "unavailable");
 }
+
+#[tokio::test]
+async fn file_routes_refuse_what_they_cannot_serve() {
+    let (app, key) = gateway();
+    let good = keys::access_token(&key, "abcdef0123456789wxyz");
+    let get = |uri: &str, token: Option<&str>| {
+        let mut b = Request::get(uri)
+            .header("e2b-sandbox-id", "abcdef0123456789wxyz")
+            .header("e2b-sandbox-port", "49983");
+        if let Some(t) = token {
+            b = b.header("x-access-token", t);
+        }
+        b.body(Body::empty()).unwrap()
+    };
+    let (s, j) = call(&app, get("/files?path=/a", None)).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{j}");
+    let (s, j) = call(&app, get("/files?path=/a&signature=v1_abc", None)).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert!(
+        j["message"].as_str().unwrap().contains("signed file URLs"),
+        "{j}"
+    );
+    let (s, j) = call(&app, get("/files", Some(&good))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(j["message"].as_str().unwrap().contains("?path="), "{j}");
+    // Warren unreachable: a 503 that says so.
+    let (s, _) = call(&app, get("/files?path=/a", Some(&good))).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    // A multipart body with no part, and one whose part names no destination.
+    let form = |body: &str| {
+        Request::post("/files")
+            .header("e2b-sandbox-id", "abcdef0123456789wxyz")
+            .header("e2b-sandbox-port", "49983")
+            .header("x-access-token", &good)
+            .header("content-type", "multipart/form-data; boundary=XX")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let (s, j) = call(&app, form("--XX--\r\n")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{j}");
+    let (s, j) = call(
+        &app,
+        form("--XX\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nhi\r\n--XX--\r\n"),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        j["message"].as_str().unwrap().contains("no destination"),
+        "{j}"
+    );
+    // Watches are not served yet: said in the stream.
+    let ev = stream_answer(
+        &app,
+        envd_call(
+            "/filesystem.Filesystem/WatchDir",
+            Some(&good),
+            crate::connect::STREAM_JSON,
+            crate::connect::envelope(0, br#"{"path":"/"}"#).to_vec(),
+        ),
+    )
+    .await;
+    assert_eq!(ev.last().unwrap().1["error"]["code"], "unimplemented");
+    let (s, j) = call(
+        &app,
+        envd_call(
+            "/filesystem.Filesystem/Stat",
+            Some(&good),
+            "application/json",
+            b"{\"path\": 5}".to_vec(),
+        ),
+    )
+    .await;
+    assert_eq!(
+        (s, j["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_argument"))
+    );
+}

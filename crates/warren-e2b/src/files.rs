@@ -1,0 +1,315 @@
+//! envd's files: `GET`/`POST /files` (a file's bytes; multipart uploads) and the
+//! `filesystem.Filesystem` service (`Stat`, `MakeDir`, `Move`, `ListDir`, `Remove`), onto
+//! Warren's file operations as the acting user. Relative paths are under the user's home, as
+//! envd has them. Watches and signed URLs are not served yet.
+
+use std::collections::VecDeque;
+
+use axum::body::{Body, Bytes};
+use axum::extract::Multipart;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use warren_sdk::{FileEntry, FileKind, Sandbox};
+
+use crate::connect::{Code, Error};
+use crate::process::{unary, warren_error};
+
+/// Largest upload, per request (it is held in memory on its way to Warren).
+pub const MAX_UPLOAD: usize = 256 << 20;
+/// Most entries one `ListDir` answers.
+const MAX_ENTRIES: usize = 10_000;
+
+/// The user's home, where relative paths and `~` lead.
+fn home(sb: &Sandbox) -> String {
+    match sb.user() {
+        Some("root") => "/root".into(),
+        Some(u) if !u.contains('/') => format!("/home/{u}"),
+        _ => "/home/user".into(),
+    }
+}
+
+/// `path` made absolute the way envd does.
+pub(crate) fn resolve(sb: &Sandbox, path: &str) -> String {
+    if path.starts_with('/') {
+        path.to_string()
+    } else if path == "~" {
+        home(sb)
+    } else if let Some(rest) = path.strip_prefix("~/") {
+        format!("{}/{rest}", home(sb))
+    } else if path.is_empty() {
+        home(sb)
+    } else {
+        format!("{}/{path}", home(sb))
+    }
+}
+
+fn owner(id: u32) -> String {
+    match id {
+        0 => "root".into(),
+        1000 => "user".into(),
+        n => n.to_string(),
+    }
+}
+
+fn permissions(kind: FileKind, mode: u32) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(match kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'l',
+        _ => '-',
+    });
+    for shift in [6, 3, 0] {
+        let m = (mode >> shift) & 7;
+        s.push(if m & 4 != 0 { 'r' } else { '-' });
+        s.push(if m & 2 != 0 { 'w' } else { '-' });
+        s.push(if m & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+fn rfc3339(secs: i64) -> String {
+    // Days from the civil date algorithm (proleptic Gregorian, UTC).
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (h, mi, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+/// envd's `EntryInfo`.
+fn entry(e: &FileEntry) -> Value {
+    let kind = match e.kind {
+        FileKind::Dir => "FILE_TYPE_DIRECTORY",
+        _ => "FILE_TYPE_FILE",
+    };
+    let mut v = json!({
+        "name": e.name,
+        "type": kind,
+        "path": e.path,
+        "size": e.size.to_string(),
+        "mode": e.mode,
+        "permissions": permissions(e.kind, e.mode),
+        "owner": owner(e.uid),
+        "group": owner(e.gid),
+        "modifiedTime": rfc3339(e.modified),
+    });
+    if let Some(t) = &e.link_target {
+        v["symlinkTarget"] = json!(t);
+    }
+    v
+}
+
+#[derive(Debug, Deserialize)]
+struct PathRequest {
+    path: String,
+    #[serde(default)]
+    depth: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MoveRequest {
+    source: String,
+    destination: String,
+}
+
+/// `POST /filesystem.Filesystem/<method>`.
+pub(crate) async fn filesystem(sb: Sandbox, method: &str, body: Bytes) -> Response {
+    let body: &[u8] = if body.is_empty() { b"{}" } else { &body };
+    unary(
+        async {
+            match method {
+                "Stat" => {
+                    let r: PathRequest = crate::connect::json(body)?;
+                    let e = sb
+                        .stat(&resolve(&sb, &r.path))
+                        .await
+                        .map_err(warren_error)?;
+                    Ok(json!({ "entry": entry(&e) }))
+                }
+                "MakeDir" => {
+                    let r: PathRequest = crate::connect::json(body)?;
+                    let path = resolve(&sb, &r.path);
+                    match sb.stat(&path).await {
+                        Ok(_) => {
+                            return Err(Error::new(
+                                Code::AlreadyExists,
+                                format!("{path} already exists"),
+                            ));
+                        }
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => return Err(warren_error(e)),
+                    }
+                    let e = sb.mkdir(&path).await.map_err(warren_error)?;
+                    Ok(json!({ "entry": entry(&e) }))
+                }
+                "Move" => {
+                    let r: MoveRequest = crate::connect::json(body)?;
+                    let e = sb
+                        .rename(&resolve(&sb, &r.source), &resolve(&sb, &r.destination))
+                        .await
+                        .map_err(warren_error)?;
+                    Ok(json!({ "entry": entry(&e) }))
+                }
+                "Remove" => {
+                    let r: PathRequest = crate::connect::json(body)?;
+                    sb.remove(&resolve(&sb, &r.path), true)
+                        .await
+                        .map_err(warren_error)?;
+                    Ok(json!({}))
+                }
+                "ListDir" => {
+                    let r: PathRequest = crate::connect::json(body)?;
+                    let depth = r.depth.unwrap_or(1).max(1);
+                    let mut out = Vec::new();
+                    let mut queue = VecDeque::from([(resolve(&sb, &r.path), 1u32)]);
+                    while let Some((dir, level)) = queue.pop_front() {
+                        for e in sb.list_dir(&dir).await.map_err(warren_error)? {
+                            if out.len() >= MAX_ENTRIES {
+                                return Err(Error::new(
+                                    Code::ResourceExhausted,
+                                    format!(
+                                        "more than {MAX_ENTRIES} entries: list less deep, or a \
+                                         smaller directory"
+                                    ),
+                                ));
+                            }
+                            if e.kind == FileKind::Dir && level < depth {
+                                queue.push_back((e.path.clone(), level + 1));
+                            }
+                            out.push(entry(&e));
+                        }
+                    }
+                    Ok(json!({ "entries": out }))
+                }
+                other => Err(Error::new(
+                    Code::Unimplemented,
+                    format!(
+                        "filesystem.Filesystem/{other} is not supported by Warren's E2B gateway \
+                         (watches come later; see docs/e2b.md)"
+                    ),
+                )),
+            }
+        }
+        .await,
+    )
+}
+
+/// An HTTP error of the `/files` routes: `{"code": <status>, "message"}`.
+fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        axum::Json(json!({"code": status.as_u16(), "message": message.into()})),
+    )
+        .into_response()
+}
+
+fn from_warren(e: warren_sdk::Error) -> Response {
+    let status = match &e {
+        warren_sdk::Error::Api { status, .. } => {
+            StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
+        }
+        warren_sdk::Error::Invalid(_) => StatusCode::BAD_REQUEST,
+        warren_sdk::Error::Connect { .. } | warren_sdk::Error::Transport(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    http_error(status, e.to_string())
+}
+
+/// `GET /files?path=`: the file's bytes.
+pub(crate) async fn read(sb: Sandbox, path: Option<String>) -> Response {
+    let Some(path) = path.filter(|p| !p.is_empty()) else {
+        return http_error(StatusCode::BAD_REQUEST, "name the file: ?path=...");
+    };
+    match sb.read_file(&resolve(&sb, &path)).await {
+        Ok(bytes) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            Body::from(bytes),
+        )
+            .into_response(),
+        Err(e) => from_warren(e),
+    }
+}
+
+/// `POST /files[?path=]` with a multipart body: each `file` part is written to `path`, or,
+/// without one, to the path its file name gives (several files at once).
+pub(crate) async fn write(sb: Sandbox, path: Option<String>, mut form: Multipart) -> Response {
+    let mut written = Vec::new();
+    let mut total = 0usize;
+    loop {
+        let field = match form.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => {
+                return http_error(StatusCode::BAD_REQUEST, format!("the multipart body: {e}"));
+            }
+        };
+        let dest = match (&path, field.file_name()) {
+            (Some(p), _) if !p.is_empty() => p.clone(),
+            (_, Some(name)) if !name.is_empty() => name.to_string(),
+            _ => {
+                return http_error(
+                    StatusCode::BAD_REQUEST,
+                    "no destination: give ?path= or a file name on the part",
+                );
+            }
+        };
+        let dest = resolve(&sb, &dest);
+        if written.iter().any(|(p, _): &(String, String)| *p == dest) {
+            return http_error(
+                StatusCode::BAD_REQUEST,
+                format!("{dest} is given twice in one upload"),
+            );
+        }
+        let data = match field.bytes().await {
+            Ok(d) => d,
+            Err(e) => return http_error(StatusCode::BAD_REQUEST, format!("a file part: {e}")),
+        };
+        total += data.len();
+        if total > MAX_UPLOAD {
+            return http_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("an upload may hold {MAX_UPLOAD} bytes at most: send fewer files at once"),
+            );
+        }
+        if let Err(e) = sb.write_file(&dest, data).await {
+            return from_warren(e);
+        }
+        let name = dest.rsplit('/').next().unwrap_or("").to_string();
+        written.push((dest, name));
+    }
+    if written.is_empty() {
+        return http_error(StatusCode::BAD_REQUEST, "the upload holds no file part");
+    }
+    let out: Vec<Value> = written
+        .into_iter()
+        .map(|(path, name)| json!({"path": path, "name": name, "type": "file"}))
+        .collect();
+    axum::Json(out).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_and_permissions_read_as_envd_writes_them() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_735_689_600), "2025-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(permissions(FileKind::File, 0o644), "-rw-r--r--");
+        assert_eq!(permissions(FileKind::Dir, 0o755), "drwxr-xr-x");
+    }
+}

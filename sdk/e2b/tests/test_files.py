@@ -1,0 +1,77 @@
+"""Files through the gateway with the unmodified `e2b` SDK: write (one and many), read (text,
+bytes, stream), exists, get_info, list with depth, make_dir, rename, remove, relative paths
+under the user's home, and what the SDK maps from errors (missing file, existing directory)."""
+
+from __future__ import annotations
+
+import pytest
+from e2b import AsyncSandbox, FileType, NotFoundException, Sandbox
+
+
+@pytest.fixture
+def sb(gateway):
+    s = Sandbox.create("base", timeout=120)
+    try:
+        yield s
+    finally:
+        s.kill()
+
+
+def test_write_read_exists_and_info(sb):
+    info = sb.files.write("/home/user/x.txt", "hello")
+    assert info.path == "/home/user/x.txt"
+    assert sb.files.read("/home/user/x.txt") == "hello"
+    assert bytes(sb.files.read("/home/user/x.txt", format="bytes")) == b"hello"
+    assert b"".join(sb.files.read("/home/user/x.txt", format="stream")) == b"hello"
+    assert sb.files.exists("/home/user/x.txt")
+    assert not sb.files.exists("/home/user/nope")
+    e = sb.files.get_info("/home/user/x.txt")
+    assert (e.name, e.type, e.size, e.owner) == ("x.txt", FileType.FILE, 5, "user")
+    assert e.permissions.startswith("-rw")
+    # Relative paths are under the user's home; binary content round-trips.
+    sb.files.write("rel.bin", b"\x00\xff\x10")
+    assert bytes(sb.files.read("/home/user/rel.bin", format="bytes")) == b"\x00\xff\x10"
+    assert sb.commands.run("stat -c %U /home/user/rel.bin").stdout == "user\n"
+    with pytest.raises(NotFoundException):
+        sb.files.read("/home/user/nope")
+
+
+def test_many_files_dirs_list_rename_remove(sb):
+    from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+    sb.files.write_files(
+        [WriteEntry(path="/home/user/d/a.txt", data="A"), WriteEntry(path="/home/user/d/s/b.txt", data="B")]
+    )
+    assert sb.commands.run("cat /home/user/d/a.txt /home/user/d/s/b.txt").stdout == "AB"
+    top = sorted((e.name, e.type) for e in sb.files.list("/home/user/d"))
+    assert top == [("a.txt", FileType.FILE), ("s", FileType.DIR)]
+    deep = sorted(e.path for e in sb.files.list("/home/user/d", depth=2))
+    assert deep == ["/home/user/d/a.txt", "/home/user/d/s", "/home/user/d/s/b.txt"]
+    assert sb.files.make_dir("/home/user/new/sub") is True
+    assert sb.files.make_dir("/home/user/new/sub") is False, "already there"
+    assert sb.files.get_info("/home/user/new/sub").type == FileType.DIR
+    moved = sb.files.rename("/home/user/d/a.txt", "/home/user/new/a.txt")
+    assert moved.path == "/home/user/new/a.txt"
+    assert sb.files.read("/home/user/new/a.txt") == "A"
+    sb.files.remove("/home/user/d")
+    assert not sb.files.exists("/home/user/d")
+    assert not sb.files.exists("/home/user/d/s/b.txt")
+
+
+def test_files_as_root(sb):
+    sb.files.write("/root/secret", "r", user="root")
+    assert sb.files.read("/root/secret", user="root") == "r"
+    assert sb.commands.run("stat -c %U /root/secret", user="root").stdout == "root\n"
+    with pytest.raises(Exception):
+        sb.files.read("/root/secret")
+
+
+async def test_async_files(gateway):
+    sb = await AsyncSandbox.create("base", timeout=60)
+    try:
+        await sb.files.write("/tmp/a", "async")
+        assert await sb.files.read("/tmp/a") == "async"
+        assert await sb.files.exists("/tmp/a")
+        assert not await sb.files.exists("/tmp/b")
+    finally:
+        await sb.kill()
