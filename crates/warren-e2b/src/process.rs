@@ -1,5 +1,5 @@
-//! envd's `process.Process` service onto Warren's background processes: `Start` and
-//! `Connect` stream a process's events (`start` with its pid first, then its output, then
+//! envd's `process.Process` service onto Warren's processes: `Start` (a streamed exec) and
+//! `Connect` (a process's output) stream a process's events (`start` with its pid first, then its output, then
 //! `end`), `List` and `SendSignal` are unary. A process is named by its pid in the sandbox,
 //! as E2B's are; Warren's process id is found from it.
 //!
@@ -175,11 +175,40 @@ pub(crate) async fn start(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Respo
         timeout: Some(timeout.unwrap_or(0.0)),
         ..Default::default()
     };
-    let info = match sb.start_process(&exec).await {
-        Ok(i) => i,
+    // One request: Warren's streamed exec starts the command and streams it; the process
+    // outlives a client that leaves (it stays in the sandbox's table, found again by pid).
+    let mut events = match sb
+        .exec_stream(&ExecRequest {
+            stream: true,
+            ..exec
+        })
+        .await
+    {
+        Ok(e) => e,
         Err(e) => return stream_error(warren_error(e)),
     };
-    follow(sb, info.process_id, info.pid, keepalive(&headers))
+    let (process_id, pid) = match events.next().await {
+        Some(Ok(ExecEvent::Start {
+            process_id, pid, ..
+        })) => (process_id, pid),
+        Some(Ok(ExecEvent::Error(e))) => {
+            return stream_error(Error::new(Code::Internal, e.message));
+        }
+        Some(Ok(other)) => {
+            return stream_error(Error::new(
+                Code::Internal,
+                format!("Warren's exec began with {other:?}, not its start"),
+            ));
+        }
+        Some(Err(e)) => return stream_error(warren_error(e)),
+        None => {
+            return stream_error(Error::new(
+                Code::Unavailable,
+                "Warren's exec ended before it started",
+            ));
+        }
+    };
+    follow(sb, process_id, pid, Some(events), keepalive(&headers))
 }
 
 /// `Connect`: streams a running process found by pid.
@@ -189,7 +218,7 @@ pub(crate) async fn attach(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Resp
         Err(e) => return stream_error(e),
     };
     match find(&sb, &req.process).await {
-        Ok((process_id, pid)) => follow(sb, process_id, pid, keepalive(&headers)),
+        Ok((process_id, pid)) => follow(sb, process_id, pid, None, keepalive(&headers)),
         Err(e) => stream_error(e),
     }
 }
@@ -209,9 +238,16 @@ async fn find(sb: &Sandbox, sel: &Selector) -> Result<(u64, i32), Error> {
         .ok_or_else(|| Error::new(Code::NotFound, format!("process with pid {pid} not found")))
 }
 
-/// The stream of a process: `start`, its output, `end`, the end of the stream. A process that
-/// ended is forgotten once its end is sent.
-fn follow(sb: Sandbox, process_id: u64, pid: i32, keepalive: Duration) -> Response {
+/// The stream of a process: `start`, its output (`events`, or the process's output read from
+/// Warren), `end`, the end of the stream. A process that ended is forgotten once its end is
+/// sent.
+fn follow(
+    sb: Sandbox,
+    process_id: u64,
+    pid: i32,
+    events: Option<warren_sdk::ExecEvents>,
+    keepalive: Duration,
+) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
         let send = |v: Value| {
@@ -221,7 +257,11 @@ fn follow(sb: Sandbox, process_id: u64, pid: i32, keepalive: Duration) -> Respon
         if !send(json!({"event": {"start": {"pid": pid}}})).await {
             return;
         }
-        let mut events = match sb.process_output(process_id).await {
+        let output = match events {
+            Some(e) => Ok(e),
+            None => sb.process_output(process_id).await,
+        };
+        let mut events = match output {
             Ok(e) => e,
             Err(e) => {
                 let _ = tx.send(connect::end_stream(Some(&warren_error(e)))).await;
@@ -288,6 +328,8 @@ fn follow(sb: Sandbox, process_id: u64, pid: i32, keepalive: Duration) -> Respon
             }
         };
         let _ = tx.send(connect::end_stream(end.as_ref())).await;
+        // The answer ends here (the client waits for its end), before the forgetting.
+        drop(tx);
         let _ = sb.forget_process(process_id).await;
     });
     stream_response(futures_util::stream::unfold(rx, |mut rx| async move {

@@ -8,6 +8,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use serde::Deserialize;
 use warren_control::{Control, ControlConfig, Endpoint};
 use warren_node::{Node, NodeConfig};
@@ -146,6 +147,13 @@ async fn listen_tcp(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
     Err(last.unwrap_or_else(|| std::io::Error::other("the address resolves to nothing")))
 }
 
+/// Sends each write at once (`TCP_NODELAY`): a streamed answer (exec events, a process's
+/// output, the E2B gateway's Connect streams) is written in small pieces, and with Nagle's
+/// algorithm each piece after the first waited for the client's delayed ACK, ~40 ms.
+fn no_delay(tcp: &mut tokio::net::TcpStream) {
+    let _ = tcp.set_nodelay(true);
+}
+
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -227,7 +235,7 @@ async fn serve(
                 data_dir.join("e2b.key").display()
             );
             Some(tokio::spawn(warren_http::serve::serve(
-                tcp,
+                tcp.tap_io(no_delay),
                 warren_e2b::router(std::sync::Arc::new(gw)),
                 std::future::pending(),
             )))
@@ -241,7 +249,7 @@ async fn serve(
     // On Ctrl-C or SIGTERM, stop accepting and give requests in flight (streams included) a
     // grace period; then stop anyway.
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = warren_http::serve::serve(tcp, app, async move {
+    let server = warren_http::serve::serve(tcp.tap_io(no_delay), app, async move {
         shutdown_signal().await;
         let _ = stopping_tx.send(());
     });

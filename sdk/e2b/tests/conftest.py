@@ -113,15 +113,14 @@ class Gateway:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def gateway() -> Iterator[Gateway]:
+def start_gateway() -> Gateway:
+    """Starts `warren up` with its gateway on free ports and points the `e2b` SDK's
+    environment at it. Raises RuntimeError when it cannot."""
     if os.geteuid() != 0:
-        pytest.skip("these tests run a real `warren up`, which needs root")
+        raise RuntimeError("a real `warren up` needs root")
     binary = find_binary()
     if binary is None:
-        pytest.skip(f"no warren binary: build it (`cargo build --workspace` in {REPO})")
-    if not in_own_netns():
-        pytest.fail("run these tests with sdk/e2b/run-tests.sh (a network namespace of their own)")
+        raise RuntimeError(f"no warren binary: build it (`cargo build --workspace` in {REPO})")
     data_dir = Path(tempfile.mkdtemp(prefix="warren-e2b-"))
     port, e2b_port = free_port(), free_port()
     cgroup = f"warren-e2b-{secrets.token_hex(4)}"
@@ -143,23 +142,42 @@ def gateway() -> Iterator[Gateway]:
     url = f"http://127.0.0.1:{e2b_port}"
     gw = Gateway(url, "", f"http://127.0.0.1:{port}", "", data_dir, cgroup, proc)
     deadline = time.monotonic() + 90
+    while True:
+        if proc.poll() is not None:
+            tail = gw.log_tail()
+            gw.stop()
+            raise RuntimeError(f"warren up exited with {proc.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            tail = gw.log_tail()
+            gw.stop()
+            raise RuntimeError(f"the gateway did not answer within 90 s:\n{tail}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 204:
+                gw.key = (data_dir / "e2b.key").read_text().strip()
+                gw.admin_key = (data_dir / "admin.key").read_text().strip()
+                break
+        except (httpx.HTTPError, OSError):
+            pass
+        time.sleep(0.2)
+    os.environ["E2B_API_KEY"] = gw.key
+    os.environ["E2B_API_URL"] = url
+    os.environ["E2B_SANDBOX_URL"] = url
+    return gw
+
+
+@pytest.fixture(scope="session")
+def gateway() -> Iterator[Gateway]:
+    if os.geteuid() != 0:
+        pytest.skip("these tests run a real `warren up`, which needs root")
+    if find_binary() is None:
+        pytest.skip(f"no warren binary: build it (`cargo build --workspace` in {REPO})")
+    if not in_own_netns():
+        pytest.fail("run these tests with sdk/e2b/run-tests.sh (a network namespace of their own)")
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"warren up exited with {proc.returncode}:\n{gw.log_tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"the gateway did not answer within 90 s:\n{gw.log_tail()}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 204:
-                    gw.key = (data_dir / "e2b.key").read_text().strip()
-                    gw.admin_key = (data_dir / "admin.key").read_text().strip()
-                    break
-            except (httpx.HTTPError, OSError):
-                pass
-            time.sleep(0.2)
-        os.environ["E2B_API_KEY"] = gw.key
-        os.environ["E2B_API_URL"] = url
-        os.environ["E2B_SANDBOX_URL"] = url
+        gw = start_gateway()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    try:
         yield gw
     finally:
         gw.stop()
