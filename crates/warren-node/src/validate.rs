@@ -102,7 +102,10 @@ pub fn validate(
         }
         (None, None) => None,
         (Some(capacity), d) => {
-            let d = d.unwrap_or(cfg.default_disk);
+            // The default never asks for more than the pool holds (a small disk's pool is
+            // smaller than the default quota): a create that names no disk does not fail for
+            // a size it did not ask for.
+            let d = d.unwrap_or(ByteSize(cfg.default_disk.bytes().min(capacity)));
             if d.bytes() < 16 << 20 || d.bytes() > capacity {
                 return bad(format!(
                     "disk {d} is out of range: give 16Mi to {} (this node's disk pool)",
@@ -210,6 +213,24 @@ mod tests {
             ..host()
         };
         assert_eq!(validate(&cfg, no_pool, &req()).unwrap().0.disk, None);
+        // A pool smaller than the default quota: the default shrinks to it; asking for more is
+        // still refused.
+        let small = HostFacts {
+            disk_pool: Some(4 << 30),
+            ..host()
+        };
+        assert_eq!(
+            validate(&cfg, small, &req()).unwrap().0.disk,
+            Some(ByteSize(4 << 30))
+        );
+        refused(
+            &CreateSandbox {
+                disk: Some(ByteSize(5 << 30)),
+                ..req()
+            },
+            small,
+            "out of range",
+        );
 
         refused(
             &CreateSandbox {

@@ -76,7 +76,8 @@ pub struct CreateSandbox {
     #[cfg_attr(feature = "openapi", schema(minimum = 16))]
     pub pids: Option<u32>,
     /// Disk quota of the sandbox's writable layer, e.g. `10Gi`: writes past it fail with
-    /// "Disk quota exceeded" inside the sandbox. Default: the node's `default_disk` (10Gi).
+    /// "Disk quota exceeded" inside the sandbox. Default: the node's `default_disk` (10Gi), at
+    /// most its disk pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<ByteSize>,
     /// Absolute lifetime in seconds, 1 to the node's `max_timeout`; the sandbox is killed when
