@@ -34,7 +34,7 @@ const MAX_PAGE: usize = 100;
 
 pub(crate) fn routes() -> Router<Arc<Gateway>> {
     Router::new()
-        .route("/sandboxes", post(create).get(list))
+        .route("/sandboxes", post(create).get(list_v1))
         .route("/v2/sandboxes", post(create).get(list))
         .route("/sandboxes/{id}", get(info).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
@@ -50,26 +50,20 @@ pub(crate) struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
-            self.0,
-            Json(json!({"code": self.0.as_u16(), "message": self.1})),
-        )
-            .into_response()
+        crate::json_error(self.0, self.1)
     }
 }
 
 impl From<warren_sdk::Error> for ApiError {
     fn from(e: warren_sdk::Error) -> ApiError {
-        let status = match &e {
-            warren_sdk::Error::Api { status, .. } => {
-                StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
-            }
-            warren_sdk::Error::Invalid(_) => StatusCode::BAD_REQUEST,
-            warren_sdk::Error::Connect { .. } | warren_sdk::Error::Transport(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            _ => StatusCode::BAD_GATEWAY,
-        };
+        let status = crate::warren_status(&e);
+        if status == StatusCode::BAD_GATEWAY {
+            tracing::warn!("E2B gateway: Warren: {e}");
+            return ApiError(
+                status,
+                "Warren refused the gateway; see warren up's log".into(),
+            );
+        }
         ApiError(status, e.to_string())
     }
 }
@@ -78,6 +72,18 @@ type Answer<T> = Result<T, ApiError>;
 
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+/// The key check of every control-plane route, before its body is read.
+pub(crate) async fn require_key(
+    State(gw): State<Arc<Gateway>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match authorize(&gw, req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
 }
 
 /// Checks `X-API-KEY`.
@@ -259,6 +265,8 @@ struct ListQuery {
     order: Option<String>,
     limit: Option<usize>,
     next_token: Option<String>,
+    template: Option<String>,
+    started_after: Option<String>,
 }
 
 /// `k1=v1&k2=v2`, each part URL-encoded.
@@ -302,12 +310,32 @@ fn percent_decode(s: &str) -> Answer<String> {
     String::from_utf8(out).map_err(|_| bad(format!("{s:?} is not UTF-8 once decoded")))
 }
 
+/// The v1 list (`GET /sandboxes`, SDK 1.x): every match at once, as those SDKs do not page.
+async fn list_v1(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Answer<Response> {
+    authorize(&gw, &headers)?;
+    list_page(&gw, q, None).await
+}
+
 async fn list(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
     Query(q): Query<ListQuery>,
 ) -> Answer<Response> {
     authorize(&gw, &headers)?;
+    list_page(&gw, q, Some(MAX_PAGE)).await
+}
+
+/// One page of the list (all of it without `page`).
+async fn list_page(gw: &Gateway, q: ListQuery, page: Option<usize>) -> Answer<Response> {
+    if q.started_after.is_some() {
+        return Err(bad(
+            "startedAfter is not supported by this gateway: leave it out and filter the list",
+        ));
+    }
     let wanted: Vec<&str> = match &q.state {
         Some(s) => s.split(',').filter(|s| !s.is_empty()).collect(),
         None => vec!["running", "paused"],
@@ -317,10 +345,15 @@ async fn list(
             return Err(bad(format!("state {s:?} is not one of running, paused")));
         }
     }
-    let limit = q.limit.unwrap_or(MAX_PAGE);
-    if limit == 0 || limit > MAX_PAGE {
-        return Err(bad(format!("limit must be 1 to {MAX_PAGE}, got {limit}")));
-    }
+    let limit = match (q.limit, page) {
+        (Some(l), Some(max)) if l == 0 || l > max => {
+            return Err(bad(format!("limit must be 1 to {max}, got {l}")));
+        }
+        (Some(0), None) => return Err(bad("limit must be at least 1")),
+        (Some(l), _) => l,
+        (None, Some(max)) => max,
+        (None, None) => usize::MAX,
+    };
     let offset: usize = match &q.next_token {
         None => 0,
         Some(t) => t
@@ -337,7 +370,12 @@ async fn list(
         filter = filter.label(k, v);
     }
     let mut all = gw.warren.list(&filter).await?.into_items();
-    all.retain(|s| wanted.contains(&s.state.as_str()));
+    all.retain(|s| {
+        wanted.contains(&s.state.as_str())
+            && q.template
+                .as_deref()
+                .is_none_or(|t| template_of(gw, &s.image) == t)
+    });
     all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
     if desc {
         all.reverse();
@@ -346,11 +384,12 @@ async fn list(
         .iter()
         .skip(offset)
         .take(limit)
-        .map(|s| detail(&gw, s, false))
+        .map(|s| detail(gw, s, false))
         .collect();
     let mut resp = Json(page).into_response();
-    if offset + limit < all.len()
-        && let Ok(v) = (offset + limit).to_string().parse()
+    let next = offset.saturating_add(limit);
+    if next < all.len()
+        && let Ok(v) = next.to_string().parse()
     {
         resp.headers_mut().insert("x-next-token", v);
     }

@@ -22,9 +22,57 @@ use crate::{Gateway, connect, files, keys, process};
 /// envd's port: the only one the gateway serves.
 pub const ENVD_PORT: u16 = 49983;
 
+/// `/health`: open to all, as E2B's is.
+pub(crate) fn health_routes() -> Router<Arc<Gateway>> {
+    Router::new().route("/health", get(health))
+}
+
+/// The token check of every other data-plane route, before its body is read; its refusal in
+/// the form the route answers in (a stream's end message, a unary error, `/files`' JSON).
+pub(crate) async fn require_token(
+    State(gw): State<Arc<Gateway>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let signed = req.uri().path() == "/files"
+        && req.uri().query().is_some_and(|q| q.contains("signature="))
+        && !req.headers().contains_key("x-access-token");
+    if signed {
+        return files_error((
+            StatusCode::UNAUTHORIZED,
+            "signed file URLs are not supported by Warren's E2B gateway yet: send X-Access-Token"
+                .into(),
+        ));
+    }
+    // As E2B's proxy answers: a port other than envd's is "not open", an impossible id "not
+    // found" (the SDK reads both by their words).
+    match target(req.headers()) {
+        Ok(Some((id, port))) if port != ENVD_PORT => {
+            return proxy_error(&id, "The sandbox is running but port is not open");
+        }
+        Err(Refusal::NoSuchSandbox(id)) => return proxy_error(&id, "The sandbox was not found"),
+        _ => {}
+    }
+    match sandbox_for(&gw, req.headers()) {
+        Ok(_) => next.run(req).await,
+        Err(e) if req.uri().path() == "/files" => files_error((e.code.http_status(), e.message)),
+        Err(e) => {
+            let streaming = req
+                .headers()
+                .get(axum::http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with(connect::STREAM_JSON));
+            if streaming {
+                process::stream_error(e)
+            } else {
+                process::unary(Err(e))
+            }
+        }
+    }
+}
+
 pub(crate) fn routes() -> Router<Arc<Gateway>> {
     Router::new()
-        .route("/health", get(health))
         .route("/process.Process/{method}", post(process_call))
         .route("/filesystem.Filesystem/{method}", post(filesystem_call))
         .route(
@@ -136,7 +184,18 @@ pub(crate) fn sandbox_for(gw: &Gateway, headers: &HeaderMap) -> Result<Sandbox, 
                 format!("sandbox {id} was not found"),
             ));
         }
-        Err(r) => return Err(Error::new(Code::InvalidArgument, format!("{r:?}"))),
+        Err(Refusal::Missing(h)) => {
+            return Err(Error::new(
+                Code::InvalidArgument,
+                format!("Missing header: {h}"),
+            ));
+        }
+        Err(Refusal::BadPort(p)) => {
+            return Err(Error::new(
+                Code::InvalidArgument,
+                format!("invalid sandbox port {p:?}"),
+            ));
+        }
     };
     if port != ENVD_PORT {
         return Err(Error::new(
@@ -236,13 +295,7 @@ pub(crate) enum Refusal {
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        let bad = |m: String| {
-            (
-                StatusCode::BAD_REQUEST,
-                axum::Json(json!({"code": 400, "message": m})),
-            )
-                .into_response()
-        };
+        let bad = |m: String| crate::json_error(StatusCode::BAD_REQUEST, m);
         match self {
             Refusal::Missing(h) => bad(format!("Missing header: {h}")),
             Refusal::BadPort(p) => bad(format!("invalid sandbox port {p:?}")),
@@ -293,10 +346,12 @@ async fn health(State(gw): State<Arc<Gateway>>, headers: HeaderMap) -> Response 
         }
         Ok(_) => proxy_error(&id, "The sandbox was not found"),
         Err(e) if e.is_not_found() => proxy_error(&id, "The sandbox was not found"),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"code": 503, "message": e.to_string()})),
-        )
-            .into_response(),
+        Err(e) => {
+            tracing::warn!("E2B gateway: /health could not ask Warren: {e}");
+            crate::json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Warren did not answer the gateway; retry",
+            )
+        }
     }
 }

@@ -16,8 +16,8 @@ use warren_sdk::{FileEntry, FileKind, Sandbox};
 use crate::connect::{Code, Error};
 use crate::process::{unary, warren_error};
 
-/// Largest upload, per request (it is held in memory on its way to Warren).
-pub const MAX_UPLOAD: usize = 256 << 20;
+/// Largest upload, per request (streamed to Warren, never held whole).
+pub const MAX_UPLOAD: usize = 8 << 30;
 /// Most entries one `ListDir` answers.
 const MAX_ENTRIES: usize = 10_000;
 
@@ -176,7 +176,7 @@ pub(crate) async fn filesystem(sb: Sandbox, method: &str, body: Bytes) -> Respon
                         for e in sb.list_dir(&dir).await.map_err(warren_error)? {
                             if out.len() >= MAX_ENTRIES {
                                 return Err(Error::new(
-                                    Code::ResourceExhausted,
+                                    Code::FailedPrecondition,
                                     format!(
                                         "more than {MAX_ENTRIES} entries: list less deep, or a \
                                          smaller directory"
@@ -204,27 +204,10 @@ pub(crate) async fn filesystem(sb: Sandbox, method: &str, body: Bytes) -> Respon
     )
 }
 
-/// An HTTP error of the `/files` routes: `{"code": <status>, "message"}`.
-fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
-    (
-        status,
-        axum::Json(json!({"code": status.as_u16(), "message": message.into()})),
-    )
-        .into_response()
-}
+use crate::json_error as http_error;
 
 fn from_warren(e: warren_sdk::Error) -> Response {
-    let status = match &e {
-        warren_sdk::Error::Api { status, .. } => {
-            StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
-        }
-        warren_sdk::Error::Invalid(_) => StatusCode::BAD_REQUEST,
-        warren_sdk::Error::Connect { .. } | warren_sdk::Error::Transport(_) => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
-        _ => StatusCode::BAD_GATEWAY,
-    };
-    http_error(status, e.to_string())
+    http_error(crate::warren_status(&e), e.to_string())
 }
 
 /// `GET /files?path=`: the file's bytes.
@@ -232,11 +215,12 @@ pub(crate) async fn read(sb: Sandbox, path: Option<String>) -> Response {
     let Some(path) = path.filter(|p| !p.is_empty()) else {
         return http_error(StatusCode::BAD_REQUEST, "name the file: ?path=...");
     };
-    match sb.read_file(&resolve(&sb, &path)).await {
-        Ok(bytes) => (
+    // Streamed: a file as large as the sandbox's disk never sits in the gateway's memory.
+    match sb.read_file_stream(&resolve(&sb, &path)).await {
+        Ok(stream) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/octet-stream")],
-            Body::from(bytes),
+            Body::from_stream(stream),
         )
             .into_response(),
         Err(e) => from_warren(e),
@@ -273,18 +257,49 @@ pub(crate) async fn write(sb: Sandbox, path: Option<String>, mut form: Multipart
                 format!("{dest} is given twice in one upload"),
             );
         }
-        let data = match field.bytes().await {
-            Ok(d) => d,
-            Err(e) => return http_error(StatusCode::BAD_REQUEST, format!("a file part: {e}")),
+        // Each part goes to Warren as it arrives, through a small channel: the pump reads the
+        // part, the request sends what the pump passed on.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+        let body = reqwest::Body::wrap_stream(futures_util::stream::unfold(rx, |mut rx| async {
+            rx.recv().await.map(|c| (c, rx))
+        }));
+        let total_ref = &mut total;
+        let pump = async move {
+            let mut field = field;
+            let tx = tx;
+            loop {
+                match field.chunk().await {
+                    Ok(Some(c)) => {
+                        *total_ref += c.len();
+                        if *total_ref > MAX_UPLOAD {
+                            let _ = tx
+                                .send(Err(std::io::Error::other("over the upload limit")))
+                                .await;
+                            return Err(http_error(
+                                StatusCode::PAYLOAD_TOO_LARGE,
+                                format!("an upload may hold {MAX_UPLOAD} bytes at most"),
+                            ));
+                        }
+                        if tx.send(Ok(c)).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Ok(None) => return Ok(()),
+                    Err(e) => {
+                        let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                        return Err(http_error(
+                            StatusCode::BAD_REQUEST,
+                            format!("a file part: {e}"),
+                        ));
+                    }
+                }
+            }
         };
-        total += data.len();
-        if total > MAX_UPLOAD {
-            return http_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("an upload may hold {MAX_UPLOAD} bytes at most: send fewer files at once"),
-            );
+        let (pumped, put) = tokio::join!(pump, sb.write_file_body(&dest, body, None));
+        if let Err(r) = pumped {
+            return r;
         }
-        if let Err(e) = sb.write_file(&dest, data).await {
+        if let Err(e) = put {
             return from_warren(e);
         }
         let name = dest.rsplit('/').next().unwrap_or("").to_string();

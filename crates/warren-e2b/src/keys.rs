@@ -13,7 +13,7 @@ pub fn new_key() -> String {
 /// Whether `s` has the key form.
 pub fn is_key_form(s: &str) -> bool {
     s.strip_prefix("e2b_").is_some_and(|h| {
-        !h.is_empty()
+        h.len() == 40
             && h.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
@@ -56,7 +56,15 @@ mod tests {
         assert_eq!(k.len(), 44);
         assert!(is_key_form(&k), "{k}");
         assert_ne!(k, new_key());
-        for bad in ["e2b_", "e2b_XYZ", "sk_e2b_00", "", "e2b_0g"] {
+        for bad in [
+            "e2b_",
+            "e2b_XYZ",
+            "sk_e2b_00",
+            "",
+            "e2b_0g",
+            "e2b_0",
+            &format!("{k}0"),
+        ] {
             assert!(!is_key_form(bad), "{bad}");
         }
         assert!(matches(&k, &k));

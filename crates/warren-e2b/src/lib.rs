@@ -40,10 +40,52 @@ pub struct Gateway {
     pub base_image: String,
 }
 
+/// An HTTP error in E2B's shape: `{"code": <status>, "message": ...}`.
+pub(crate) fn json_error(
+    status: axum::http::StatusCode,
+    message: impl Into<String>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    (
+        status,
+        axum::Json(serde_json::json!({"code": status.as_u16(), "message": message.into()})),
+    )
+        .into_response()
+}
+
+/// The status a Warren failure answers with: Warren's own for its refusals, 503 when it
+/// cannot be reached, 502 for anything else it sent.
+pub(crate) fn warren_status(e: &warren_sdk::Error) -> axum::http::StatusCode {
+    use axum::http::StatusCode;
+    match e {
+        // Warren refusing the gateway's own key is not the client's fault.
+        warren_sdk::Error::Api {
+            status: 401 | 403, ..
+        } => StatusCode::BAD_GATEWAY,
+        warren_sdk::Error::Api { status, .. } => {
+            StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
+        }
+        warren_sdk::Error::Invalid(_) => StatusCode::BAD_REQUEST,
+        warren_sdk::Error::Connect { .. } | warren_sdk::Error::Transport(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        _ => StatusCode::BAD_GATEWAY,
+    }
+}
+
 /// The gateway's routes.
 pub fn router(gw: Arc<Gateway>) -> Router {
-    api::routes()
-        .merge(envd::routes())
+    // Keys and tokens are checked from the headers before any body is read.
+    let api = api::routes().route_layer(axum::middleware::from_fn_with_state(
+        gw.clone(),
+        api::require_key,
+    ));
+    let envd = envd::routes().route_layer(axum::middleware::from_fn_with_state(
+        gw.clone(),
+        envd::require_token,
+    ));
+    api.merge(envd)
+        .merge(envd::health_routes())
         .with_state(gw)
         .layer(axum::extract::DefaultBodyLimit::max(connect::MAX_MESSAGE))
 }

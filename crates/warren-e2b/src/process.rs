@@ -269,7 +269,12 @@ fn follow(
             }
         };
         let end = loop {
-            let next = match tokio::time::timeout(keepalive, events.next()).await {
+            // A client that left ends this at once, not at the next event or keepalive.
+            let next = tokio::select! {
+                n = tokio::time::timeout(keepalive, events.next()) => n,
+                () = tx.closed() => return,
+            };
+            let next = match next {
                 Err(_) => {
                     if !send(json!({"event": {"keepalive": {}}})).await {
                         return;

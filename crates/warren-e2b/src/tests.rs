@@ -113,6 +113,7 @@ async fn bad_bodies_and_parameters_are_4xx_with_a_reason() {
         "nextToken=x",
         "metadata=a",
         "metadata=a%3",
+        "startedAfter=2026-01-01T00:00:00Z",
     ] {
         let req = Request::get(format!("/v2/sandboxes?{q}"))
             .header("x-api-key", &key)
@@ -316,6 +317,35 @@ async fn data_plane_calls_need_the_sandboxs_token_and_whole_envelopes() {
     assert_eq!(s, StatusCode::NOT_IMPLEMENTED);
     assert!(
         j["message"].as_str().unwrap().contains("not supported"),
+        "{j}"
+    );
+    // Another port, or an id no sandbox can have: E2B's proxy answers, before the token.
+    let mut req = envd_call(
+        "/process.Process/List",
+        None,
+        "application/json",
+        b"{}".to_vec(),
+    );
+    req.headers_mut()
+        .insert("e2b-sandbox-port", "8080".parse().unwrap());
+    let (s, j) = call(&app, req).await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY);
+    assert!(
+        j["message"].as_str().unwrap().contains("port is not open"),
+        "{j}"
+    );
+    let mut req = envd_call(
+        "/process.Process/List",
+        None,
+        "application/json",
+        b"{}".to_vec(),
+    );
+    req.headers_mut()
+        .insert("e2b-sandbox-id", "NOT-an-id".parse().unwrap());
+    let (s, j) = call(&app, req).await;
+    assert_eq!(s, StatusCode::BAD_GATEWAY);
+    assert!(
+        j["message"].as_str().unwrap().contains("was not found"),
         "{j}"
     );
     // Warren unreachable: unavailable, in the stream.

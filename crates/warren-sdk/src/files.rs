@@ -132,6 +132,18 @@ impl Sandbox {
             .await
     }
 
+    /// Writes a file from a body as it comes (a stream of chunks: `reqwest::Body::wrap_stream`),
+    /// replacing it if it exists; `len`, when known, lets the server refuse an upload over
+    /// its limit before any byte is sent.
+    pub async fn write_file_body(
+        &self,
+        path: &str,
+        body: reqwest::Body,
+        len: Option<u64>,
+    ) -> Result<FileEntry> {
+        self.put_file(path, None, body, len).await
+    }
+
     /// Uploads a local file to `path`, streaming it, with permission bits `mode` (the
     /// server's default when `None`). A directory is refused: copy its files one by one.
     pub async fn upload_file(

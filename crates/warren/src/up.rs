@@ -196,6 +196,11 @@ async fn serve(
             "listening on {listen} (is another warren up running? choose another with --listen)"
         )
     })?;
+    // The gateway's key is read (or made) before anything starts: a bad one stops here.
+    let e2b_key = match &e2b_listen {
+        Some(_) => Some(e2b_key(&data_dir)?),
+        None => None,
+    };
     let e2b_tcp = match &e2b_listen {
         Some(a) => Some(listen_tcp(a).await.with_context(|| {
             format!("the E2B gateway listening on {a} (choose another with --e2b-listen, or `off`)")
@@ -226,9 +231,9 @@ async fn serve(
         );
     }
     let app = warren_control::api::router(started.control.clone());
-    let e2b_server = match (e2b_tcp, &e2b_listen) {
-        (Some(tcp), Some(addr)) => {
-            let gw = e2b_gateway(&data_dir, &listen)?;
+    let e2b_server = match (e2b_tcp, &e2b_listen, e2b_key) {
+        (Some(tcp), Some(addr), Some(key)) => {
+            let gw = e2b_gateway(&data_dir, &listen, key)?;
             eprintln!(
                 "warren: serving the E2B gateway on http://{addr}: E2B_API_KEY=$(cat {}) \
                  E2B_API_URL=http://{addr} E2B_SANDBOX_URL=http://{addr}",
@@ -295,9 +300,8 @@ async fn serve(
     Ok(())
 }
 
-/// The E2B gateway: its key (`<data-dir>/e2b.key`, made at the first start, mode 0600), acting
-/// on the REST API at `listen` with the admin key.
-fn e2b_gateway(data_dir: &std::path::Path, listen: &str) -> anyhow::Result<warren_e2b::Gateway> {
+/// The E2B gateway's key: `<data-dir>/e2b.key`, made at the first start (mode 0600).
+fn e2b_key(data_dir: &std::path::Path) -> anyhow::Result<String> {
     let key_file = data_dir.join("e2b.key");
     let key = match std::fs::read_to_string(&key_file) {
         Ok(k) => k.trim().to_string(),
@@ -316,10 +320,20 @@ fn e2b_gateway(data_dir: &std::path::Path, listen: &str) -> anyhow::Result<warre
     };
     if !warren_e2b::keys::is_key_form(&key) {
         anyhow::bail!(
-            "{} does not hold an E2B-form key (e2b_ and hex): remove it to have a new one made",
+            "{} does not hold an E2B-form key (e2b_ and 40 hex digits): remove it to have a new \
+             one made, or start with --e2b-listen off",
             key_file.display()
         );
     }
+    Ok(key)
+}
+
+/// The E2B gateway, acting on the REST API at `listen` with the admin key.
+fn e2b_gateway(
+    data_dir: &std::path::Path,
+    listen: &str,
+    key: String,
+) -> anyhow::Result<warren_e2b::Gateway> {
     let admin = std::fs::read_to_string(warren_sdk::config::key_file(data_dir))
         .with_context(|| "reading the admin key the E2B gateway acts with")?;
     let warren = warren_sdk::Client::new(&format!("http://{listen}"), Some(admin.trim()))?;

@@ -181,3 +181,15 @@ def gateway() -> Iterator[Gateway]:
         yield gw
     finally:
         gw.stop()
+
+
+@pytest.fixture
+def sb(gateway: Gateway):
+    """A fresh `base` sandbox through the gateway, killed after the test."""
+    from e2b import Sandbox
+
+    s = Sandbox.create("base", timeout=120)
+    try:
+        yield s
+    finally:
+        s.kill()

@@ -7,16 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox, TimeoutException
-
-
-@pytest.fixture
-def sb(gateway):
-    s = Sandbox.create("base", timeout=120)
-    try:
-        yield s
-    finally:
-        s.kill()
+from e2b import AsyncSandbox, CommandExitException, TimeoutException
 
 
 def test_run_foreground_with_streamed_output(sb):

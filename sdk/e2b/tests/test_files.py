@@ -5,16 +5,7 @@ under the user's home, and what the SDK maps from errors (missing file, existing
 from __future__ import annotations
 
 import pytest
-from e2b import AsyncSandbox, FileType, NotFoundException, Sandbox
-
-
-@pytest.fixture
-def sb(gateway):
-    s = Sandbox.create("base", timeout=120)
-    try:
-        yield s
-    finally:
-        s.kill()
+from e2b import AsyncSandbox, FileType, NotFoundException
 
 
 def test_write_read_exists_and_info(sb):
@@ -56,6 +47,13 @@ def test_many_files_dirs_list_rename_remove(sb):
     sb.files.remove("/home/user/d")
     assert not sb.files.exists("/home/user/d")
     assert not sb.files.exists("/home/user/d/s/b.txt")
+
+
+def test_large_files_stream_both_ways(sb):
+    data = bytes(range(256)) * (40 << 12)  # 40 MiB
+    sb.files.write("/home/user/big.bin", data)
+    assert sb.commands.run("stat -c %s /home/user/big.bin").stdout == f"{len(data)}\n"
+    assert bytes(sb.files.read("/home/user/big.bin", format="bytes")) == data
 
 
 def test_files_as_root(sb):
