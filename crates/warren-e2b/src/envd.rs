@@ -1,10 +1,11 @@
 //! The in-sandbox side: what E2B's envd serves on port 49983, reached through the gateway's
 //! one URL and routed by headers (`E2b-Sandbox-Id`, `E2b-Sandbox-Port`).
 //!
-//! Served so far: `GET /health` (204 while the sandbox runs; 502 with E2B's "was not found"
-//! when it does not, which is how `is_running()` turns false) and `process.Process` (see
-//! `process`). Every call but `/health` must carry the sandbox's access token
-//! (`X-Access-Token`, answered at create). Files and watches are to come.
+//! Served: `GET /health` (204 while the sandbox runs; 502 with E2B's "was not found" when it
+//! does not, which is how `is_running()` turns false), `process.Process` (see `process`), and
+//! `/files` and `filesystem.Filesystem` (see `files`). Every call but `/health` must carry the
+//! sandbox's access token (`X-Access-Token`, answered at create), checked before its body is
+//! read. Watches, PTYs and stdin are to come.
 
 use std::sync::Arc;
 
