@@ -23,7 +23,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use warren_sdk::{CreateSandbox, ListFilter, NetworkPolicy, SandboxInfo, SandboxState};
+use warren_sdk::{CreateSandbox, ListFilter, SandboxInfo, SandboxState};
 
 use crate::{CLIENT_ID, ENVD_VERSION, Gateway, keys};
 
@@ -42,6 +42,7 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/network", axum::routing::put(set_network))
 }
 
 /// An E2B error answer.
@@ -135,7 +136,7 @@ struct NewSandbox {
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     auto_pause: Option<bool>,
-    network: Option<Value>,
+    network: Option<crate::network::E2bNetwork>,
 }
 
 /// E2B's `Sandbox` (create, connect).
@@ -191,23 +192,15 @@ async fn create(
              timeout (pause it yourself, or leave autoPause out)",
         ));
     }
-    if req.network.as_ref().is_some_and(|n| !n.is_null()) {
-        return Err(bad(
-            "the network field (allowOut, denyOut) is not supported by this gateway yet: use \
-             allow_internet_access, or Warren's own API (`warren network set`)",
-        ));
-    }
     let template = req.template_id.unwrap_or_else(|| "base".into());
     let image = if template == "base" {
         gw.base_image.clone()
     } else {
         template
     };
-    let network = match req.allow_internet_access {
-        // E2B's default: the internet, never the node, control plane or metadata addresses.
-        None | Some(true) => NetworkPolicy::internet(),
-        Some(false) => NetworkPolicy::default(),
-    };
+    // E2B's default is the internet (never the node, control plane or metadata addresses).
+    let network =
+        crate::network::policy(req.allow_internet_access, req.network.as_ref()).map_err(bad)?;
     let create = CreateSandbox {
         image,
         timeout: Some(req.timeout.unwrap_or(DEFAULT_TIMEOUT)),
@@ -513,6 +506,23 @@ async fn resume(
         ));
     }
     connect_or_resume(&gw, &id, &body, StatusCode::CREATED).await
+}
+
+/// `PUT /sandboxes/{id}/network`: replaces the sandbox's egress rules (a field left out is
+/// cleared), in effect at once.
+async fn set_network(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Answer<StatusCode> {
+    authorize(&gw, &headers)?;
+    sandbox_id(&id)?;
+    let net: crate::network::E2bNetwork = serde_json::from_slice(&body)
+        .map_err(|e| bad(format!("the body is not a SandboxNetworkUpdateConfig: {e}")))?;
+    let policy = crate::network::policy(None, Some(&net)).map_err(bad)?;
+    gw.warren.sandbox(&id)?.set_network(&policy).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[cfg(test)]

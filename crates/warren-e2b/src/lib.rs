@@ -15,6 +15,7 @@ pub mod connect;
 pub mod envd;
 mod files;
 pub mod keys;
+mod network;
 mod process;
 
 use std::sync::Arc;

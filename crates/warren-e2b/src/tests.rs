@@ -88,7 +88,14 @@ async fn bad_bodies_and_parameters_are_4xx_with_a_reason() {
         (r#"{"templateID": 5}"#, "not a NewSandbox"),
         (r#"{"timeout": -1}"#, "not a NewSandbox"),
         (r#"{"autoPause": true}"#, "autoPause"),
-        (r#"{"network": {"allowOut": ["1.2.3.4"]}}"#, "network"),
+        (
+            r#"{"network": {"egressProxy": {"address": "x"}}}"#,
+            "egressProxy",
+        ),
+        (
+            r#"{"network": {"denyOut": ["example.com"]}}"#,
+            "not an IP address",
+        ),
     ] {
         let (s, j) = call(&app, post("/v2/sandboxes", k, body)).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{body}: {j}");
@@ -97,6 +104,16 @@ async fn bad_bodies_and_parameters_are_4xx_with_a_reason() {
             "{body}: {j}"
         );
     }
+    let put = |body: &str| {
+        Request::put("/sandboxes/abc/network")
+            .header("x-api-key", &key)
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let (s, j) = call(&app, put(r#"{"denyOut": ["x.test"]}"#)).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{j}");
+    let (s, _) = call(&app, put("{")).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
     let (s, j) = call(&app, post("/sandboxes/abc/timeout", k, r#"{"t": 1}"#)).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{j}");
     let (s, _) = call(

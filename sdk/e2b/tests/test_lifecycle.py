@@ -143,3 +143,31 @@ async def test_async_lifecycle(gateway):
     finally:
         assert await sb.kill() is True
     assert not await sb.is_running()
+
+
+def _rules(gateway, sandbox_id):
+    net = gateway.warren("GET", f"/v1/sandboxes/{sandbox_id}").json()["network"]
+    name = lambda r: (r.get("cidr") or r.get("domain") or "").removesuffix("/32")  # noqa: E731
+    return sorted(map(name, net["allow"])), sorted(map(name, net["deny"]))
+
+
+def test_network_lists_and_updates(gateway):
+    from e2b import ALL_TRAFFIC
+
+    sb = Sandbox.create(
+        "base",
+        timeout=60,
+        network={"deny_out": [ALL_TRAFFIC], "allow_out": ["198.51.100.7", "pypi.org"]},
+    )
+    try:
+        assert _rules(gateway, sb.sandbox_id) == (["198.51.100.7", "pypi.org"], [])
+        sb.update_network({"deny_out": ["203.0.113.0/24"]})
+        assert _rules(gateway, sb.sandbox_id) == (["0.0.0.0/0", "::/0"], ["203.0.113.0/24"])
+        sb.update_network({"deny_out": [ALL_TRAFFIC]})
+        assert _rules(gateway, sb.sandbox_id) == ([], [])
+        with pytest.raises(Exception) as e:
+            sb.update_network({"deny_out": ["example.com"]})
+        assert "not an IP address" in str(e.value)
+        assert _rules(gateway, sb.sandbox_id) == ([], []), "a refused update changes nothing"
+    finally:
+        sb.kill()
