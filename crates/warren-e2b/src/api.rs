@@ -43,6 +43,7 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/network", axum::routing::put(set_network))
+        .route("/templates/aliases/{alias}", get(template_alias))
 }
 
 /// An E2B error answer.
@@ -523,6 +524,33 @@ async fn set_network(
     let policy = crate::network::policy(None, Some(&net)).map_err(bad)?;
     gw.warren.sandbox(&id)?.set_network(&policy).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /templates/aliases/{alias}` (`Template.exists`): a template is a Warren image name;
+/// `base` is the configured base image.
+async fn template_alias(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(alias): Path<String>,
+) -> Answer<Json<Value>> {
+    authorize(&gw, &headers)?;
+    if alias.is_empty() || alias.len() > 256 {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("template {alias:?} not found"),
+        ));
+    }
+    let builtin = alias == "base" || alias == gw.base_image || alias == "host";
+    if !builtin {
+        gw.warren.image(&alias).await.map_err(|e| {
+            if e.is_not_found() || crate::warren_status(&e) == StatusCode::BAD_REQUEST {
+                ApiError(StatusCode::NOT_FOUND, format!("template {alias} not found"))
+            } else {
+                e.into()
+            }
+        })?;
+    }
+    Ok(Json(json!({"templateID": alias, "public": builtin})))
 }
 
 #[cfg(test)]

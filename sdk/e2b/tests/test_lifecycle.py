@@ -171,3 +171,24 @@ def test_network_lists_and_updates(gateway):
         assert _rules(gateway, sb.sandbox_id) == ([], []), "a refused update changes nothing"
     finally:
         sb.kill()
+
+
+def test_templates_are_warren_images(gateway):
+    from e2b import Template
+
+    assert Template.exists("base")
+    assert Template.exists("host")
+    assert not Template.exists("no/such-image:v1")
+    # An image imported into Warren is a template of that name.
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        data = b"from warren\n"
+        info = tarfile.TarInfo("etc/marker")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    r = gateway.warren("POST", "/v1/images", params={"name": "e2b/t:v1"}, content=buf.getvalue())
+    assert r.status_code in (200, 201), r.text
+    assert Template.exists("e2b/t:v1")
