@@ -79,3 +79,15 @@ async def test_async_commands(gateway):
         assert e.value.exit_code == 4
     finally:
         await sb.kill()
+
+
+def test_a_sandbox_killed_mid_command_ends_its_stream(gateway):
+    from e2b import Sandbox
+
+    s = Sandbox.create("base", timeout=60)
+    h = s.commands.run("sleep 30", background=True)
+    s.kill()
+    t = time.monotonic()
+    with pytest.raises(Exception):
+        h.wait()
+    assert time.monotonic() - t < 10, "the stream ended with the sandbox, not at the command's end"
