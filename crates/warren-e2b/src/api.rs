@@ -210,7 +210,15 @@ async fn create(
         network: Some(network),
         ..Default::default()
     };
-    let sb = gw.warren.create(&create).await?;
+    // A retried create with the same Idempotency-Key makes one sandbox, as in Warren's API.
+    let idempotency = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty());
+    let sb = match idempotency {
+        Some(k) => gw.warren.create_idempotent(&create, k).await?,
+        None => gw.warren.create(&create).await?,
+    };
     let info = match sb.snapshot() {
         Some(i) => i.clone(),
         None => sb.info().await?,

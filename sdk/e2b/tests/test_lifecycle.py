@@ -192,3 +192,15 @@ def test_templates_are_warren_images(gateway):
     r = gateway.warren("POST", "/v1/images", params={"name": "e2b/t:v1"}, content=buf.getvalue())
     assert r.status_code in (200, 201), r.text
     assert Template.exists("e2b/t:v1")
+
+
+def test_a_retried_create_with_one_idempotency_key_makes_one_sandbox(gateway):
+    import httpx
+
+    body = {"templateID": "base", "timeout": 60, "metadata": {"idem": run_id()}}
+    headers = {"X-API-KEY": gateway.key, "Idempotency-Key": "retry-" + run_id()}
+    a = httpx.post(gateway.url + "/v2/sandboxes", json=body, headers=headers, timeout=60)
+    b = httpx.post(gateway.url + "/v2/sandboxes", json=body, headers=headers, timeout=60)
+    assert a.status_code == b.status_code == 201, (a.text, b.text)
+    assert a.json()["sandboxID"] == b.json()["sandboxID"]
+    Sandbox.kill(a.json()["sandboxID"])
