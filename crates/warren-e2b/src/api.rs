@@ -44,6 +44,9 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
         .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/network", axum::routing::put(set_network))
         .route("/templates/aliases/{alias}", get(template_alias))
+        .route("/sandboxes/{id}/snapshots", post(snapshot))
+        .route("/snapshots", get(snapshots))
+        .route("/templates/{name}", axum::routing::delete(delete_snapshot))
 }
 
 /// An E2B error answer.
@@ -559,6 +562,119 @@ async fn template_alias(
         })?;
     }
     Ok(Json(json!({"templateID": alias, "public": builtin})))
+}
+
+/// Where snapshots live among Warren's images.
+const SNAPSHOTS: &str = "e2b-snapshots/";
+
+#[derive(Debug, Default, Deserialize)]
+struct SnapshotRequest {
+    name: Option<String>,
+    memory: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/snapshots`: the sandbox's file system as a Warren image (a commit of
+/// its writable layer over its image's layers), named `e2b-snapshots/<name>`, or
+/// `e2b-snapshots/<id>:<ms>` without a name. Memory and processes are not kept (E2B's
+/// `mode="filesystem"`): a sandbox made from it starts fresh. The sandbox must run on
+/// imported images (the `host` image has no layers to commit onto).
+async fn snapshot(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Answer<(StatusCode, Json<Value>)> {
+    authorize(&gw, &headers)?;
+    sandbox_id(&id)?;
+    let req: SnapshotRequest = if body.is_empty() {
+        SnapshotRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| bad(format!("the body must be {{\"name\"?, \"memory\"?}}: {e}")))?
+    };
+    if req.memory == Some(true) {
+        return Err(bad(
+            "memory snapshots are not supported by this gateway: take a file-system snapshot \
+             (mode=\"filesystem\", or leave the mode out)",
+        ));
+    }
+    let name = match req.name.as_deref().filter(|n| !n.is_empty()) {
+        Some(n) => format!("{SNAPSHOTS}{n}"),
+        None => format!("{SNAPSHOTS}{id}:{}", now_ms()),
+    };
+    let image = gw.warren.sandbox(&id)?.commit(&name).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"snapshotID": image.name, "names": [image.name]})),
+    ))
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotsQuery {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: Option<String>,
+    name: Option<String>,
+}
+
+/// `GET /snapshots`: the images under `e2b-snapshots/` (by source sandbox: those named after
+/// it, i.e. taken without a name).
+async fn snapshots(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Query(q): Query<SnapshotsQuery>,
+) -> Answer<Json<Value>> {
+    authorize(&gw, &headers)?;
+    let images = gw.warren.images().await?;
+    let out: Vec<Value> = images
+        .iter()
+        .filter(|i| i.name.starts_with(SNAPSHOTS))
+        .filter(|i| {
+            q.sandbox_id
+                .as_deref()
+                .is_none_or(|s| i.name.starts_with(&format!("{SNAPSHOTS}{s}:")))
+        })
+        .filter(|i| {
+            q.name.as_deref().is_none_or(|n| {
+                i.name == n
+                    || i.name == format!("{SNAPSHOTS}{n}")
+                    || i.name.split(':').next() == Some(&format!("{SNAPSHOTS}{n}"))
+            })
+        })
+        .map(|i| json!({"snapshotID": i.name, "names": [i.name]}))
+        .collect();
+    Ok(Json(Value::Array(out)))
+}
+
+/// `DELETE /templates/{id}` (`delete_snapshot`): removes a snapshot's image; other templates
+/// are Warren's images, not removed from here.
+async fn delete_snapshot(
+    State(gw): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Answer<StatusCode> {
+    authorize(&gw, &headers)?;
+    if !name.starts_with(SNAPSHOTS) {
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("snapshot {name} not found: snapshots are named {SNAPSHOTS}..."),
+        ));
+    }
+    gw.warren.remove_image(&name).await.map_err(|e| {
+        if e.is_not_found() {
+            ApiError(StatusCode::NOT_FOUND, format!("snapshot {name} not found"))
+        } else {
+            e.into()
+        }
+    })?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[cfg(test)]

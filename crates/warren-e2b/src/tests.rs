@@ -114,6 +114,19 @@ async fn bad_bodies_and_parameters_are_4xx_with_a_reason() {
     assert_eq!(s, StatusCode::BAD_REQUEST, "{j}");
     let (s, _) = call(&app, put("{")).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
+    // Snapshots: memory cannot be kept; only snapshots are deleted here.
+    let (s, j) = call(
+        &app,
+        post("/sandboxes/abc/snapshots", k, r#"{"memory": true}"#),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(j["message"].as_str().unwrap().contains("memory"), "{j}");
+    let req = Request::delete("/templates/base")
+        .header("x-api-key", &key)
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(call(&app, req).await.0, StatusCode::NOT_FOUND);
     let (s, j) = call(&app, post("/sandboxes/abc/timeout", k, r#"{"t": 1}"#)).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{j}");
     let (s, _) = call(

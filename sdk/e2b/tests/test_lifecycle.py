@@ -180,17 +180,7 @@ def test_templates_are_warren_images(gateway):
     assert Template.exists("host")
     assert not Template.exists("no/such-image:v1")
     # An image imported into Warren is a template of that name.
-    import io
-    import tarfile
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as t:
-        data = b"from warren\n"
-        info = tarfile.TarInfo("etc/marker")
-        info.size = len(data)
-        t.addfile(info, io.BytesIO(data))
-    r = gateway.warren("POST", "/v1/images", params={"name": "e2b/t:v1"}, content=buf.getvalue())
-    assert r.status_code in (200, 201), r.text
+    _import_image(gateway, "e2b/t:v1")
     assert Template.exists("e2b/t:v1")
 
 
@@ -204,3 +194,44 @@ def test_a_retried_create_with_one_idempotency_key_makes_one_sandbox(gateway):
     assert a.status_code == b.status_code == 201, (a.text, b.text)
     assert a.json()["sandboxID"] == b.json()["sandboxID"]
     Sandbox.kill(a.json()["sandboxID"])
+
+
+def _import_image(gateway, name: str) -> None:
+    """Imports a tiny root file system into Warren as `name`."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        data = b"from warren\n"
+        info = tarfile.TarInfo("etc/marker")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    r = gateway.warren("POST", "/v1/images", params={"name": name}, content=buf.getvalue())
+    assert r.status_code in (200, 201), r.text
+
+
+def test_snapshots_keep_the_file_system(gateway):
+    base = f"e2b/snapbase-{run_id()}:v1"
+    _import_image(gateway, base)
+    sb = Sandbox.create(base, timeout=60)
+    try:
+        sb.files.write("/data/state.txt", "kept", user="root")
+        snap = sb.create_snapshot()
+        assert snap.snapshot_id.startswith("e2b-snapshots/" + sb.sandbox_id)
+        ids = [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sb.sandbox_id).next_items()]
+        assert ids == [snap.snapshot_id]
+        named = sb.create_snapshot(name=f"mine-{run_id()}")
+        assert named.snapshot_id.startswith("e2b-snapshots/mine-")
+    finally:
+        sb.kill()
+    again = Sandbox.create(snap.snapshot_id, timeout=60)
+    try:
+        assert again.files.read("/data/state.txt", user="root") == "kept"
+        assert again.files.read("/etc/marker", user="root") == "from warren\n"
+    finally:
+        again.kill()
+    assert Sandbox.delete_snapshot(snap.snapshot_id) is True
+    assert Sandbox.delete_snapshot(named.snapshot_id) is True
+    assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+    assert Sandbox.list_snapshots(sandbox_id=sb.sandbox_id).next_items() == []
