@@ -79,6 +79,25 @@ fn bad(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())
 }
 
+/// A JSON body that may be left out (its default then), or the 400 naming what it should be.
+fn optional_body<T: Default + serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Answer<T> {
+    if body.is_empty() {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| bad(format!("the body must be {what}: {e}")))
+}
+
+/// Warren's "not found" as E2B's 404 naming `what`; other failures as they are.
+fn not_found_as(what: String) -> impl FnOnce(warren_sdk::Error) -> ApiError {
+    move |e| {
+        if e.is_not_found() {
+            ApiError(StatusCode::NOT_FOUND, format!("{what} not found"))
+        } else {
+            e.into()
+        }
+    }
+}
+
 /// The key check of every control-plane route, before its body is read.
 pub(crate) async fn require_key(
     State(gw): State<Arc<Gateway>>,
@@ -184,12 +203,7 @@ async fn create(
     body: axum::body::Bytes,
 ) -> Answer<(StatusCode, Json<Created>)> {
     authorize(&gw, &headers)?;
-    let req: NewSandbox = if body.is_empty() {
-        NewSandbox::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| bad(format!("the create body is not a NewSandbox: {e}")))?
-    };
+    let req: NewSandbox = optional_body(&body, "a NewSandbox")?;
     if req.auto_pause == Some(true) {
         return Err(bad(
             "autoPause is not supported by this gateway: a Warren sandbox is killed at its \
@@ -462,23 +476,15 @@ async fn connect_or_resume(
     running: StatusCode,
 ) -> Answer<(StatusCode, Json<Created>)> {
     sandbox_id(id)?;
-    let b: ConnectBody = if body.is_empty() {
-        ConnectBody::default()
-    } else {
-        serde_json::from_slice(body)
-            .map_err(|e| bad(format!("the body must be {{\"timeout\": seconds}}: {e}")))?
-    };
+    let b: ConnectBody = optional_body(body, "{\"timeout\": seconds}")?;
     if b.timeout == Some(0) {
         return Err(bad("timeout must be at least 1 second"));
     }
     let sb = gw.warren.sandbox(id)?;
-    let mut info = sb.info().await.map_err(|e| {
-        if e.is_not_found() {
-            ApiError(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))
-        } else {
-            e.into()
-        }
-    })?;
+    let mut info = sb
+        .info()
+        .await
+        .map_err(not_found_as(format!("sandbox {id}")))?;
     let status = if info.state == SandboxState::Paused {
         info = sb.resume().await?;
         StatusCode::CREATED
@@ -586,12 +592,7 @@ async fn snapshot(
 ) -> Answer<(StatusCode, Json<Value>)> {
     authorize(&gw, &headers)?;
     sandbox_id(&id)?;
-    let req: SnapshotRequest = if body.is_empty() {
-        SnapshotRequest::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| bad(format!("the body must be {{\"name\"?, \"memory\"?}}: {e}")))?
-    };
+    let req: SnapshotRequest = optional_body(&body, "{\"name\"?, \"memory\"?}")?;
     if req.memory == Some(true) {
         return Err(bad(
             "memory snapshots are not supported by this gateway: take a file-system snapshot \
@@ -667,13 +668,10 @@ async fn delete_snapshot(
             format!("snapshot {name} not found: snapshots are named {SNAPSHOTS}..."),
         ));
     }
-    gw.warren.remove_image(&name).await.map_err(|e| {
-        if e.is_not_found() {
-            ApiError(StatusCode::NOT_FOUND, format!("snapshot {name} not found"))
-        } else {
-            e.into()
-        }
-    })?;
+    gw.warren
+        .remove_image(&name)
+        .await
+        .map_err(not_found_as(format!("snapshot {name}")))?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -84,9 +84,9 @@ async fn bad_bodies_and_parameters_are_4xx_with_a_reason() {
     let (app, key) = gateway();
     let k = Some(key.as_str());
     for (body, words) in [
-        ("{", "not a NewSandbox"),
-        (r#"{"templateID": 5}"#, "not a NewSandbox"),
-        (r#"{"timeout": -1}"#, "not a NewSandbox"),
+        ("{", "must be a NewSandbox"),
+        (r#"{"templateID": 5}"#, "must be a NewSandbox"),
+        (r#"{"timeout": -1}"#, "must be a NewSandbox"),
         (r#"{"autoPause": true}"#, "autoPause"),
         (
             r#"{"network": {"egressProxy": {"address": "x"}}}"#,
