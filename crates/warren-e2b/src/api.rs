@@ -202,7 +202,6 @@ async fn create(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Answer<(StatusCode, Json<Created>)> {
-    authorize(&gw, &headers)?;
     let req: NewSandbox = optional_body(&body, "a NewSandbox")?;
     if req.auto_pause == Some(true) {
         return Err(bad(
@@ -264,12 +263,7 @@ fn detail(gw: &Gateway, sb: &SandboxInfo, with_token: bool) -> Value {
     v
 }
 
-async fn info(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Answer<Json<Value>> {
-    authorize(&gw, &headers)?;
+async fn info(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Answer<Json<Value>> {
     sandbox_id(&id)?;
     let sb = gw.warren.get(&id).await?;
     Ok(Json(detail(&gw, &sb, true)))
@@ -330,21 +324,11 @@ fn percent_decode(s: &str) -> Answer<String> {
 }
 
 /// The v1 list (`GET /sandboxes`, SDK 1.x): every match at once, as those SDKs do not page.
-async fn list_v1(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    Query(q): Query<ListQuery>,
-) -> Answer<Response> {
-    authorize(&gw, &headers)?;
+async fn list_v1(State(gw): State<Arc<Gateway>>, Query(q): Query<ListQuery>) -> Answer<Response> {
     list_page(&gw, q, None).await
 }
 
-async fn list(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    Query(q): Query<ListQuery>,
-) -> Answer<Response> {
-    authorize(&gw, &headers)?;
+async fn list(State(gw): State<Arc<Gateway>>, Query(q): Query<ListQuery>) -> Answer<Response> {
     list_page(&gw, q, Some(MAX_PAGE)).await
 }
 
@@ -415,12 +399,7 @@ async fn list_page(gw: &Gateway, q: ListQuery, page: Option<usize>) -> Answer<Re
     Ok(resp)
 }
 
-async fn kill(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Answer<StatusCode> {
-    authorize(&gw, &headers)?;
+async fn kill(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Answer<StatusCode> {
     sandbox_id(&id)?;
     gw.warren.sandbox(&id)?.kill().await?;
     Ok(StatusCode::NO_CONTENT)
@@ -433,11 +412,9 @@ struct Timeout {
 
 async fn set_timeout(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Answer<StatusCode> {
-    authorize(&gw, &headers)?;
     sandbox_id(&id)?;
     let t: Timeout = serde_json::from_slice(&body)
         .map_err(|e| bad(format!("the body must be {{\"timeout\": seconds}}: {e}")))?;
@@ -445,12 +422,7 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn pause(
-    State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Answer<StatusCode> {
-    authorize(&gw, &headers)?;
+async fn pause(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Answer<StatusCode> {
     sandbox_id(&id)?;
     let sb = gw.warren.sandbox(&id)?;
     if sb.info().await?.state == SandboxState::Paused {
@@ -499,22 +471,18 @@ async fn connect_or_resume(
 
 async fn connect(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Answer<(StatusCode, Json<Created>)> {
-    authorize(&gw, &headers)?;
     connect_or_resume(&gw, &id, &body, StatusCode::OK).await
 }
 
 /// The deprecated resume (SDK 2.0 to 2.5): 201 either way, 409 when it was not paused.
 async fn resume(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Answer<(StatusCode, Json<Created>)> {
-    authorize(&gw, &headers)?;
     sandbox_id(&id)?;
     let info = gw.warren.get(&id).await?;
     if info.state != SandboxState::Paused {
@@ -530,11 +498,9 @@ async fn resume(
 /// cleared), in effect at once.
 async fn set_network(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Answer<StatusCode> {
-    authorize(&gw, &headers)?;
     sandbox_id(&id)?;
     let net: crate::network::E2bNetwork = serde_json::from_slice(&body)
         .map_err(|e| bad(format!("the body is not a SandboxNetworkUpdateConfig: {e}")))?;
@@ -547,10 +513,8 @@ async fn set_network(
 /// `base` is the configured base image.
 async fn template_alias(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Path(alias): Path<String>,
 ) -> Answer<Json<Value>> {
-    authorize(&gw, &headers)?;
     if alias.is_empty() || alias.len() > 256 {
         return Err(ApiError(
             StatusCode::NOT_FOUND,
@@ -586,11 +550,9 @@ struct SnapshotRequest {
 /// imported images (the `host` image has no layers to commit onto).
 async fn snapshot(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Answer<(StatusCode, Json<Value>)> {
-    authorize(&gw, &headers)?;
     sandbox_id(&id)?;
     let req: SnapshotRequest = optional_body(&body, "{\"name\"?, \"memory\"?}")?;
     if req.memory == Some(true) {
@@ -629,10 +591,8 @@ struct SnapshotsQuery {
 /// it, i.e. taken without a name).
 async fn snapshots(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Query(q): Query<SnapshotsQuery>,
 ) -> Answer<Json<Value>> {
-    authorize(&gw, &headers)?;
     let images = gw.warren.images().await?;
     let out: Vec<Value> = images
         .iter()
@@ -658,10 +618,8 @@ async fn snapshots(
 /// are Warren's images, not removed from here.
 async fn delete_snapshot(
     State(gw): State<Arc<Gateway>>,
-    headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Answer<StatusCode> {
-    authorize(&gw, &headers)?;
     if !name.starts_with(SNAPSHOTS) {
         return Err(ApiError(
             StatusCode::NOT_FOUND,

@@ -110,7 +110,6 @@ async fn filesystem_call(
 struct FilesQuery {
     path: Option<String>,
     username: Option<String>,
-    signature: Option<String>,
 }
 
 /// The sandbox of a `/files` call, as the user its query names, or the HTTP error's status
@@ -120,13 +119,6 @@ fn files_sandbox(
     headers: &HeaderMap,
     q: &FilesQuery,
 ) -> Result<Sandbox, (StatusCode, String)> {
-    if q.signature.is_some() && headers.get("x-access-token").is_none() {
-        return Err((
-            StatusCode::UNAUTHORIZED,
-            "signed file URLs are not supported by Warren's E2B gateway yet: send X-Access-Token"
-                .into(),
-        ));
-    }
     let sb = sandbox_for(gw, headers).map_err(|e| (e.code.http_status(), e.message))?;
     Ok(match q.username.as_deref().filter(|u| !u.is_empty()) {
         Some(u) => sb.as_user(u),
