@@ -208,7 +208,7 @@ pub(crate) async fn start(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Respo
             ));
         }
     };
-    follow(sb, process_id, pid, Some(events), keepalive(&headers))
+    follow(sb, process_id, pid, events, keepalive(&headers))
 }
 
 /// `Connect`: streams a running process found by pid.
@@ -218,7 +218,12 @@ pub(crate) async fn attach(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Resp
         Err(e) => return stream_error(e),
     };
     match find(&sb, &req.process).await {
-        Ok((process_id, pid)) => follow(sb, process_id, pid, None, keepalive(&headers)),
+        // The output is opened before the answer begins: once attached, the process stays
+        // readable even if its other stream ends and forgets it.
+        Ok((process_id, pid)) => match sb.process_output(process_id).await {
+            Ok(events) => follow(sb, process_id, pid, events, keepalive(&headers)),
+            Err(e) => stream_error(warren_error(e)),
+        },
         Err(e) => stream_error(e),
     }
 }
@@ -238,14 +243,13 @@ async fn find(sb: &Sandbox, sel: &Selector) -> Result<(u64, i32), Error> {
         .ok_or_else(|| Error::new(Code::NotFound, format!("process with pid {pid} not found")))
 }
 
-/// The stream of a process: `start`, its output (`events`, or the process's output read from
-/// Warren), `end`, the end of the stream. A process that ended is forgotten once its end is
-/// sent.
+/// The stream of a process: `start`, its output (`events`), `end`, the end of the stream. A
+/// process that ended is forgotten once its end is sent.
 fn follow(
     sb: Sandbox,
     process_id: u64,
     pid: i32,
-    events: Option<warren_sdk::ExecEvents>,
+    mut events: warren_sdk::ExecEvents,
     keepalive: Duration,
 ) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
@@ -257,17 +261,6 @@ fn follow(
         if !send(json!({"event": {"start": {"pid": pid}}})).await {
             return;
         }
-        let output = match events {
-            Some(e) => Ok(e),
-            None => sb.process_output(process_id).await,
-        };
-        let mut events = match output {
-            Ok(e) => e,
-            Err(e) => {
-                let _ = tx.send(connect::end_stream(Some(&warren_error(e)))).await;
-                return;
-            }
-        };
         let end = loop {
             // A client that left ends this at once, not at the next event or keepalive.
             let next = tokio::select! {
