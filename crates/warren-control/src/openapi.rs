@@ -23,6 +23,7 @@ use crate::api;
         api::tasks::act, api::tasks::list, api::tasks::set_network,
         api::commands::exec, api::commands::start, api::commands::list, api::commands::get,
         api::commands::forget, api::commands::wait, api::commands::signal, api::commands::output,
+        api::commands::stdin, api::commands::resize,
         api::files::read, api::files::write, api::files::remove, api::files::list, api::files::stat,
         api::files::mkdir, api::files::rename, api::files::download_tar, api::files::upload_tar,
         api::images::import, api::images::list, api::images::get, api::images::remove,

@@ -64,6 +64,9 @@ fn init() -> Result<(), String> {
     let mut reader = std::io::BufReader::new(&channel);
     let cfg: InitConfig = read_line(&mut reader, "config")?;
     setup::rootfs(&cfg).map_err(|e| format!("setting up the root file system: {e}"))?;
+    // The terminals' devpts, taken before any agent process runs: terminals are opened
+    // beneath it, never by a /dev path an agent's root could replace.
+    let pts = open_pts()?;
     // Keys of this sandbox never meet another's, or the daemon's.
     warren_sys::confine::join_new_session_keyring()
         .map_err(|e| format!("joining a new session keyring: {e}"))?;
@@ -94,7 +97,19 @@ fn init() -> Result<(), String> {
         confinement,
         Some(grader),
         Some(spawner),
+        pts,
     )
+}
+
+/// A descriptor for `/dev/pts` (`O_PATH`, not followed if it is a link).
+fn open_pts() -> Result<std::os::fd::OwnedFd, String> {
+    use rustix::fs::{Mode, OFlags};
+    rustix::fs::open(
+        "/dev/pts",
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("opening /dev/pts: {e}"))
 }
 
 /// Reads one JSON line from the configuration pipe.
@@ -123,6 +138,7 @@ fn serve_path(path: &str) -> Result<(), String> {
         confinement,
         None,
         None,
+        open_pts()?,
     )
 }
 
@@ -133,6 +149,7 @@ fn run(
     (confinement, listeners): (Arc<warren_sys::confine::Confinement>, std::os::fd::OwnedFd),
     grader: Option<grader::Grader>,
     spawner: Option<spawner::Spawner>,
+    pts: std::os::fd::OwnedFd,
 ) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -146,7 +163,7 @@ fn run(
             .map_err(|e| format!("listener: {e}"))?;
         let listener = UnixListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
         let guest = Arc::new(Guest {
-            table: procs::Table::default(),
+            table: procs::Table::new(pts),
             env,
             started,
             confinement,

@@ -19,10 +19,11 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::watch;
 use warren_sys::process::Exit;
+use warren_sys::pty::Master;
 use warren_types::api::{ExitStatus, ProcessInfo};
 use warren_types::error::ErrorCode;
 use warren_types::guest::{ExecSpec, FrameKind, StdinMode};
@@ -53,6 +54,32 @@ pub struct Proc {
     changed: watch::Sender<()>,
     /// Set once the status is final: the output pumps then hand their pipes over.
     ended: watch::Sender<bool>,
+    /// Its terminal's multiplexer side, while it runs on one (dropped at the end: the
+    /// terminal hangs up).
+    pty: Mutex<Option<Arc<Master>>>,
+    /// Whether it was started on a terminal.
+    on_pty: bool,
+    /// Where input goes while stdin is kept open ([`StdinMode::Open`] or a terminal). A
+    /// writer holds the inner lock for the whole of one input, so inputs never interleave.
+    input: Mutex<Option<Arc<tokio::sync::Mutex<Input>>>>,
+}
+
+/// A process's kept input.
+pub enum Input {
+    /// The write end of its stdin pipe.
+    Pipe(pipe::Sender),
+    /// Its terminal.
+    Pty(Arc<Master>),
+}
+
+impl Input {
+    /// Writes all of `data` (waiting while the pipe or terminal is full).
+    pub async fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match self {
+            Input::Pipe(p) => p.write_all(data).await,
+            Input::Pty(m) => m.write_all(data).await,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -79,6 +106,17 @@ fn stream_index(kind: FrameKind) -> usize {
 
 impl Proc {
     fn new(id: u64, pid: i32, spec: &ExecSpec, user: &User) -> Arc<Proc> {
+        Self::with_io(id, pid, spec, user, None, None)
+    }
+
+    fn with_io(
+        id: u64,
+        pid: i32,
+        spec: &ExecSpec,
+        user: &User,
+        pty: Option<Arc<Master>>,
+        input: Option<Input>,
+    ) -> Arc<Proc> {
         let (changed, _) = watch::channel(());
         let (ended, _) = watch::channel(false);
         Arc::new(Proc {
@@ -93,7 +131,60 @@ impl Proc {
             }),
             changed,
             ended,
+            on_pty: spec.pty.is_some(),
+            pty: Mutex::new(pty),
+            input: Mutex::new(input.map(|i| Arc::new(tokio::sync::Mutex::new(i)))),
         })
+    }
+
+    /// Its kept input, or why there is none.
+    pub fn input(&self) -> Result<Arc<tokio::sync::Mutex<Input>>, OpError> {
+        let input = self.input.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        input.ok_or_else(|| {
+            let why = if self.status().is_some() {
+                "it has ended"
+            } else if self.on_pty {
+                "its terminal is closed"
+            } else {
+                "its stdin is closed, or it was started without stdin_open"
+            };
+            OpError::new(
+                ErrorCode::InvalidArgument,
+                format!("process {} takes no input: {why}", self.id),
+            )
+        })
+    }
+
+    /// Closes its kept stdin (the process reads end of file once what was written is read).
+    /// A terminal is not closed this way.
+    pub fn close_input(&self) -> Result<(), OpError> {
+        if self.on_pty {
+            return Err(OpError::invalid(format!(
+                "process {} runs on a terminal, which stays open while it runs: send the \
+                 terminal's end-of-file character (Ctrl-D, byte 4) instead",
+                self.id
+            )));
+        }
+        self.input.lock().unwrap_or_else(|p| p.into_inner()).take();
+        Ok(())
+    }
+
+    /// Sets its terminal's size.
+    pub fn resize(&self, cols: u16, rows: u16) -> Result<(), OpError> {
+        let pty = self.pty.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(pty) = pty else {
+            let why = if self.on_pty {
+                "it has ended"
+            } else {
+                "it was not started on one"
+            };
+            return Err(OpError::invalid(format!(
+                "process {} has no terminal to resize: {why}",
+                self.id
+            )));
+        };
+        pty.resize(cols, rows)
+            .map_err(|e| OpError::new(ErrorCode::Internal, format!("resizing the terminal: {e}")))
     }
 
     /// A receiver that wakes on every change (output, exit).
@@ -121,6 +212,13 @@ impl Proc {
             user: self.user.clone(),
             running: status.is_none(),
             exit: status,
+            pty: self.on_pty,
+            stdin_open: !self.on_pty
+                && self
+                    .input
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_some(),
         }
     }
 
@@ -194,17 +292,22 @@ impl Proc {
             duration_ms: ended.duration_since(self.started).as_millis() as u64,
         });
         drop(st);
+        // Nothing more to read or write: the stdin pipe closes, the terminal hangs up (once
+        // the pump and any writer in progress let go of it).
+        self.input.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.pty.lock().unwrap_or_else(|p| p.into_inner()).take();
         self.ended.send_replace(true);
         self.changed.send_replace(());
     }
 }
 
 /// All processes of this sandbox.
-#[derive(Default)]
 pub struct Table {
     inner: Mutex<Inner>,
     /// Output pipes of finished commands that something still holds open.
     lingering: Arc<Lingering>,
+    /// The sandbox's devpts (`O_PATH`), where terminals are opened.
+    pts: OwnedFd,
 }
 
 #[derive(Default)]
@@ -215,6 +318,15 @@ struct Inner {
 }
 
 impl Table {
+    /// An empty table whose terminals are opened on the devpts instance `pts`.
+    pub fn new(pts: OwnedFd) -> Table {
+        Table {
+            inner: Mutex::default(),
+            lingering: Arc::default(),
+            pts,
+        }
+    }
+
     fn inner(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -273,7 +385,8 @@ impl Table {
         }
     }
 
-    /// Starts a command. Returns the process and, for [`StdinMode::Frames`], its stdin pipe.
+    /// Starts a command. Returns the process and, for [`StdinMode::Frames`], its stdin pipe
+    /// (for [`StdinMode::Open`] and a terminal, the process keeps its input).
     ///
     /// A program that cannot be found or executed still yields a finished process (exit code
     /// 127 or 126 with the reason on stderr), as a shell would report it.
@@ -324,12 +437,20 @@ impl Table {
             ("SHELL".into(), user.shell.clone()),
             ("LANG".into(), "C.UTF-8".into()),
         ];
+        if spec.pty.is_some() {
+            env.push(("TERM".into(), "xterm-256color".into()));
+        }
         for (k, v) in base_env.iter().chain(spec.env.iter()) {
             match env.iter_mut().find(|(ek, _)| ek == k) {
                 Some(e) => e.1 = v.clone(),
                 None => env.push((k.clone(), v.clone())),
             }
         }
+        // The terminal, made before anything starts (its failure is the caller's answer).
+        let terminal = match spec.pty {
+            Some(size) => Some(open_terminal(self.pts.as_fd(), size, user)?),
+            None => None,
+        };
         let launch = match (grader, spawner) {
             (Some(g), _) => Launch::Grader(g),
             (None, Some(s)) if s.alive() => Launch::Spawner(s),
@@ -342,7 +463,7 @@ impl Table {
         inner.next_id += 1;
         let id = inner.next_id;
         let started = match launch {
-            Launch::Spawner(sp) => match spawn_via(sp, spec, user, &env, &cwd) {
+            Launch::Spawner(sp) => match spawn_via(sp, spec, user, &env, &cwd, terminal.as_ref()) {
                 Ok(started) => started,
                 // The spawner never had it (it is gone: an agent cannot kill it, but the
                 // kernel's OOM killer can): start it here, confined in the child.
@@ -353,9 +474,9 @@ impl Table {
                     eprintln!(
                         "warren-guest: the spawner is gone ({e}); starting commands directly"
                     );
-                    command(spec, user, &env, Some(&cwd), confinement)
-                        .spawn()
-                        .map(Started::from)
+                    command(spec, user, &env, Some(&cwd), confinement, terminal.as_ref())
+                        .and_then(|mut c| c.spawn())
+                        .map(|c| Started::new(c, terminal.as_ref()))
                         .map_err(Failed::from)
                 }
                 // It had it and did not answer: the command may be running, so it is not
@@ -373,38 +494,75 @@ impl Table {
                 }),
             },
             Launch::Grader(g) => {
-                let cmd = command(spec, user, &env, None, confinement);
                 let cwd = spec.cwd.as_ref().map(|_| cwd.clone());
-                g.spawn(cmd, cwd).map(Started::from).map_err(Failed::from)
+                command(spec, user, &env, None, confinement, terminal.as_ref())
+                    .and_then(|cmd| g.spawn(cmd, cwd))
+                    .map(|c| Started::new(c, terminal.as_ref()))
+                    .map_err(Failed::from)
             }
-            Launch::Direct => command(spec, user, &env, Some(&cwd), confinement)
-                .spawn()
-                .map(Started::from)
+            Launch::Direct => command(spec, user, &env, Some(&cwd), confinement, terminal.as_ref())
+                .and_then(|mut c| c.spawn())
+                .map(|c| Started::new(c, terminal.as_ref()))
                 .map_err(Failed::from),
             Launch::Refused => Err(builder_lost()),
         };
         match started {
             Ok(st) => {
                 let pid = st.pid;
-                let proc = Proc::new(id, pid, spec, user);
-                inner.procs.insert(id, proc.clone());
-                inner.by_pid.insert(pid, id);
-                Self::evict_finished(&mut inner);
-                drop(inner);
+                // Our end of the terminal (the program's end closes with `terminal` here).
+                let master = match terminal.map(|t| Master::new(t.master)).transpose() {
+                    Ok(m) => m.map(Arc::new),
+                    Err(e) => {
+                        drop(inner);
+                        let _ = warren_sys::process::kill(pid, libc_sigkill());
+                        return Err(OpError::io(&e, "terminal of", program));
+                    }
+                };
                 let stdin = st
                     .stdin
                     .map(pipe::Sender::from_owned_fd)
                     .transpose()
-                    .map_err(|e| OpError::io(&e, "stdin pipe of", program))?;
-                for (fd, kind) in [
-                    (st.stdout, FrameKind::Stdout),
-                    (st.stderr, FrameKind::Stderr),
-                ] {
-                    match fd.map(pipe::Receiver::from_owned_fd) {
-                        Some(Ok(rx)) => {
-                            tokio::spawn(pump(proc.clone(), rx, kind, self.lingering.clone()));
+                    .map_err(|e| OpError::io(&e, "stdin pipe of", program));
+                let stdin = match stdin {
+                    Ok(s) => s,
+                    Err(e) => {
+                        drop(inner);
+                        let _ = warren_sys::process::kill(pid, libc_sigkill());
+                        return Err(e);
+                    }
+                };
+                let (kept, stdin) = match (&master, spec.stdin) {
+                    (Some(m), _) => (Some(Input::Pty(m.clone())), None),
+                    (None, StdinMode::Open) => (stdin.map(Input::Pipe), None),
+                    (None, _) => (None, stdin),
+                };
+                let proc = Proc::with_io(id, pid, spec, user, master.clone(), kept);
+                inner.procs.insert(id, proc.clone());
+                inner.by_pid.insert(pid, id);
+                Self::evict_finished(&mut inner);
+                drop(inner);
+                match master {
+                    Some(m) => {
+                        tokio::spawn(pump_terminal(proc.clone(), m));
+                        proc.stream_ended(FrameKind::Stderr);
+                    }
+                    None => {
+                        for (fd, kind) in [
+                            (st.stdout, FrameKind::Stdout),
+                            (st.stderr, FrameKind::Stderr),
+                        ] {
+                            match fd.map(pipe::Receiver::from_owned_fd) {
+                                Some(Ok(rx)) => {
+                                    tokio::spawn(pump(
+                                        proc.clone(),
+                                        rx,
+                                        kind,
+                                        self.lingering.clone(),
+                                    ));
+                                }
+                                _ => proc.stream_ended(kind),
+                            }
                         }
-                        _ => proc.stream_ended(kind),
                     }
                 }
                 if let Some(ms) = spec.timeout_ms {
@@ -455,7 +613,8 @@ enum Launch<'a> {
     Refused,
 }
 
-/// A started command's pid and our ends of its pipes.
+/// A started command's pid and our ends of its pipes (none on a terminal: the terminal's
+/// multiplexer is the caller's).
 struct Started {
     pid: i32,
     stdin: Option<OwnedFd>,
@@ -463,19 +622,53 @@ struct Started {
     stderr: Option<OwnedFd>,
 }
 
-impl From<std::process::Child> for Started {
-    fn from(mut c: std::process::Child) -> Started {
+impl Started {
+    fn new(mut c: std::process::Child, terminal: Option<&Terminal>) -> Started {
         let s = Started {
             pid: c.id() as i32,
             stdin: c.stdin.take().map(OwnedFd::from),
             stdout: c.stdout.take().map(OwnedFd::from),
             stderr: c.stderr.take().map(OwnedFd::from),
         };
+        debug_assert!(terminal.is_none() || s.stdout.is_none());
         // The reaper collects the child; dropping the std handle neither waits nor kills.
         drop(c);
         s
     }
 }
+
+/// A new terminal for one command.
+struct Terminal {
+    master: OwnedFd,
+    slave: OwnedFd,
+}
+
+/// Opens a terminal of `size` on `pts`, its program's end given to `user` (as a login gives
+/// a user their terminal; best effort: the program has the descriptor either way).
+fn open_terminal(
+    pts: std::os::fd::BorrowedFd<'_>,
+    size: warren_types::guest::TermSize,
+    user: &User,
+) -> Result<Terminal, OpError> {
+    let pair = warren_sys::pty::open(pts, size.cols, size.rows).map_err(|e| {
+        OpError::new(
+            ErrorCode::Unavailable,
+            format!("opening a terminal: {e}; the sandbox may have too many open"),
+        )
+    })?;
+    let _ = rustix::fs::fchown(
+        &pair.slave,
+        Some(rustix::fs::Uid::from_raw(user.uid)),
+        Some(rustix::fs::Gid::from_raw(TTY_GID)),
+    );
+    Ok(Terminal {
+        master: pair.master,
+        slave: pair.slave,
+    })
+}
+
+/// The `tty` group, which owns terminals (devpts is mounted with `gid=5`).
+const TTY_GID: u32 = 5;
 
 /// A builder sandbox whose spawner is gone (a build step killed it): its commands are refused.
 fn builder_lost() -> Failed {
@@ -512,14 +705,16 @@ impl From<std::io::Error> for Failed {
     }
 }
 
-/// A `Command` for the grader thread or direct spawning, confined in its child.
+/// A `Command` for the grader thread or direct spawning, confined in its child. On a
+/// terminal, the child starts a session whose controlling terminal it is.
 fn command(
     spec: &ExecSpec,
     user: &User,
     env: &[(String, String)],
     cwd: Option<&str>,
     confinement: &Arc<warren_sys::confine::Confinement>,
-) -> Command {
+    terminal: Option<&Terminal>,
+) -> std::io::Result<Command> {
     let mut cmd = Command::new(&spec.argv[0]);
     cmd.args(&spec.argv[1..])
         .env_clear()
@@ -527,17 +722,25 @@ fn command(
     if let Some(cwd) = cwd {
         cmd.current_dir(cwd);
     }
-    cmd.uid(user.uid)
-        .gid(user.gid)
-        .process_group(0)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(match spec.stdin {
-            StdinMode::Null => Stdio::null(),
-            StdinMode::Frames => Stdio::piped(),
-        });
+    cmd.uid(user.uid).gid(user.gid);
+    match terminal {
+        Some(t) => {
+            let io = || t.slave.try_clone().map(Stdio::from);
+            cmd.stdin(io()?).stdout(io()?).stderr(io()?);
+            warren_sys::pty::controlling_terminal_on_exec(&mut cmd);
+        }
+        None => {
+            cmd.process_group(0)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .stdin(match spec.stdin {
+                    StdinMode::Null => Stdio::null(),
+                    StdinMode::Frames | StdinMode::Open => Stdio::piped(),
+                });
+        }
+    }
     confinement.apply_on_exec(&mut cmd);
-    cmd
+    Ok(cmd)
 }
 
 /// Why [`spawn_via`] has no answer from the spawner.
@@ -555,22 +758,33 @@ fn spawn_via(
     user: &User,
     env: &[(String, String)],
     cwd: &str,
+    terminal: Option<&Terminal>,
 ) -> Result<Result<Started, Failed>, SpawnVia> {
-    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
-    let (out_r, out_w) = pipe().map_err(|e| SpawnVia::Pipes(e.into()))?;
-    let (err_r, err_w) = pipe().map_err(|e| SpawnVia::Pipes(e.into()))?;
-    let stdin = match spec.stdin {
-        StdinMode::Frames => Some(pipe().map_err(|e| SpawnVia::Pipes(e.into()))?),
-        StdinMode::Null => None,
-    };
-    let req = crate::spawner::Request {
+    let mut req = crate::spawner::Request {
         argv: spec.argv.clone(),
         env: env.to_vec(),
         cwd: cwd.to_string(),
         uid: user.uid,
         gid: user.gid,
-        stdin: stdin.is_some(),
+        stdin: true,
+        tty: true,
     };
+    if let Some(t) = terminal {
+        let tty = t.slave.as_fd();
+        let answer = sp
+            .spawn(&req, Some(tty), tty, tty)
+            .map_err(SpawnVia::Lost)?;
+        return Ok(started_or_failed(answer, None, None, None));
+    }
+    req.tty = false;
+    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
+    let (out_r, out_w) = pipe().map_err(|e| SpawnVia::Pipes(e.into()))?;
+    let (err_r, err_w) = pipe().map_err(|e| SpawnVia::Pipes(e.into()))?;
+    let stdin = match spec.stdin {
+        StdinMode::Frames | StdinMode::Open => Some(pipe().map_err(|e| SpawnVia::Pipes(e.into()))?),
+        StdinMode::Null => None,
+    };
+    req.stdin = stdin.is_some();
     let answer = sp
         .spawn(
             &req,
@@ -579,12 +793,27 @@ fn spawn_via(
             err_w.as_fd(),
         )
         .map_err(SpawnVia::Lost)?;
-    Ok(match answer {
+    Ok(started_or_failed(
+        answer,
+        stdin.map(|(_, w)| w),
+        Some(out_r),
+        Some(err_r),
+    ))
+}
+
+/// The spawner's answer, with our ends of the command's pipes.
+fn started_or_failed(
+    answer: crate::spawner::Answer,
+    stdin: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+) -> Result<Started, Failed> {
+    match answer {
         crate::spawner::Answer::Started { pid } => Ok(Started {
             pid,
-            stdin: stdin.map(|(_, w)| w),
-            stdout: Some(out_r),
-            stderr: Some(err_r),
+            stdin,
+            stdout,
+            stderr,
         }),
         crate::spawner::Answer::Failed {
             exec,
@@ -601,7 +830,26 @@ fn spawn_via(
                 })
             }
         }
-    })
+    }
+}
+
+/// Keeps a terminal's output (one stream: stdout) until it hangs up (every holder of the
+/// program's end closed it: reads then fail with EIO), or until the status is final: then the
+/// terminal is left to close, which hangs it up for whatever still holds it.
+async fn pump_terminal(proc: Arc<Proc>, master: Arc<Master>) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    let mut ended = proc.ended.subscribe();
+    loop {
+        tokio::select! {
+            biased;
+            _ = ended.wait_for(|e| *e) => return,
+            read = master.read(&mut buf) => match read {
+                Ok(0) | Err(_) => break,
+                Ok(n) => proc.append(FrameKind::Stdout, &buf[..n]),
+            },
+        }
+    }
+    proc.stream_ended(FrameKind::Stdout);
 }
 
 /// Keeps one output stream of `proc` until end of file, or until its status is final while

@@ -141,6 +141,33 @@ async fn dispatch(
             g.table.forget(process);
             write_msg(w, &Reply::Done).await.map_err(io)
         }
+        Op::Input { process, close } => {
+            let proc = g.table.get(process)?;
+            let input = proc.input()?;
+            let mut input = input.lock().await;
+            while let Some((FrameKind::Stdin, data)) = read_frame(r).await.map_err(io)? {
+                if data.is_empty() {
+                    if close {
+                        proc.close_input()?;
+                    }
+                    drop(input);
+                    return write_msg(w, &Reply::Done).await.map_err(io);
+                }
+                input.write_all(&data).await.map_err(|e| {
+                    OpError::new(
+                        ErrorCode::InvalidArgument,
+                        format!("writing to process {process}'s input: {e}; it may have closed its stdin"),
+                    )
+                })?;
+            }
+            Err(OpError::invalid(
+                "input ended early (expected stdin frames ended by an empty one)",
+            ))
+        }
+        Op::Resize { process, size } => {
+            g.table.get(process)?.resize(size.cols, size.rows)?;
+            write_msg(w, &Reply::Done).await.map_err(io)
+        }
         Op::Processes => {
             let processes = g.table.list();
             write_msg(w, &Reply::Processes { processes })
@@ -317,6 +344,16 @@ async fn start(
         .map_err(|e| OpError::new(ErrorCode::Unavailable, format!("connection: {e}")))?;
     if let Some(stdin) = stdin {
         feed_stdin(r, stdin).await;
+    } else if spec.stdin == warren_types::guest::StdinMode::Open || spec.pty.is_some() {
+        // First input, if any, then an empty frame; the input stays open.
+        if let Ok(input) = proc.input() {
+            let mut input = input.lock().await;
+            while let Ok(Some((FrameKind::Stdin, data))) = read_frame(r).await {
+                if data.is_empty() || input.write_all(&data).await.is_err() {
+                    break;
+                }
+            }
+        }
     }
     Ok(proc)
 }

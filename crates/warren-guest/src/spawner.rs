@@ -63,6 +63,10 @@ pub struct Request {
     pub gid: u32,
     /// Whether the first descriptor sent is stdin (else /dev/null).
     pub stdin: bool,
+    /// Whether stdin is a terminal to make the command's controlling terminal (in the
+    /// session it starts).
+    #[serde(default)]
+    pub tty: bool,
 }
 
 /// What happened.
@@ -399,6 +403,7 @@ fn start(req: &Request, fds: &[OwnedFd], null: BorrowedFd<'_>, root_ambient: u64
         ambient: if req.uid == 0 { root_ambient } else { 0 },
         cwd: Some(Path::new(&req.cwd)),
         fork_exec_wait: Some(EXEC_WAIT),
+        controlling_tty: req.tty && req.stdin,
         ..warren_sys::spawn::SpawnSpec::new(&progs[0], &args, &env)
     };
     match warren_sys::spawn::spawn(&spec) {

@@ -17,8 +17,8 @@ use serde::Deserialize;
 use warren_http::{Error, Json, Path, Query};
 use warren_types::api::{
     CreateSandbox, ExecRequest, FileList, ImageStats, Layer, MkdirRequest, NodeInfo, ProcessInfo,
-    ProcessList, RenameRequest, Sandbox as SandboxView, SandboxList, SandboxState, SetTimeout,
-    SignalRequest, TaskAction, TaskList, TaskResult,
+    ProcessList, PtySize, RenameRequest, Sandbox as SandboxView, SandboxList, SandboxState,
+    SetTimeout, SignalRequest, StdinRequest, TaskAction, TaskList, TaskResult,
 };
 use warren_types::error::{ApiError, ErrorCode};
 use warren_types::id::SandboxId;
@@ -61,6 +61,8 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         .route("/v1/sandboxes/{id}/processes/{pid}/wait", post(wait))
         .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(signal))
         .route("/v1/sandboxes/{id}/processes/{pid}/output", get(output))
+        .route("/v1/sandboxes/{id}/processes/{pid}/stdin", post(stdin))
+        .route("/v1/sandboxes/{id}/processes/{pid}/resize", post(resize))
         .route(
             "/v1/sandboxes/{id}/files",
             get(read_file).put(write_file).delete(remove),
@@ -497,6 +499,39 @@ async fn signal(
 ) -> Result<StatusCode, Error> {
     let id = parse_id(&n, &id)?;
     n.signal_process(&id, pid, &req.signal).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn stdin(
+    State(n): S,
+    Path((id, pid)): Path<(String, u64)>,
+    Json(req): Json<StdinRequest>,
+) -> Result<StatusCode, Error> {
+    use base64::Engine;
+    let id = parse_id(&n, &id)?;
+    let data = match (req.data, req.data_b64) {
+        (Some(_), Some(_)) => {
+            return Err(Error(ApiError::invalid(
+                "give either data or data_b64, not both",
+            )));
+        }
+        (Some(d), None) => d.into_bytes(),
+        (None, Some(b)) => base64::engine::general_purpose::STANDARD
+            .decode(b)
+            .map_err(|e| Error(ApiError::invalid(format!("data_b64 is not base64: {e}"))))?,
+        (None, None) => Vec::new(),
+    };
+    n.send_input(&id, pid, &data, req.close).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn resize(
+    State(n): S,
+    Path((id, pid)): Path<(String, u64)>,
+    Json(req): Json<PtySize>,
+) -> Result<StatusCode, Error> {
+    let id = parse_id(&n, &id)?;
+    n.resize_terminal(&id, pid, req).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -7,9 +7,10 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use warren_types::ByteSize;
 use warren_types::api::{
-    Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, ProcessInfo, Role, TrajectoryEntry,
+    Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus, ProcessInfo, PtySize, Role,
+    TrajectoryEntry,
 };
-use warren_types::guest::{ExecSpec, FrameKind, Op, Reply, StdinMode};
+use warren_types::guest::{ExecSpec, FrameKind, Op, Reply, StdinMode, TermSize};
 use warren_types::id::SandboxId;
 
 use crate::error::NodeError;
@@ -169,6 +170,24 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
         ),
         (None, None) => None,
     };
+    let pty = match req.pty {
+        Some(size) => {
+            size.check()
+                .map_err(|m| NodeError::Invalid(format!("pty: {m}")))?;
+            Some(TermSize {
+                cols: size.cols,
+                rows: size.rows,
+            })
+        }
+        None => None,
+    };
+    let stdin_mode = if req.stdin_open || pty.is_some() {
+        StdinMode::Open
+    } else if stdin.is_some() {
+        StdinMode::Frames
+    } else {
+        StdinMode::Null
+    };
     Ok(Prepared {
         spec: ExecSpec {
             argv,
@@ -181,12 +200,9 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
             user,
             timeout_ms,
             max_output,
-            stdin: if stdin.is_some() {
-                StdinMode::Frames
-            } else {
-                StdinMode::Null
-            },
+            stdin: stdin_mode,
             role,
+            pty,
         },
         stdin,
         env: req.env.clone(),
@@ -241,21 +257,25 @@ impl Node {
         p: Prepared,
         background: bool,
     ) -> Result<(Arc<Sandbox>, GuestConn, u64, i32), NodeError> {
+        let open_input = p.spec.stdin == StdinMode::Open;
         let op = if background {
             Op::Spawn(p.spec)
         } else {
             Op::Exec(p.spec)
         };
         let (sb, mut conn) = self.open(id, op).await?;
-        if let Some(input) = &p.stdin {
-            conn.send(FrameKind::Stdin, input)
-                .await
-                .map_err(|e| guest_failure(&sb, e))?;
+        // Input frames, ended by an empty one (which an open stdin always gets: it ends the
+        // first input, not the stdin).
+        if p.stdin.is_some() || open_input {
+            let input = p.stdin.as_deref().unwrap_or_default();
             if !input.is_empty() {
-                conn.send(FrameKind::Stdin, &[])
+                conn.send(FrameKind::Stdin, input)
                     .await
                     .map_err(|e| guest_failure(&sb, e))?;
             }
+            conn.send(FrameKind::Stdin, &[])
+                .await
+                .map_err(|e| guest_failure(&sb, e))?;
         }
         match conn.reply().await.map_err(|e| guest_failure(&sb, e))? {
             Reply::Started { process, pid } => Ok((sb, conn, process, pid)),
@@ -384,6 +404,8 @@ impl Node {
     ) -> Result<ProcessInfo, NodeError> {
         let argv = p.spec.argv.clone();
         let user = p.spec.user.clone();
+        let pty = p.spec.pty.is_some();
+        let stdin_open = !pty && p.spec.stdin == StdinMode::Open;
         let (_, _, process, pid) = self.start_command(id, p, true).await?;
         Ok(ProcessInfo {
             process_id: process,
@@ -392,7 +414,51 @@ impl Node {
             user,
             running: true,
             exit: None,
+            pty,
+            stdin_open,
         })
+    }
+
+    /// Writes input to a process started with an open stdin or a terminal, then closes its
+    /// stdin if `close`.
+    pub async fn send_input(
+        &self,
+        id: &SandboxId,
+        process: u64,
+        data: &[u8],
+        close: bool,
+    ) -> Result<(), NodeError> {
+        let (sb, mut conn) = self.open(id, Op::Input { process, close }).await?;
+        let mut sent = Ok(());
+        if !data.is_empty() {
+            sent = conn.send(FrameKind::Stdin, data).await;
+        }
+        if sent.is_ok() {
+            sent = conn.send(FrameKind::Stdin, &[]).await;
+        }
+        // A guest that refuses the input (no such process, stdin closed) answers at once and
+        // hangs up without reading it: its answer, not the failed write, says why.
+        match (conn.reply().await, sent) {
+            (Ok(Reply::Done), Ok(())) => Ok(()),
+            (Ok(Reply::Done), Err(e)) => Err(guest_failure(&sb, e)),
+            (Ok(other), _) => Err(unexpected(other)),
+            (Err(e), _) => Err(guest_failure(&sb, e)),
+        }
+    }
+
+    /// Changes the size of a process's terminal.
+    pub async fn resize_terminal(
+        &self,
+        id: &SandboxId,
+        process: u64,
+        size: PtySize,
+    ) -> Result<(), NodeError> {
+        size.check().map_err(NodeError::Invalid)?;
+        let size = TermSize {
+            cols: size.cols,
+            rows: size.rows,
+        };
+        self.simple(id, Op::Resize { process, size }).await
     }
 
     /// Lists the sandbox's processes.

@@ -56,8 +56,8 @@ pub use warren_types::api::Sandbox as SandboxInfo;
 pub use warren_types::api::{
     BackendKind, CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus,
     FileEntry, FileKind, Gathered, Health, IdleAction, Image, ImageDetail, ImageStats, Layer,
-    LayerUse, NodeFailure, NodeInfo, ProcessInfo, PullRequest, Resources, Role, SandboxState,
-    TaskAction, TaskInfo, TaskNetworkResult, TaskResult, TrajectoryEntry,
+    LayerUse, NodeFailure, NodeInfo, ProcessInfo, PtySize, PullRequest, Resources, Role,
+    SandboxState, TaskAction, TaskInfo, TaskNetworkResult, TaskResult, TrajectoryEntry,
 };
 pub use warren_types::events::NetEvent;
 pub use warren_types::events::{Event, EventKind};

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use reqwest::Method;
-use warren_types::api::{ExecRequest, ProcessInfo, ProcessList, SignalRequest};
+use warren_types::api::{
+    ExecRequest, ProcessInfo, ProcessList, PtySize, SignalRequest, StdinRequest,
+};
 
 use crate::error::{Error, Result};
 use crate::{ExecEvents, Sandbox};
@@ -83,6 +85,40 @@ impl Sandbox {
             .send(self.client().request(Method::GET, url))
             .await?;
         Ok(ExecEvents::from_body(resp.bytes_stream()))
+    }
+
+    /// Writes `data` to the stdin (or terminal) of a process started with `stdin_open` (or
+    /// `pty`); answers once it is written.
+    pub async fn send_stdin(&self, process_id: u64, data: &[u8]) -> Result<()> {
+        self.stdin_request(process_id, data, false).await
+    }
+
+    /// Closes the stdin of a process started with `stdin_open`: it reads end of file.
+    pub async fn close_stdin(&self, process_id: u64) -> Result<()> {
+        self.stdin_request(process_id, &[], true).await
+    }
+
+    async fn stdin_request(&self, process_id: u64, data: &[u8], close: bool) -> Result<()> {
+        use base64::Engine;
+        let body = StdinRequest {
+            data: None,
+            data_b64: (!data.is_empty())
+                .then(|| base64::engine::general_purpose::STANDARD.encode(data)),
+            close,
+        };
+        let url = self.process_endpoint(process_id, "/stdin", &[])?;
+        let rb = self.client().request(Method::POST, url).json(&body);
+        self.client().empty(rb).await
+    }
+
+    /// Changes the size of a process's terminal (one started with `pty`).
+    pub async fn resize_pty(&self, process_id: u64, cols: u16, rows: u16) -> Result<()> {
+        let url = self.process_endpoint(process_id, "/resize", &[])?;
+        let rb = self
+            .client()
+            .request(Method::POST, url)
+            .json(&PtySize { cols, rows });
+        self.client().empty(rb).await
     }
 
     fn process_endpoint(

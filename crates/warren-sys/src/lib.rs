@@ -24,6 +24,7 @@ pub mod creds;
 pub mod mount;
 pub mod net;
 pub mod process;
+pub mod pty;
 pub mod seccomp;
 pub mod spawn;
 pub mod unix;

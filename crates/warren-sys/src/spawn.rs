@@ -103,6 +103,9 @@ pub struct SpawnSpec<'a> {
     /// a bound) would wait for as long as they like. `None`: vfork-style, waiting for the exec.
     /// (The page tables are copied: meant for a small caller such as the guest's spawner.)
     pub fork_exec_wait: Option<std::time::Duration>,
+    /// Make the terminal on descriptor 0 (after the moves) the child's controlling terminal
+    /// (`TIOCSCTTY`, after its `setsid`), as a terminal session's first process has it.
+    pub controlling_tty: bool,
 }
 
 impl<'a> SpawnSpec<'a> {
@@ -123,6 +126,7 @@ impl<'a> SpawnSpec<'a> {
             ambient: 0,
             cwd: None,
             fork_exec_wait: None,
+            controlling_tty: false,
         }
     }
 }
@@ -144,7 +148,7 @@ const HIGH_FD: RawFd = 64;
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// Stage codes the child reports on failure (first byte of the error message).
-const STAGE_NAMES: [&str; 10] = [
+const STAGE_NAMES: [&str; 11] = [
     "setsid",
     "join cgroup",
     "dup2",
@@ -154,6 +158,7 @@ const STAGE_NAMES: [&str; 10] = [
     "switching user",
     "setting capabilities",
     "joining the network namespace",
+    "setting the controlling terminal",
     "unknown",
 ];
 
@@ -259,6 +264,7 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Spawned> {
         credentials: spec.credentials,
         ambient: spec.ambient,
         join_net,
+        controlling_tty: spec.controlling_tty,
     };
     let sibling = if spec.sibling {
         libc::CLONE_PARENT as u64
@@ -376,6 +382,7 @@ struct ChildArgs<'a> {
     ambient: u64,
     /// A network namespace to enter, or -1.
     join_net: RawFd,
+    controlling_tty: bool,
 }
 
 /// `_LINUX_CAPABILITY_VERSION_3` (linux/capability.h): two data words of 32 capabilities.
@@ -573,6 +580,7 @@ fn child_after_clone(a: &ChildArgs<'_>) -> ! {
         credentials,
         ambient,
         join_net,
+        controlling_tty,
     } = *a;
     let fail = |stage: u8| -> ! {
         // SAFETY: errno location is thread-local and valid; write and exit_group are raw
@@ -624,6 +632,11 @@ fn child_after_clone(a: &ChildArgs<'_>) -> ! {
             if libc::syscall(libc::SYS_dup2, from, to) < 0 {
                 fail(2);
             }
+        }
+        // Before the switch of user: taking a terminal that is no session's needs nothing,
+        // but the order keeps it independent of who the child becomes.
+        if controlling_tty && libc::syscall(libc::SYS_ioctl, 0, libc::TIOCSCTTY, 0) < 0 {
+            fail(9);
         }
         if let Some((uid, gid)) = credentials {
             // Raw system calls: this thread's credentials only (the child has one thread).
@@ -766,6 +779,7 @@ mod tests {
             ambient: 0,
             cwd: None,
             fork_exec_wait: None,
+            controlling_tty: false,
         }
     }
 
@@ -947,6 +961,7 @@ mod v2_tests {
             ambient: 0,
             cwd: None,
             fork_exec_wait: None,
+            controlling_tty: false,
         };
         let spawned = spawn(&spec);
         drop(w);

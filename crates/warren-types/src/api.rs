@@ -296,6 +296,16 @@ pub struct ExecRequest {
     /// Standard input as base64, for binary input.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stdin_b64: Option<String>,
+    /// Keep stdin open after `stdin`/`stdin_b64` (if given), for input sent later with
+    /// `POST /v1/sandboxes/{id}/processes/{process_id}/stdin` (which also closes it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_open: bool,
+    /// Run on a pseudo-terminal of this size: the command is its session's controlling
+    /// terminal, its output (stdout and stderr together, as a terminal shows them) comes as
+    /// `stdout`, input goes in through `.../stdin`, and `.../resize` changes the size. `TERM`
+    /// defaults to `xterm-256color`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<PtySize>,
     /// Seconds before the command (its whole process group) is killed. Default 600 for exec,
     /// none for background processes; 0 means no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -449,6 +459,12 @@ pub struct ProcessInfo {
     /// How it ended, once it has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit: Option<ExitStatus>,
+    /// Whether it runs on a pseudo-terminal (its output is then all `stdout`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pty: bool,
+    /// Whether its stdin is open for input (`POST .../processes/{process_id}/stdin`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stdin_open: bool,
 }
 
 /// `GET /v1/sandboxes/{id}/processes`.
@@ -457,6 +473,56 @@ pub struct ProcessInfo {
 pub struct ProcessList {
     /// Running processes and finished ones not yet collected, oldest first.
     pub processes: Vec<ProcessInfo>,
+}
+
+/// A terminal's size, in characters (each 1 to 4096).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PtySize {
+    /// Columns.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4096))]
+    pub cols: u16,
+    /// Rows.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 4096))]
+    pub rows: u16,
+}
+
+impl PtySize {
+    /// Largest columns or rows accepted.
+    pub const MAX: u16 = 4096;
+
+    /// Checks both sides are 1 to [`PtySize::MAX`].
+    pub fn check(&self) -> Result<(), String> {
+        if (1..=Self::MAX).contains(&self.cols) && (1..=Self::MAX).contains(&self.rows) {
+            Ok(())
+        } else {
+            Err(format!(
+                "a terminal of {} columns and {} rows: each must be 1 to {}",
+                self.cols,
+                self.rows,
+                Self::MAX
+            ))
+        }
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/processes/{process_id}/stdin`: input for a process started with
+/// `stdin_open` or `pty`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct StdinRequest {
+    /// Input as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    /// Input as base64, for binary input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_b64: Option<String>,
+    /// Close stdin after the input (the process reads end of file). A terminal is not
+    /// closed: send its end-of-file character (`\u0004`) instead.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub close: bool,
 }
 
 /// `POST /v1/sandboxes/{id}/processes/{process_id}/signal`.

@@ -125,6 +125,18 @@ pub enum StdinMode {
     Null,
     /// Input follows as [`FrameKind::Stdin`] frames, ended by an empty one.
     Frames,
+    /// The process table keeps stdin open: input arrives later with [`Op::Input`], until an
+    /// input with `close` (or the process's end).
+    Open,
+}
+
+/// A terminal's size in characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TermSize {
+    /// Columns.
+    pub cols: u16,
+    /// Rows.
+    pub rows: u16,
 }
 
 /// What to run.
@@ -151,6 +163,11 @@ pub struct ExecSpec {
     /// Who runs it (a grader command ignores `user`).
     #[serde(default)]
     pub role: Role,
+    /// Run it on a pseudo-terminal of this size: stdin, stdout and stderr are the terminal
+    /// (output comes as [`FrameKind::Stdout`] frames), it is its session's controlling
+    /// terminal, and input goes in with [`Op::Input`] ([`StdinMode::Open`] is implied).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<TermSize>,
 }
 
 /// The one request on a connection.
@@ -200,6 +217,23 @@ pub enum Op {
     },
     /// List processes: [`Reply::Processes`].
     Processes,
+    /// Write the [`FrameKind::Stdin`] frames that follow (ended by an empty one) to a
+    /// process's kept stdin or terminal, then close it if `close`: [`Reply::Done`] once
+    /// written. The process must have been started with [`StdinMode::Open`] or a `pty`.
+    Input {
+        /// Process id.
+        process: u64,
+        /// Close stdin after the data (end of input; on a terminal, nothing is closed: send
+        /// the terminal's end-of-file character instead).
+        close: bool,
+    },
+    /// Change a process's terminal size: [`Reply::Done`].
+    Resize {
+        /// Process id.
+        process: u64,
+        /// The new size.
+        size: TermSize,
+    },
     /// Read a file: [`Reply::Entry`], [`FrameKind::Data`] frames, an empty data frame.
     ReadFile {
         /// Path (absolute, or relative to the user's home).

@@ -396,3 +396,160 @@ async fn background_output_after_the_exec_is_drained_within_bounds() {
     // The sandbox still works.
     assert_eq!(sb.exec(&argv(["true"])).await.unwrap().status.exit_code, 0);
 }
+
+/// The output a process kept, as text (stdout and stderr together).
+async fn kept_output(sb: &warren_sdk::Sandbox, process_id: u64) -> String {
+    let mut out = sb.process_output(process_id).await.unwrap();
+    let mut got = Vec::new();
+    while let Some(ev) = out.next().await {
+        match ev.unwrap() {
+            ExecEvent::Stdout { data } | ExecEvent::Stderr { data } => {
+                got.extend(warren_sdk::decode_data(&data).unwrap())
+            }
+            _ => {}
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Waits until a running process has printed `want` (its kept output so far).
+async fn until_output(sb: &warren_sdk::Sandbox, process_id: u64, want: &str) {
+    for _ in 0..100 {
+        let mut out = sb.process_output(process_id).await.unwrap();
+        let mut got = Vec::new();
+        // What is kept so far: read briefly, the stream follows a running process.
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(100), async {
+            while let Some(Ok(ev)) = out.next().await {
+                if let ExecEvent::Stdout { data } = ev {
+                    got.extend(warren_sdk::decode_data(&data).unwrap());
+                }
+            }
+        })
+        .await;
+        if String::from_utf8_lossy(&got).contains(want) {
+            return;
+        }
+    }
+    panic!("process {process_id} never printed {want:?}");
+}
+
+fn api_status(e: warren_sdk::Error) -> (u16, String) {
+    match e {
+        warren_sdk::Error::Api {
+            status, message, ..
+        } => (status, message),
+        other => panic!("not an API error: {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_stdin_and_terminals() {
+    require_root!();
+    let p = Platform::start();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    // An open stdin: first input with the start, more later, then the end of input.
+    let mut req = argv(["cat"]);
+    req.stdin_open = true;
+    set_stdin(&mut req, b"first\n".to_vec());
+    let cat = sb.start_process(&req).await.unwrap();
+    assert!(cat.stdin_open && !cat.pty, "{cat:?}");
+    sb.send_stdin(cat.process_id, b"second\n").await.unwrap();
+    sb.send_stdin(cat.process_id, &[0, 255, b'\n'])
+        .await
+        .unwrap();
+    let info = sb.process(cat.process_id).await.unwrap();
+    assert!(info.running && info.stdin_open, "{info:?}");
+    sb.close_stdin(cat.process_id).await.unwrap();
+    let done = sb.wait_process(cat.process_id, None).await.unwrap();
+    assert_eq!(done.exit.as_ref().unwrap().exit_code, 0);
+    assert!(!done.stdin_open);
+    let mut out = sb.process_output(cat.process_id).await.unwrap();
+    let mut got = Vec::new();
+    while let Some(ev) = out.next().await {
+        if let ExecEvent::Stdout { data } = ev.unwrap() {
+            got.extend(warren_sdk::decode_data(&data).unwrap());
+        }
+    }
+    assert_eq!(got, b"first\nsecond\n\0\xff\n");
+
+    // Input where none is taken: a clear 400, whatever the reason.
+    let (status, msg) = api_status(sb.send_stdin(cat.process_id, b"late").await.unwrap_err());
+    assert_eq!(status, 400, "{msg}");
+    assert!(msg.contains("takes no input"), "{msg}");
+    let plain = sb.start_process(&shell("sleep 30")).await.unwrap();
+    let (status, msg) = api_status(sb.send_stdin(plain.process_id, b"x").await.unwrap_err());
+    assert_eq!(status, 400, "{msg}");
+    assert!(msg.contains("stdin_open"), "{msg}");
+    let (status, msg) = api_status(sb.resize_pty(plain.process_id, 80, 24).await.unwrap_err());
+    assert_eq!(status, 400, "{msg}");
+    assert!(msg.contains("no terminal"), "{msg}");
+    sb.signal_process(plain.process_id, "KILL").await.unwrap();
+    let (status, _) = api_status(sb.send_stdin(987_654, b"x").await.unwrap_err());
+    assert_eq!(status, 404);
+
+    // A terminal: the command owns it (its controlling terminal, /dev/tty works), sees its
+    // size, reads lines through its line discipline, and its output is stdout.
+    let mut req = shell(
+        "stty size; test -t 0 && test -t 1 && echo isatty; echo via > /dev/tty; \
+         read line; echo got:$line; read again; stty size",
+    );
+    req.pty = Some(warren_sdk::PtySize {
+        cols: 100,
+        rows: 30,
+    });
+    let term = sb.start_process(&req).await.unwrap();
+    assert!(term.pty && !term.stdin_open, "{term:?}");
+    until_output(&sb, term.process_id, "via").await;
+    sb.send_stdin(term.process_id, b"hello\n").await.unwrap();
+    until_output(&sb, term.process_id, "got:hello").await;
+    sb.resize_pty(term.process_id, 120, 40).await.unwrap();
+    sb.send_stdin(term.process_id, b"\n").await.unwrap();
+    let done = sb.wait_process(term.process_id, None).await.unwrap();
+    assert_eq!(done.exit.as_ref().unwrap().exit_code, 0, "{done:?}");
+    let text = kept_output(&sb, term.process_id).await;
+    for want in ["30 100", "isatty", "via", "got:hello", "40 120"] {
+        assert!(text.contains(want), "{want:?} not in {text:?}");
+    }
+    // The terminal echoes input and ends lines with CR LF, as terminals do.
+    assert!(text.contains("hello\r\n"), "{text:?}");
+
+    // Ctrl-C on a terminal interrupts its foreground process; Ctrl-D is its end of input.
+    let mut req = argv(["sleep", "60"]);
+    req.pty = Some(warren_sdk::PtySize { cols: 80, rows: 24 });
+    let sleeper = sb.start_process(&req).await.unwrap();
+    sb.send_stdin(sleeper.process_id, b"\x03").await.unwrap();
+    let done = sb.wait_process(sleeper.process_id, None).await.unwrap();
+    assert_eq!(done.exit.as_ref().unwrap().signal, Some(2), "{done:?}");
+    let mut req = argv(["cat"]);
+    req.pty = Some(warren_sdk::PtySize { cols: 80, rows: 24 });
+    let cat = sb.start_process(&req).await.unwrap();
+    let (status, msg) = api_status(sb.close_stdin(cat.process_id).await.unwrap_err());
+    assert_eq!(status, 400, "{msg}");
+    assert!(msg.contains("end-of-file character"), "{msg}");
+    sb.send_stdin(cat.process_id, b"\x04").await.unwrap();
+    let done = sb.wait_process(cat.process_id, None).await.unwrap();
+    assert_eq!(done.exit.as_ref().unwrap().exit_code, 0, "{done:?}");
+
+    // Sizes out of range are refused before anything starts.
+    let mut req = argv(["true"]);
+    req.pty = Some(warren_sdk::PtySize { cols: 0, rows: 24 });
+    let (status, msg) = api_status(sb.start_process(&req).await.unwrap_err());
+    assert_eq!(status, 400, "{msg}");
+    assert!(msg.contains("pty"), "{msg}");
+
+    // A streamed exec on a terminal: its output arrives as stdout events.
+    let mut req = shell("echo out; echo err >&2");
+    req.pty = Some(warren_sdk::PtySize { cols: 80, rows: 24 });
+    let r = sb.exec(&req).await.unwrap();
+    assert_eq!(r.status.exit_code, 0);
+    assert_eq!(r.stdout, "out\r\nerr\r\n");
+    assert_eq!(r.stderr, "");
+}

@@ -5,7 +5,8 @@ use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 use warren_http::{Error, Json, Path};
 use warren_types::api::{
-    ExecEvent, ExecRequest, ExecResult, ProcessInfo, ProcessList, SignalRequest,
+    ExecEvent, ExecRequest, ExecResult, ProcessInfo, ProcessList, PtySize, SignalRequest,
+    StdinRequest,
 };
 use warren_types::error::ErrorBody;
 
@@ -144,4 +145,39 @@ pub async fn output(
     headers: HeaderMap,
 ) -> Result<Response, Error> {
     pass(&c, &id, Method::GET, &uri, &headers, Body::empty()).await
+}
+
+/// Send input to a process started with `stdin_open` or `pty`; with `close`, close its stdin
+/// afterwards (the process then reads end of file). Answers once the input is written (a
+/// process that does not read holds the answer until its pipe or terminal has room).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id."), ("pid" = u64, Path, description = "Process id.")),
+    request_body = StdinRequest,
+    responses((status = 204, description = "Written (and closed, with `close`)."), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn stdin(
+    axum::extract::State(c): S,
+    Path((id, _pid)): Path<(String, u64)>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(req): Json<StdinRequest>,
+) -> Result<Response, Error> {
+    pass_json(&c, &id, &uri, &headers, &req).await
+}
+
+/// Change the size of a process's terminal (a process started with `pty`); its programs get
+/// `SIGWINCH`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/resize", tag = "commands",
+    params(("id" = String, Path, description = "Sandbox id."), ("pid" = u64, Path, description = "Process id.")),
+    request_body = PtySize,
+    responses((status = 204, description = "Resized."), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn resize(
+    axum::extract::State(c): S,
+    Path((id, _pid)): Path<(String, u64)>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(req): Json<PtySize>,
+) -> Result<Response, Error> {
+    pass_json(&c, &id, &uri, &headers, &req).await
 }

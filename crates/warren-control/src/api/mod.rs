@@ -87,6 +87,14 @@ pub fn router(c: Arc<Control>) -> Router {
             get(commands::output),
         )
         .route(
+            "/v1/sandboxes/{id}/processes/{pid}/stdin",
+            post(commands::stdin),
+        )
+        .route(
+            "/v1/sandboxes/{id}/processes/{pid}/resize",
+            post(commands::resize),
+        )
+        .route(
             "/v1/sandboxes/{id}/files",
             get(files::read).put(files::write).delete(files::remove),
         )

@@ -66,6 +66,8 @@ mod tests {
             user: "user".into(),
             running: true,
             exit: None,
+            pty: false,
+            stdin_open: false,
         };
         assert_eq!(status(&p), "running");
         p.running = false;
