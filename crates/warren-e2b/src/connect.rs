@@ -231,26 +231,91 @@ pub fn json<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, Error> 
         .map_err(|e| Error::new(Code::InvalidArgument, format!("the request message: {e}")))
 }
 
-/// Every message envelope of a client-streaming body, in order (a trailing end-of-stream
-/// envelope, if any, ends it).
-pub fn client_stream(body: &[u8]) -> Result<Vec<&[u8]>, Error> {
-    let mut out = Vec::new();
-    let mut rest = body;
-    while !rest.is_empty() {
-        let (flags, payload, r) = split_envelope(rest, MAX_MESSAGE)?;
-        if flags & FLAG_END_STREAM != 0 {
-            if !r.is_empty() {
-                return Err(Error::new(
-                    Code::InvalidArgument,
-                    "data after the end-of-stream envelope",
-                ));
-            }
-            break;
+/// Reads a client stream's envelopes as its body arrives, never holding more than one
+/// envelope (at most [`MAX_MESSAGE`]) and what came with it.
+pub struct EnvelopeReader<S> {
+    body: S,
+    buf: Vec<u8>,
+    ended: bool,
+}
+
+impl<S, E> EnvelopeReader<S>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    pub fn new(body: S) -> Self {
+        EnvelopeReader {
+            body,
+            buf: Vec::new(),
+            ended: false,
         }
-        out.push(payload);
-        rest = r;
     }
-    Ok(out)
+
+    /// The next message's payload; `None` at the end of the stream (the body's end, or an
+    /// end-of-stream envelope, which must be the last thing in it).
+    pub async fn next(&mut self) -> Result<Option<Vec<u8>>, Error> {
+        use futures_util::StreamExt;
+        loop {
+            if self.buf.len() >= 5 {
+                let flags = self.buf[0];
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
+                    as usize;
+                if flags & FLAG_COMPRESSED != 0 {
+                    return Err(Error::new(
+                        Code::Unimplemented,
+                        "compressed messages are not accepted: send Connect-Content-Encoding identity",
+                    ));
+                }
+                if len > MAX_MESSAGE {
+                    return Err(Error::new(
+                        Code::ResourceExhausted,
+                        format!("a message of {len} bytes is over the limit of {MAX_MESSAGE}"),
+                    ));
+                }
+                if self.buf.len() >= 5 + len {
+                    let payload = self.buf[5..5 + len].to_vec();
+                    self.buf.drain(..5 + len);
+                    if flags & FLAG_END_STREAM != 0 {
+                        self.ended = true;
+                        if !self.buf.is_empty() {
+                            return Err(Error::new(
+                                Code::InvalidArgument,
+                                "data after the end-of-stream envelope",
+                            ));
+                        }
+                        return Ok(None);
+                    }
+                    return Ok(Some(payload));
+                }
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            match self.body.next().await {
+                Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
+                Some(Err(e)) => {
+                    return Err(Error::new(
+                        Code::Canceled,
+                        format!("the request stream broke off: {e}"),
+                    ));
+                }
+                None if self.buf.is_empty() => {
+                    self.ended = true;
+                    return Ok(None);
+                }
+                None => {
+                    return Err(Error::new(
+                        Code::InvalidArgument,
+                        format!(
+                            "the request stream ended inside an envelope ({} bytes of it)",
+                            self.buf.len()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
 }
 
 /// The `Connect-Timeout-Ms` header's value, where it is a valid one (1 to 10 digits).
@@ -316,16 +381,74 @@ mod tests {
         assert!(e.message.starts_with("the request message"), "{e}");
     }
 
-    #[test]
-    fn client_streams_split_into_messages() {
+    /// The reader over `body` cut into chunks of `n` bytes.
+    fn reader_over(
+        body: &[u8],
+        n: usize,
+    ) -> EnvelopeReader<
+        futures_util::stream::Iter<std::vec::IntoIter<Result<bytes::Bytes, std::io::Error>>>,
+    > {
+        let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = body
+            .chunks(n.max(1))
+            .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+            .collect();
+        EnvelopeReader::new(futures_util::stream::iter(chunks))
+    }
+
+    async fn all(
+        mut r: EnvelopeReader<
+            impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Unpin,
+        >,
+    ) -> Result<Vec<Vec<u8>>, Error> {
+        let mut out = Vec::new();
+        while let Some(m) = r.next().await? {
+            out.push(m);
+        }
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn client_streams_are_read_as_they_arrive() {
         let mut body = envelope(0, b"1").to_vec();
         body.extend_from_slice(&envelope(0, b"22"));
-        assert_eq!(client_stream(&body).unwrap(), vec![&b"1"[..], &b"22"[..]]);
+        body.extend_from_slice(&envelope(0, b""));
+        // However the body is cut, the same messages come out.
+        for n in [1, 2, 3, 5, 7, 100] {
+            assert_eq!(
+                all(reader_over(&body, n)).await.unwrap(),
+                vec![b"1".to_vec(), b"22".to_vec(), Vec::new()],
+                "chunks of {n}"
+            );
+        }
+        // An end-of-stream envelope ends it; anything after it is refused.
         body.extend_from_slice(&end_stream(None));
-        assert_eq!(client_stream(&body).unwrap().len(), 2);
+        assert_eq!(all(reader_over(&body, 4)).await.unwrap().len(), 3);
         body.push(0);
-        assert!(client_stream(&body).is_err(), "data after the end");
-        assert!(client_stream(b"").unwrap().is_empty());
+        let e = all(reader_over(&body, 4)).await.unwrap_err();
+        assert!(e.message.contains("after the end-of-stream"), "{e}");
+        assert!(all(reader_over(b"", 1)).await.unwrap().is_empty());
+        // A body that stops inside an envelope, an oversized or compressed one.
+        let e = all(reader_over(b"\x00\x00\x00\x00\x05abc", 2))
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("inside an envelope"), "{e}");
+        let e = all(reader_over(b"\x00\xff\xff\xff\xff", 5))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::ResourceExhausted);
+        let e = all(reader_over(b"\x01\x00\x00\x00\x01x", 5))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::Unimplemented);
+        // A client that disconnects mid-stream.
+        let broken: Vec<Result<bytes::Bytes, std::io::Error>> = vec![
+            Ok(bytes::Bytes::from_static(b"\x00\x00\x00")),
+            Err(std::io::Error::other("connection reset")),
+        ];
+        let e = all(EnvelopeReader::new(futures_util::stream::iter(broken)))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, Code::Canceled);
     }
 
     #[test]

@@ -150,12 +150,54 @@ async fn files_write(
     State(gw): State<Arc<Gateway>>,
     headers: HeaderMap,
     axum::extract::Query(q): axum::extract::Query<FilesQuery>,
-    form: axum::extract::Multipart,
+    req: axum::extract::Request,
 ) -> Response {
-    match files_sandbox(&gw, &headers, &q) {
-        Ok(sb) => files::write(sb, q.path, form).await,
-        Err(e) => files_error(e),
+    use axum::extract::FromRequest;
+    let sb = match files_sandbox(&gw, &headers, &q) {
+        Ok(sb) => sb,
+        Err(e) => return files_error(e),
+    };
+    let header = |name| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
+    };
+    let gzip = match header(axum::http::header::CONTENT_ENCODING).as_str() {
+        "" | "identity" => false,
+        "gzip" => true,
+        other => {
+            return files_error((
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("Content-Encoding {other:?} is not accepted: send gzip or none"),
+            ));
+        }
+    };
+    let kind = header(axum::http::header::CONTENT_TYPE);
+    if kind.starts_with("multipart/form-data") {
+        if gzip {
+            return files_error((
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "a gzip upload is an application/octet-stream body, not multipart".into(),
+            ));
+        }
+        return match axum::extract::Multipart::from_request(req, &()).await {
+            Ok(form) => files::write(sb, q.path, form).await,
+            Err(e) => files_error((e.status(), e.body_text())),
+        };
     }
+    if kind.is_empty() || kind.starts_with("application/octet-stream") {
+        return files::write_raw(sb, q.path, gzip, req.into_body()).await;
+    }
+    files_error((
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        format!(
+            "Content-Type {kind:?} is not accepted: send multipart/form-data or \
+             application/octet-stream"
+        ),
+    ))
 }
 
 /// The sandbox a data-plane call is for, as the user it names (`Authorization: Basic
@@ -238,12 +280,13 @@ fn basic_user(headers: &HeaderMap) -> Result<Option<String>, connect::Error> {
     Ok((!user.is_empty()).then(|| user.to_string()))
 }
 
-/// `POST /process.Process/<method>`.
+/// `POST /process.Process/<method>`. The body of `StreamInput` is read as it arrives; the
+/// others' whole (one message, at most [`connect::MAX_MESSAGE`]).
 async fn process_call(
     State(gw): State<Arc<Gateway>>,
     Path(method): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Response {
     let streaming = matches!(method.as_str(), "Start" | "Connect" | "StreamInput");
     let sb = match sandbox_for(&gw, &headers) {
@@ -251,13 +294,34 @@ async fn process_call(
         Err(e) if streaming => return process::stream_error(e),
         Err(e) => return process::unary(Err(e)),
     };
+    if method == "StreamInput" {
+        return process::stream_input(sb, body).await;
+    }
+    let body = match axum::body::to_bytes(body, connect::MAX_MESSAGE + 5).await {
+        Ok(b) => b,
+        Err(e) => {
+            let e = connect::Error::new(
+                connect::Code::ResourceExhausted,
+                format!(
+                    "the request body could not be read whole within {} bytes: {e}",
+                    connect::MAX_MESSAGE + 5
+                ),
+            );
+            return if streaming {
+                process::stream_error(e)
+            } else {
+                process::unary(Err(e))
+            };
+        }
+    };
     match method.as_str() {
         "Start" => process::start(sb, headers, body).await,
         "Connect" => process::attach(sb, headers, body).await,
         "List" => process::list(sb, body).await,
         "SendSignal" => process::signal(sb, body).await,
-        "StreamInput" => process::stream_error(process::not_yet(&method)),
-        "SendInput" | "CloseStdin" | "Update" => process::unary(Err(process::not_yet(&method))),
+        "SendInput" => process::send_input(sb, body).await,
+        "CloseStdin" => process::close_stdin(sb, body).await,
+        "Update" => process::update(sb, body).await,
         other => process::unary(Err(connect::Error::new(
             connect::Code::Unimplemented,
             format!("process.Process has no method {other:?}"),

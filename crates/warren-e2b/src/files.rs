@@ -315,6 +315,83 @@ pub(crate) async fn write(sb: Sandbox, path: Option<String>, mut form: Multipart
     axum::Json(out).into_response()
 }
 
+/// `POST /files?path=` with an `application/octet-stream` body: the body is the file
+/// (gzip-compressed with `Content-Encoding: gzip`, decompressed here as it streams), passed on
+/// to Warren as it arrives; at most [`MAX_UPLOAD`] bytes once decompressed.
+pub(crate) async fn write_raw(
+    sb: Sandbox,
+    path: Option<String>,
+    gzip: bool,
+    body: Body,
+) -> Response {
+    use futures_util::StreamExt;
+    use tokio::io::AsyncRead;
+    let Some(path) = path.filter(|p| !p.is_empty()) else {
+        return http_error(
+            StatusCode::BAD_REQUEST,
+            "name the file: ?path=... (an octet-stream upload is one file)",
+        );
+    };
+    let dest = resolve(&sb, &path);
+    let raw = tokio_util::io::StreamReader::new(
+        body.into_data_stream()
+            .map(|r| r.map_err(std::io::Error::other)),
+    );
+    let reader: std::pin::Pin<Box<dyn AsyncRead + Send>> = if gzip {
+        Box::pin(async_compression::tokio::bufread::GzipDecoder::new(raw))
+    } else {
+        Box::pin(raw)
+    };
+    // Why the stream stopped, when it was this side's doing: answered instead of Warren's
+    // error about a body that broke off.
+    let why: std::sync::Arc<std::sync::Mutex<Option<Response>>> = Default::default();
+    let seen = why.clone();
+    let mut total = 0usize;
+    let chunks = tokio_util::io::ReaderStream::new(reader).map(move |c| {
+        let fail = |r: Response| {
+            *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        };
+        match c {
+            Ok(c) => {
+                total += c.len();
+                if total > MAX_UPLOAD {
+                    fail(http_error(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!("an upload may hold {MAX_UPLOAD} bytes at most"),
+                    ));
+                    return Err(std::io::Error::other("over the upload limit"));
+                }
+                Ok(c)
+            }
+            Err(e) => {
+                let what = if gzip {
+                    "the gzip body (Content-Encoding: gzip)"
+                } else {
+                    "the body"
+                };
+                fail(http_error(
+                    StatusCode::BAD_REQUEST,
+                    format!("reading {what}: {e}"),
+                ));
+                Err(e)
+            }
+        }
+    });
+    let put = sb
+        .write_file_body(&dest, reqwest::Body::wrap_stream(chunks), None)
+        .await;
+    if let Some(r) = why.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return r;
+    }
+    match put {
+        Ok(_) => {
+            let name = dest.rsplit('/').next().unwrap_or("").to_string();
+            axum::Json(json!([{"path": dest, "name": name, "type": "file"}])).into_response()
+        }
+        Err(e) => from_warren(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,10 +23,10 @@ use std::sync::Arc;
 use axum::Router;
 
 /// The envd version the gateway reports. The SDK switches features on by it; it says what
-/// the gateway really implements (see `envd`): 0.4.0 lets the SDK leave stdin closed and the
-/// user unnamed (Warren's default, `user`); none of the later features (closing stdin,
-/// octet-stream uploads, file metadata) is claimed.
-pub const ENVD_VERSION: &str = "0.4.0";
+/// the gateway really implements (see `envd`): stdin left closed unless asked for (0.3.0),
+/// the user unnamed by default (0.4.0, Warren's `user`), closing stdin (0.5.2), octet-stream
+/// and gzip uploads (0.5.7). File metadata (0.6.2) is not claimed.
+pub const ENVD_VERSION: &str = "0.5.7";
 
 /// E2B's constant client id (deprecated in its API, still required in answers).
 pub const CLIENT_ID: &str = "6532622b";

@@ -1,10 +1,12 @@
 //! envd's `process.Process` service onto Warren's processes: `Start` (a streamed exec) and
-//! `Connect` (a process's output) stream a process's events (`start` with its pid first, then its output, then
-//! `end`), `List` and `SendSignal` are unary. A process is named by its pid in the sandbox,
-//! as E2B's are; Warren's process id is found from it.
+//! `Connect` (a process's output) stream a process's events (`start` with its pid first, then
+//! its output, then `end`); `List`, `SendSignal`, `SendInput`, `CloseStdin` and `Update` (a
+//! terminal's size) are unary; `StreamInput` is client-streaming, each input passed on as it
+//! arrives. A process is named by its pid in the sandbox, as E2B's are; Warren's process id
+//! is found from it. `stdin: true` is Warren's `stdin_open`, `pty` Warren's `pty` (whose
+//! output E2B calls `pty`, not `stdout`).
 //!
-//! Not yet: PTYs, stdin (`SendInput`, `StreamInput`, `CloseStdin`), tags: each answers
-//! `unimplemented` saying so.
+//! Not yet: process tags (answered `unimplemented`).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -38,9 +40,92 @@ struct ProcessConfig {
 #[serde(rename_all = "camelCase")]
 struct StartRequest {
     process: ProcessConfig,
-    pty: Option<Value>,
+    pty: Option<Pty>,
     tag: Option<String>,
     stdin: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Pty {
+    size: Option<PtySize>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PtySize {
+    #[serde(default)]
+    cols: u32,
+    #[serde(default)]
+    rows: u32,
+}
+
+impl Pty {
+    /// Warren's terminal size (E2B's default 80 × 24 where none is given).
+    fn size(&self) -> Result<warren_sdk::PtySize, Error> {
+        let (cols, rows) = self.size.as_ref().map_or((80, 24), |s| (s.cols, s.rows));
+        let size = warren_sdk::PtySize {
+            cols: u16::try_from(cols).unwrap_or(0),
+            rows: u16::try_from(rows).unwrap_or(0),
+        };
+        size.check()
+            .map_err(|m| Error::new(Code::InvalidArgument, format!("pty.size: {m}")))?;
+        Ok(size)
+    }
+}
+
+/// `SendInput` and `StreamInput`'s data: stdin or terminal bytes (base64, as protobuf's JSON
+/// writes bytes).
+#[derive(Debug, Deserialize)]
+struct Input {
+    stdin: Option<String>,
+    pty: Option<String>,
+}
+
+impl Input {
+    fn bytes(&self) -> Result<Vec<u8>, Error> {
+        match (&self.stdin, &self.pty) {
+            (Some(b), None) | (None, Some(b)) => decode_bytes(b),
+            (None, None) => Ok(Vec::new()),
+            (Some(_), Some(_)) => Err(Error::new(
+                Code::InvalidArgument,
+                "input has both stdin and pty: give one",
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct SendInputRequest {
+    process: Selector,
+    input: Option<Input>,
+}
+
+#[derive(Debug, Deserialize)]
+struct UpdateRequest {
+    process: Selector,
+    pty: Option<Pty>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StreamInputMessage {
+    start: Option<Selected>,
+    data: Option<StreamData>,
+    keepalive: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamData {
+    input: Option<Input>,
+}
+
+/// Bytes as protobuf's JSON writes them: base64, standard or URL-safe, padded or not.
+fn decode_bytes(b64: &str) -> Result<Vec<u8>, Error> {
+    use base64::Engine;
+    use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+    [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD]
+        .iter()
+        .find_map(|e| e.decode(b64).ok())
+        .ok_or_else(|| Error::new(Code::InvalidArgument, "input is not base64"))
 }
 
 #[derive(Debug, Deserialize)]
@@ -150,12 +235,10 @@ pub(crate) async fn start(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Respo
         Ok(r) => r,
         Err(e) => return stream_error(e),
     };
-    if req.pty.as_ref().is_some_and(|p| !p.is_null()) {
-        return stream_error(unimplemented("a PTY"));
-    }
-    if req.stdin == Some(true) {
-        return stream_error(unimplemented("stdin for a command"));
-    }
+    let pty = match req.pty.as_ref().map(Pty::size).transpose() {
+        Ok(p) => p,
+        Err(e) => return stream_error(e),
+    };
     if req.tag.is_some() {
         return stream_error(unimplemented("a process tag"));
     }
@@ -166,6 +249,7 @@ pub(crate) async fn start(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Respo
         Ok(t) => t,
         Err(e) => return stream_error(e),
     };
+    let on_pty = pty.is_some();
     let mut argv = vec![req.process.cmd];
     argv.extend(req.process.args);
     let exec = ExecRequest {
@@ -173,6 +257,8 @@ pub(crate) async fn start(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Respo
         env: req.process.envs,
         cwd: req.process.cwd,
         timeout: Some(timeout.unwrap_or(0.0)),
+        stdin_open: req.stdin == Some(true) && pty.is_none(),
+        pty,
         ..Default::default()
     };
     // One request: Warren's streamed exec starts the command and streams it; the process
@@ -208,7 +294,7 @@ pub(crate) async fn start(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Respo
             ));
         }
     };
-    follow(sb, process_id, pid, events, keepalive(&headers))
+    follow(sb, process_id, pid, on_pty, events, keepalive(&headers))
 }
 
 /// `Connect`: streams a running process found by pid.
@@ -220,16 +306,16 @@ pub(crate) async fn attach(sb: Sandbox, headers: HeaderMap, body: Bytes) -> Resp
     match find(&sb, &req.process).await {
         // The output is opened before the answer begins: once attached, the process stays
         // readable even if its other stream ends and forgets it.
-        Ok((process_id, pid)) => match sb.process_output(process_id).await {
-            Ok(events) => follow(sb, process_id, pid, events, keepalive(&headers)),
+        Ok(p) => match sb.process_output(p.process_id).await {
+            Ok(events) => follow(sb, p.process_id, p.pid, p.pty, events, keepalive(&headers)),
             Err(e) => stream_error(warren_error(e)),
         },
         Err(e) => stream_error(e),
     }
 }
 
-/// Warren's process id and the pid of the process `sel` names.
-async fn find(sb: &Sandbox, sel: &Selector) -> Result<(u64, i32), Error> {
+/// The running process `sel` names.
+async fn find(sb: &Sandbox, sel: &Selector) -> Result<warren_sdk::ProcessInfo, Error> {
     if sel.tag.is_some() {
         return Err(unimplemented("a process tag"));
     }
@@ -237,9 +323,8 @@ async fn find(sb: &Sandbox, sel: &Selector) -> Result<(u64, i32), Error> {
         return Err(Error::new(Code::InvalidArgument, "name the process by pid"));
     };
     let list = sb.processes().await.map_err(warren_error)?;
-    list.iter()
+    list.into_iter()
         .find(|p| p.running && p.pid as i64 == pid as i64)
-        .map(|p| (p.process_id, p.pid))
         .ok_or_else(|| Error::new(Code::NotFound, format!("process with pid {pid} not found")))
 }
 
@@ -249,9 +334,12 @@ fn follow(
     sb: Sandbox,
     process_id: u64,
     pid: i32,
+    pty: bool,
     mut events: warren_sdk::ExecEvents,
     keepalive: Duration,
 ) -> Response {
+    // A terminal's output is one stream, which E2B names `pty`.
+    let out = if pty { "pty" } else { "stdout" };
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
         let send = |v: Value| {
@@ -278,7 +366,7 @@ fn follow(
             };
             match next {
                 Some(Ok(ExecEvent::Stdout { data })) => {
-                    if !send(json!({"event": {"data": {"stdout": data}}})).await {
+                    if !send(json!({"event": {"data": {out: data}}})).await {
                         return;
                     }
                 }
@@ -392,8 +480,8 @@ pub(crate) async fn signal(sb: Sandbox, body: Bytes) -> Response {
                     ));
                 }
             };
-            let (process_id, _) = find(&sb, &req.process).await?;
-            sb.signal_process(process_id, sig)
+            let p = find(&sb, &req.process).await?;
+            sb.signal_process(p.process_id, sig)
                 .await
                 .map_err(warren_error)?;
             Ok(json!({}))
@@ -402,7 +490,104 @@ pub(crate) async fn signal(sb: Sandbox, body: Bytes) -> Response {
     )
 }
 
-/// The calls not served yet.
-pub(crate) fn not_yet(method: &str) -> Error {
-    unimplemented(&format!("process.Process/{method}"))
+/// `SendInput`: bytes to a process's stdin or terminal.
+pub(crate) async fn send_input(sb: Sandbox, body: Bytes) -> Response {
+    unary(
+        async {
+            let req: SendInputRequest = connect::json(&body)?;
+            let data = req.input.as_ref().map(Input::bytes).transpose()?;
+            let p = find(&sb, &req.process).await?;
+            sb.send_stdin(p.process_id, &data.unwrap_or_default())
+                .await
+                .map_err(warren_error)?;
+            Ok(json!({}))
+        }
+        .await,
+    )
+}
+
+/// `CloseStdin`: the end of a process's input.
+pub(crate) async fn close_stdin(sb: Sandbox, body: Bytes) -> Response {
+    unary(
+        async {
+            let req: Selected = connect::json(&body)?;
+            let p = find(&sb, &req.process).await?;
+            sb.close_stdin(p.process_id).await.map_err(warren_error)?;
+            Ok(json!({}))
+        }
+        .await,
+    )
+}
+
+/// `Update`: a new size for a process's terminal.
+pub(crate) async fn update(sb: Sandbox, body: Bytes) -> Response {
+    unary(
+        async {
+            let req: UpdateRequest = connect::json(&body)?;
+            let Some(pty) = req.pty else {
+                return Ok(json!({})); // nothing to change
+            };
+            let size = pty.size()?;
+            let p = find(&sb, &req.process).await?;
+            sb.resize_pty(p.process_id, size.cols, size.rows)
+                .await
+                .map_err(warren_error)?;
+            Ok(json!({}))
+        }
+        .await,
+    )
+}
+
+/// `StreamInput`: a `start` naming the process, then `data` messages (and keepalives), each
+/// input written as it arrives; the answer, once the client ends its stream, is one empty
+/// message. The body is read as it comes, never whole: each envelope is bounded.
+pub(crate) async fn stream_input(sb: Sandbox, body: axum::body::Body) -> Response {
+    let r = async {
+        let mut frames = connect::EnvelopeReader::new(body.into_data_stream());
+        let mut process = None;
+        while let Some(payload) = frames.next().await? {
+            let msg: StreamInputMessage = connect::json(&payload)?;
+            if let Some(start) = msg.start {
+                if process.is_some() {
+                    return Err(Error::new(
+                        Code::InvalidArgument,
+                        "a second start in one input stream",
+                    ));
+                }
+                process = Some(find(&sb, &start.process).await?.process_id);
+            } else if let Some(data) = msg.data {
+                let Some(id) = process else {
+                    return Err(Error::new(
+                        Code::InvalidArgument,
+                        "input before the stream's start (which names the process)",
+                    ));
+                };
+                let bytes = data.input.as_ref().map(Input::bytes).transpose()?;
+                let bytes = bytes.unwrap_or_default();
+                if !bytes.is_empty() {
+                    sb.send_stdin(id, &bytes).await.map_err(warren_error)?;
+                }
+            } else if msg.keepalive.is_none() {
+                return Err(Error::new(
+                    Code::InvalidArgument,
+                    "an input stream message is start, data or keepalive",
+                ));
+            }
+        }
+        if process.is_none() {
+            return Err(Error::new(
+                Code::InvalidArgument,
+                "the input stream ended without its start",
+            ));
+        }
+        Ok(())
+    }
+    .await;
+    match r {
+        Ok(()) => stream_response(futures_util::stream::iter([
+            connect::message(&json!({})),
+            connect::end_stream(None),
+        ])),
+        Err(e) => stream_error(e),
+    }
 }

@@ -301,9 +301,21 @@ async fn data_plane_calls_need_the_sandboxs_token_and_whole_envelopes() {
         (
             crate::connect::envelope(
                 0,
-                br#"{"process":{"cmd":"sh"},"pty":{"size":{"cols":80,"rows":24}}}"#,
+                br#"{"process":{"cmd":"sh"},"pty":{"size":{"cols":0,"rows":24}}}"#,
             )
             .to_vec(),
+            "invalid_argument",
+        ),
+        (
+            crate::connect::envelope(
+                0,
+                br#"{"process":{"cmd":"sh"},"pty":{"size":{"cols":70000,"rows":24}}}"#,
+            )
+            .to_vec(),
+            "invalid_argument",
+        ),
+        (
+            crate::connect::envelope(0, br#"{"process":{"cmd":"sh"},"tag":"t"}"#).to_vec(),
             "unimplemented",
         ),
     ] {
@@ -334,21 +346,87 @@ async fn data_plane_calls_need_the_sandboxs_token_and_whole_envelopes() {
         (s, j["code"].as_str()),
         (StatusCode::NOT_IMPLEMENTED, Some("unimplemented"))
     );
-    let (s, j) = call(
-        &app,
-        envd_call(
-            "/process.Process/SendInput",
-            Some(&good),
-            "application/json",
-            b"{}".to_vec(),
+    // Input, closing and resizing: malformed messages are refused before Warren is asked.
+    for (method, body, want) in [
+        ("SendInput", &b"{}"[..], "missing field `process`"),
+        (
+            "SendInput",
+            br#"{"process":{"pid":1},"input":{"stdin":"!!"}}"#,
+            "not base64",
         ),
-    )
-    .await;
-    assert_eq!(s, StatusCode::NOT_IMPLEMENTED);
-    assert!(
-        j["message"].as_str().unwrap().contains("not supported"),
-        "{j}"
-    );
+        (
+            "SendInput",
+            br#"{"process":{"pid":1},"input":{"stdin":"","pty":""}}"#,
+            "give one",
+        ),
+        ("CloseStdin", b"[]", "the request message"),
+        (
+            "Update",
+            br#"{"process":{"pid":1},"pty":{"size":{"cols":0,"rows":0}}}"#,
+            "each must be 1 to",
+        ),
+    ] {
+        let (s, j) = call(
+            &app,
+            envd_call(
+                &format!("/process.Process/{method}"),
+                Some(&good),
+                "application/json",
+                body.to_vec(),
+            ),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{method} {j}");
+        assert!(
+            j["message"].as_str().unwrap().contains(want),
+            "{method} {j}"
+        );
+    }
+    // A client stream of input: it must start by naming the process, and its envelopes are
+    // whole and bounded, however the body arrives.
+    let data = crate::connect::envelope(0, br#"{"data":{"input":{"stdin":"aGk="}}}"#);
+    let start_msg = crate::connect::envelope(0, br#"{"start":{"process":{"pid":1}}}"#);
+    let mut two_starts = start_msg.to_vec();
+    two_starts.extend_from_slice(&start_msg);
+    for (body, code, want) in [
+        (
+            data.to_vec(),
+            "invalid_argument",
+            "before the stream's start",
+        ),
+        (Vec::new(), "invalid_argument", "without its start"),
+        (
+            crate::connect::envelope(0, br#"{"other":{}}"#).to_vec(),
+            "invalid_argument",
+            "start, data or keepalive",
+        ),
+        (
+            b"\x00\x00\x00\x00\x09{}".to_vec(),
+            "invalid_argument",
+            "inside an envelope",
+        ),
+        (
+            b"\x00\x7f\xff\xff\xff".to_vec(),
+            "resource_exhausted",
+            "over the limit",
+        ),
+        // The first start asks Warren, which is not there.
+        (two_starts, "unavailable", ""),
+    ] {
+        let ev = stream_answer(
+            &app,
+            envd_call(
+                "/process.Process/StreamInput",
+                Some(&good),
+                crate::connect::STREAM_JSON,
+                body.clone(),
+            ),
+        )
+        .await;
+        let err = &ev.last().unwrap().1["error"];
+        assert_eq!(err["code"], code, "{body:?}: {err}");
+        assert!(err["message"].as_str().unwrap().contains(want), "{err}");
+    }
     // Another port, or an id no sandbox can have: E2B's proxy answers, before the token.
     let mut req = envd_call(
         "/process.Process/List",
@@ -440,6 +518,62 @@ async fn file_routes_refuse_what_they_cannot_serve() {
     assert!(
         j["message"].as_str().unwrap().contains("no destination"),
         "{j}"
+    );
+    // Raw uploads: one file, named by ?path=; the types and encodings it cannot read are 415s.
+    let raw = |uri: &str, ctype: &str, encoding: Option<&str>| {
+        let mut b = Request::post(uri)
+            .header("e2b-sandbox-id", "abcdef0123456789wxyz")
+            .header("e2b-sandbox-port", "49983")
+            .header("x-access-token", &good)
+            .header("content-type", ctype);
+        if let Some(e) = encoding {
+            b = b.header("content-encoding", e);
+        }
+        b.body(Body::from("data")).unwrap()
+    };
+    for (uri, ctype, enc, status, want) in [
+        (
+            "/files",
+            "application/octet-stream",
+            None,
+            StatusCode::BAD_REQUEST,
+            "?path=",
+        ),
+        (
+            "/files?path=/a",
+            "text/plain",
+            None,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type",
+        ),
+        (
+            "/files?path=/a",
+            "application/octet-stream",
+            Some("br"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "gzip or none",
+        ),
+        (
+            "/files?path=/a",
+            "multipart/form-data; boundary=XX",
+            Some("gzip"),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "not multipart",
+        ),
+    ] {
+        let (s, j) = call(&app, raw(uri, ctype, enc)).await;
+        assert_eq!(s, status, "{uri} {ctype} {j}");
+        assert!(j["message"].as_str().unwrap().contains(want), "{j}");
+    }
+    // A gzip body that is not gzip: the decoder's error, as a 400, not Warren's.
+    let (s, j) = call(
+        &app,
+        raw("/files?path=/a", "application/octet-stream", Some("gzip")),
+    )
+    .await;
+    assert!(
+        s == StatusCode::BAD_REQUEST || s == StatusCode::SERVICE_UNAVAILABLE,
+        "{s} {j}"
     );
     // Watches are not served yet: said in the stream.
     let ev = stream_answer(

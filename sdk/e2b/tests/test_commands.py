@@ -1,6 +1,6 @@
 """Commands through the gateway with the unmodified `e2b` SDK: foreground runs with streamed
 output, exit codes, environment and working directory, users, timeouts, background commands
-with wait, list and kill, and re-attaching by pid."""
+with wait, list and kill, re-attaching by pid, stdin (send, stream, close) and terminals."""
 
 from __future__ import annotations
 
@@ -40,7 +40,12 @@ def test_timeouts_kill_the_command(sb):
     with pytest.raises(TimeoutException):
         sb.commands.run("sleep 30", timeout=1)
     assert time.monotonic() - t < 10
-    assert "sleep 30" not in sb.commands.run("ps -eo args").stdout
+    # The client gives up at its timeout and the sandbox kills the command at the same
+    # lifetime counted from its start, a moment later: gone within a few seconds.
+    deadline = time.monotonic() + 5
+    while "sleep 30" in sb.commands.run("ps -eo args").stdout:
+        assert time.monotonic() < deadline, "the command outlived its timeout"
+        time.sleep(0.1)
 
 
 def test_background_wait_list_kill_and_connect(sb):
@@ -62,10 +67,62 @@ def test_background_wait_list_kill_and_connect(sb):
     assert sb.commands.kill(long.pid) is False, "nothing left to kill"
 
 
-def test_features_not_there_yet_say_so(sb):
-    with pytest.raises(Exception) as e:
-        sb.pty.create(size=__import__("e2b").PtySize(rows=24, cols=80))
-    assert "not supported" in str(e.value)
+def test_stdin_send_and_close(sb):
+    h = sb.commands.run("cat; echo closed", background=True, stdin=True)
+    sb.commands.send_stdin(h.pid, "one\n")
+    sb.commands.send_stdin(h.pid, b"two\n")
+    sb.commands.close_stdin(h.pid)
+    r = h.wait()
+    assert r.stdout == "one\ntwo\nclosed\n"
+    # A command started without stdin takes none: the SDK's error, never a hang.
+    h = sb.commands.run("sleep 30", background=True)
+    with pytest.raises(Exception):
+        sb.commands.send_stdin(h.pid, "x")
+    h.kill()
+
+
+def test_stdin_streamed(sb):
+    if not hasattr(sb.commands, "stream_input"):
+        pytest.skip("this SDK version has no stream_input")
+    h = sb.commands.run("wc -c", background=True, stdin=True)
+    sb.commands.stream_input(h.pid, (b"x" * 1000 for _ in range(300)))
+    sb.commands.close_stdin(h.pid)
+    assert h.wait().stdout.strip() == "300000"
+
+
+def test_pty_create_input_resize_and_kill(sb):
+    from e2b import PtySize
+
+    out = bytearray()
+    t = sb.pty.create(size=PtySize(rows=30, cols=100), envs={"PS1": "$ "})
+    assert t.pid > 0
+    sb.pty.send_stdin(t.pid, b"stty size; tty; echo $TERM\n")
+    sb.pty.resize(t.pid, PtySize(rows=40, cols=120))
+    sb.pty.send_stdin(t.pid, b"stty size\n")
+    sb.pty.send_stdin(t.pid, b"exit 3\n")
+    with pytest.raises(CommandExitException) as e:
+        t.wait(on_pty=out.extend)
+    assert e.value.exit_code == 3
+    text = out.decode(errors="replace")
+    for want in ["30 100", "/dev/pts/", "xterm-256color", "40 120"]:
+        assert want in text, (want, text)
+
+    # Connect to a running terminal, interrupt with ^C, and kill it.
+    t = sb.pty.create(size=PtySize(rows=24, cols=80))
+    again = sb.pty.connect(t.pid)
+    seen = bytearray()
+    sb.pty.send_stdin(t.pid, b"sleep 100\n")
+    time.sleep(0.3)
+    sb.pty.send_stdin(t.pid, b"\x03echo after-interrupt\n")
+    deadline = time.monotonic() + 10
+    for stdout, stderr, pty in again:
+        if pty:
+            seen.extend(pty)
+        if b"after-interrupt\r\n" in seen.split(b"echo after-interrupt", 1)[-1] or time.monotonic() > deadline:
+            break
+    assert b"after-interrupt" in seen
+    assert sb.pty.kill(t.pid) is True
+    assert sb.pty.kill(t.pid) is False
 
 
 async def test_async_commands(gateway):
@@ -77,6 +134,16 @@ async def test_async_commands(gateway):
         with pytest.raises(CommandExitException) as e:
             await h.wait()
         assert e.value.exit_code == 4
+        h = await sb.commands.run("tr a-z A-Z", background=True, stdin=True)
+        await sb.commands.send_stdin(h.pid, "async\n")
+        await sb.commands.close_stdin(h.pid)
+        assert (await h.wait()).stdout == "ASYNC\n"
+        from e2b import PtySize
+
+        t = await sb.pty.create(size=PtySize(rows=24, cols=80), on_data=lambda d: None)
+        await sb.pty.resize(t.pid, PtySize(rows=25, cols=81))
+        await sb.pty.send_stdin(t.pid, b"exit\n")
+        assert (await t.wait()).exit_code == 0
     finally:
         await sb.kill()
 

@@ -56,6 +56,43 @@ def test_large_files_stream_both_ways(sb):
     assert bytes(sb.files.read("/home/user/big.bin", format="bytes")) == data
 
 
+def test_octet_stream_and_gzip_uploads(sb):
+    import io
+
+    data = bytes(range(256)) * 4096  # 1 MiB
+    sb.files.write("/home/user/o.bin", data, use_octet_stream=True)
+    assert bytes(sb.files.read("/home/user/o.bin", format="bytes")) == data
+    info = sb.files.write("/home/user/g.bin", data, gzip=True)
+    assert info.path == "/home/user/g.bin"
+    assert bytes(sb.files.read("/home/user/g.bin", format="bytes")) == data
+    # A file-like object is streamed (octet-stream by default).
+    sb.files.write("/home/user/f.txt", io.BytesIO(b"from a file object"))
+    assert sb.files.read("/home/user/f.txt") == "from a file object"
+
+
+def test_a_broken_gzip_upload_is_a_400_and_changes_nothing(gateway, sb):
+    import httpx
+
+    sb.files.write("/home/user/keep.txt", "kept")
+    headers = {
+        "E2b-Sandbox-Id": sb.sandbox_id,
+        "E2b-Sandbox-Port": "49983",
+        "X-Access-Token": sb._envd_access_token,
+        "Content-Type": "application/octet-stream",
+        "Content-Encoding": "gzip",
+    }
+    r = httpx.post(
+        gateway.url + "/files",
+        params={"path": "/home/user/keep.txt"},
+        headers=headers,
+        content=b"not gzip at all" * 100,
+        timeout=30,
+    )
+    assert r.status_code == 400, r.text
+    assert "gzip" in r.json()["message"]
+    assert sb.files.read("/home/user/keep.txt") == "kept"
+
+
 def test_files_as_root(sb):
     sb.files.write("/root/secret", "r", user="root")
     assert sb.files.read("/root/secret", user="root") == "r"
