@@ -35,15 +35,32 @@ pub(crate) async fn require_token(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let mut req = req;
     let signed = req.uri().path() == "/files"
         && req.uri().query().is_some_and(|q| q.contains("signature="))
         && !req.headers().contains_key("x-access-token");
     if signed {
-        return files_error((
-            StatusCode::UNAUTHORIZED,
-            "signed file URLs are not supported by Warren's E2B gateway yet: send X-Access-Token"
-                .into(),
-        ));
+        // A signed file URL carries no token (and, made by the SDK, no sandbox header): the
+        // signature names the sandbox whose token made it. Found, the request goes on as one
+        // with that sandbox's headers.
+        let (uri, method) = (req.uri().clone(), req.method().clone());
+        let named = target(req.headers()).ok().flatten().map(|(id, _)| id);
+        match signed_sandbox(&gw, &uri, &method, named).await {
+            Ok(id) => {
+                let token = keys::access_token(&gw.key, &id);
+                let h = req.headers_mut();
+                for (name, value) in [
+                    ("e2b-sandbox-id", id.as_str()),
+                    ("e2b-sandbox-port", "49983"),
+                    ("x-access-token", token.as_str()),
+                ] {
+                    if let Ok(v) = axum::http::HeaderValue::from_str(value) {
+                        h.insert(name, v);
+                    }
+                }
+            }
+            Err(e) => return files_error(e),
+        }
     }
     // As E2B's proxy answers: a port other than envd's is "not open", an impossible id "not
     // found" (the SDK reads both by their words).
@@ -70,6 +87,83 @@ pub(crate) async fn require_token(
             }
         }
     }
+}
+
+/// A signed file URL's query.
+#[derive(Debug, serde::Deserialize)]
+struct SignedQuery {
+    path: Option<String>,
+    username: Option<String>,
+    signature: String,
+    signature_expiration: Option<i64>,
+}
+
+/// The sandbox whose access token made the signature of this `/files` request (a download for
+/// GET, an upload for POST), among the one its headers name or else every sandbox.
+async fn signed_sandbox(
+    gw: &Gateway,
+    uri: &axum::http::Uri,
+    method: &axum::http::Method,
+    named: Option<String>,
+) -> Result<String, (StatusCode, String)> {
+    let unauthorized = |m: &str| (StatusCode::UNAUTHORIZED, m.to_string());
+    let q = axum::extract::Query::<SignedQuery>::try_from_uri(uri)
+        .map_err(|e| {
+            (
+                StatusCode::BAD_REQUEST,
+                format!("the signed URL's query: {e}"),
+            )
+        })?
+        .0;
+    let operation = if method == axum::http::Method::GET {
+        "read"
+    } else {
+        "write"
+    };
+    if let Some(exp) = q.signature_expiration {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        if exp < now {
+            return Err(unauthorized(
+                "the signed URL has expired: ask for a new one",
+            ));
+        }
+    }
+    if !q.signature.starts_with("v1_") {
+        return Err(unauthorized(
+            "unknown signature version: E2B's v1 signatures only",
+        ));
+    }
+    let path = q.path.unwrap_or_default();
+    let user = q.username.unwrap_or_default();
+    let candidates: Vec<String> = match named {
+        Some(id) => vec![id],
+        None => gw
+            .warren
+            .list(&warren_sdk::ListFilter::default())
+            .await
+            .map_err(|e| (crate::warren_status(&e), e.to_string()))?
+            .into_items()
+            .into_iter()
+            .map(|s| s.id.to_string())
+            .collect(),
+    };
+    candidates
+        .into_iter()
+        .find(|id| {
+            let token = keys::access_token(&gw.key, id);
+            let want =
+                keys::file_signature(&path, operation, &user, &token, q.signature_expiration);
+            keys::matches(&q.signature, &want)
+        })
+        .ok_or_else(|| {
+            unauthorized(
+                "the signature does not match this URL (path, user, operation and expiry are \
+                 signed) for any sandbox",
+            )
+        })
 }
 
 pub(crate) fn routes() -> Router<Arc<Gateway>> {

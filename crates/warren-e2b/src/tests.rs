@@ -488,9 +488,37 @@ async fn file_routes_refuse_what_they_cannot_serve() {
     let (s, j) = call(&app, get("/files?path=/a&signature=v1_abc", None)).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert!(
-        j["message"].as_str().unwrap().contains("signed file URLs"),
+        j["message"].as_str().unwrap().contains("does not match"),
         "{j}"
     );
+    // The right signature for another path, user or operation does not match either; an
+    // expired one is refused before any is computed.
+    let token = keys::access_token(&key, "abcdef0123456789wxyz");
+    // As the SDK writes it in a URL (urllib's quote): base64's + and / escaped.
+    let enc = |s: String| s.replace('+', "%2B").replace('/', "%2F");
+    let sig = enc(keys::file_signature("/a", "read", "", &token, None));
+    for uri in [
+        format!("/files?path=/b&signature={sig}"),
+        format!("/files?path=/a&username=root&signature={sig}"),
+        format!("/files?path=/a&signature={sig}&signature_expiration=99999999999"),
+    ] {
+        let (s, j) = call(&app, get(&uri, None)).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{uri} {j}");
+    }
+    let old = enc(keys::file_signature("/a", "read", "", &token, Some(1)));
+    let (s, j) = call(
+        &app,
+        get(
+            &format!("/files?path=/a&signature={old}&signature_expiration=1"),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert!(j["message"].as_str().unwrap().contains("expired"), "{j}");
+    // The right one gets through to Warren (unreachable here: a 503).
+    let (s, j) = call(&app, get(&format!("/files?path=/a&signature={sig}"), None)).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{j}");
     let (s, j) = call(&app, get("/files", Some(&good))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(j["message"].as_str().unwrap().contains("?path="), "{j}");

@@ -110,3 +110,33 @@ async def test_async_files(gateway):
         assert not await sb.files.exists("/tmp/b")
     finally:
         await sb.kill()
+
+
+def test_signed_urls_of_a_secure_sandbox(gateway):
+    """`download_url`/`upload_url` carry a signature instead of the token and no sandbox
+    header: the gateway finds the sandbox from the signature."""
+    import httpx
+    from e2b import Sandbox
+
+    s = Sandbox.create("base", timeout=60, secure=True)
+    try:
+        s.files.write("/home/user/signed.txt", "signed content")
+        url = s.download_url("/home/user/signed.txt")
+        assert "signature=" in url
+        r = httpx.get(url, timeout=30)
+        assert (r.status_code, r.text) == (200, "signed content")
+        # Another path under the same signature, or a write with a read's, is refused.
+        r = httpx.get(url.replace("signed.txt", "other.txt"), timeout=30)
+        assert r.status_code == 401, r.text
+        r = httpx.post(url, files={"file": ("x", b"x")}, timeout=30)
+        assert r.status_code == 401, r.text
+        up = s.upload_url("/home/user/up.txt", use_signature_expiration=60)
+        r = httpx.post(up, files={"file": ("up.txt", b"uploaded")}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert s.files.read("/home/user/up.txt") == "uploaded"
+        # An expired one.
+        old = s.download_url("/home/user/signed.txt", use_signature_expiration=-5)
+        r = httpx.get(old, timeout=30)
+        assert r.status_code == 401 and "expired" in r.json()["message"], r.text
+    finally:
+        s.kill()
