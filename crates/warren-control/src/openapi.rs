@@ -18,7 +18,7 @@ use crate::api;
         api::system::health, api::system::nodes, api::system::openapi,
         api::sandboxes::create, api::sandboxes::list, api::sandboxes::get, api::sandboxes::kill,
         api::sandboxes::pause, api::sandboxes::resume, api::sandboxes::set_timeout,
-        api::sandboxes::trajectory, api::sandboxes::get_network, api::sandboxes::set_network,
+        api::sandboxes::trajectory, api::sandboxes::metrics, api::sandboxes::get_network, api::sandboxes::set_network,
         api::ports::connect,
         api::tasks::act, api::tasks::list, api::tasks::set_network,
         api::commands::exec, api::commands::start, api::commands::list, api::commands::get,

@@ -38,6 +38,7 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
         .route("/v2/sandboxes", post(create).get(list))
         .route("/sandboxes/{id}", get(info).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
@@ -267,6 +268,44 @@ async fn info(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Answer<
     sandbox_id(&id)?;
     let sb = gw.warren.get(&id).await?;
     Ok(Json(detail(&gw, &sb, true)))
+}
+
+/// `GET /sandboxes/{id}/metrics[?start=&end=]`: one sample, measured now (Warren keeps no
+/// history); a window (`start`, `end`, unix seconds) that does not hold now gets none.
+async fn metrics(
+    State(gw): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    Query(q): Query<MetricsQuery>,
+) -> Answer<Json<Value>> {
+    sandbox_id(&id)?;
+    if let (Some(s), Some(e)) = (q.start, q.end)
+        && s > e
+    {
+        return Err(bad("start is after end"));
+    }
+    let m = gw.warren.sandbox(&id)?.metrics().await?;
+    let secs = (m.timestamp_ms / 1000) as i64;
+    if q.start.is_some_and(|s| s > secs) || q.end.is_some_and(|e| e < secs) {
+        return Ok(Json(json!([])));
+    }
+    Ok(Json(json!([{
+        "timestamp": crate::files::rfc3339(secs),
+        "timestampUnix": secs,
+        "cpuCount": m.cpu_limit.div_ceil(1000),
+        "cpuUsedPct": m.cpu_used_pct,
+        "memUsed": m.memory_used,
+        "memTotal": m.memory_limit,
+        "memCache": m.memory_cache,
+        "diskUsed": m.disk_used.unwrap_or(0),
+        "diskTotal": m.disk_limit.unwrap_or(0),
+    }])))
+}
+
+/// `GET /sandboxes/{id}/metrics` parameters (unix seconds).
+#[derive(Debug, Default, Deserialize)]
+struct MetricsQuery {
+    start: Option<i64>,
+    end: Option<i64>,
 }
 
 /// List parameters (`GET /v2/sandboxes`).

@@ -69,7 +69,7 @@ fn permissions(kind: FileKind, mode: u32) -> String {
     s
 }
 
-fn rfc3339(secs: i64) -> String {
+pub(crate) fn rfc3339(secs: i64) -> String {
     // Days from the civil date algorithm (proleptic Gregorian, UTC).
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);

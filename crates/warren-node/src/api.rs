@@ -47,6 +47,7 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         .route("/v1/tasks/{task}/network", put(put_task_network))
         .route("/v1/sandboxes/{id}/ports/{port}/connect", get(connect_port))
         .route("/v1/sandboxes/{id}/trajectory", get(trajectory))
+        .route("/v1/sandboxes/{id}/metrics", get(metrics))
         .route("/v1/sandboxes/{id}/commit", post(commit))
         .route("/v1/images/stats", get(image_stats))
         .route("/v1/tasks", get(tasks))
@@ -278,6 +279,18 @@ async fn set_timeout(
 ) -> Result<Json<SandboxView>, Error> {
     let id = parse_id(&n, &id)?;
     Ok(Json(n.set_timeout(&id, req.timeout).await?))
+}
+
+async fn metrics(
+    State(n): S,
+    Path(id): Path<String>,
+) -> Result<Json<warren_types::api::SandboxMetrics>, Error> {
+    let id = parse_id(&n, &id)?;
+    let node = n.clone();
+    let m = tokio::task::spawn_blocking(move || node.metrics(&id))
+        .await
+        .map_err(|e| Error(ApiError::internal(format!("metrics task: {e}"))))??;
+    Ok(Json(m))
 }
 
 async fn get_network(

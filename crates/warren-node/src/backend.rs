@@ -98,6 +98,17 @@ pub struct NetDenial {
 /// The future that resolves when an instance has exited.
 pub type Exit = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// What a sandbox uses ([`Instance::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time its processes used since it started, ns.
+    pub cpu_ns: u64,
+    /// Memory charged to it, bytes.
+    pub memory: u64,
+    /// Page cache among `memory`, bytes.
+    pub memory_cache: u64,
+}
+
 /// One running sandbox as its backend holds it.
 pub trait Instance: Send + Sync {
     /// How to reach its guest agent.
@@ -121,6 +132,9 @@ pub trait Instance: Send + Sync {
     fn disk_usage(&self) -> Option<(u64, u64)>;
     /// Bytes its processes have read from storage.
     fn read_bytes(&self) -> u64;
+    /// What it uses now: CPU time since it started (ns), memory charged to it and the page
+    /// cache among it (bytes).
+    fn usage(&self) -> Usage;
     /// The directory of its writable layer's changes (an overlay upper directory), for
     /// committing them as an image layer; `None` where the backend has none to offer.
     fn writable_layer(&self) -> Option<PathBuf>;

@@ -65,3 +65,45 @@ impl Node {
         }
     }
 }
+
+/// How old a previous metrics read may be and still be the start of the CPU interval.
+const CPU_INTERVAL_MAX_MS: u64 = 60_000;
+
+impl Node {
+    /// What a sandbox uses now (blocking: cgroup and /proc files).
+    pub fn metrics(
+        &self,
+        id: &warren_types::id::SandboxId,
+    ) -> Result<warren_types::api::SandboxMetrics, crate::error::NodeError> {
+        let sb = self.get(id)?;
+        let u = sb.instance.usage();
+        let now = crate::state::now_ms();
+        let limit = sb.record.resources.cpu.max(1);
+        let (from_ms, from_ns) = {
+            let mut seen = sb.cpu_seen.lock().unwrap_or_else(|p| p.into_inner());
+            let from = match *seen {
+                Some((ms, ns)) if now > ms && now - ms <= CPU_INTERVAL_MAX_MS && ns <= u.cpu_ns => {
+                    (ms, ns)
+                }
+                _ => (sb.record.created_ms, 0),
+            };
+            *seen = Some((now, u.cpu_ns));
+            from
+        };
+        let wall_ns = now.saturating_sub(from_ms).max(1) as f64 * 1e6;
+        let cores = limit as f64 / 1000.0;
+        let pct = (u.cpu_ns - from_ns) as f64 / wall_ns / cores * 100.0;
+        let disk = sb.instance.disk_usage();
+        Ok(warren_types::api::SandboxMetrics {
+            timestamp_ms: now,
+            cpu_used_ns: u.cpu_ns,
+            cpu_used_pct: (pct * 100.0).round() / 100.0,
+            cpu_limit: limit,
+            memory_used: u.memory,
+            memory_cache: u.memory_cache,
+            memory_limit: sb.record.resources.memory.bytes(),
+            disk_used: disk.map(|(used, _)| used),
+            disk_limit: disk.map(|(_, l)| l).filter(|l| *l > 0),
+        })
+    }
+}

@@ -95,6 +95,8 @@ pub struct Sandbox {
     pub(crate) incident_seq: AtomicU64,
     /// Limits last seen.
     pub(crate) seen: Mutex<Seen>,
+    /// The previous metrics read: when (ms since the epoch) and the CPU time then (ns).
+    pub(crate) cpu_seen: Mutex<Option<(u64, u64)>>,
     /// Its network policy as it stands (the record's is the one it was created or adopted
     /// with); changes are serialised by the lifecycle lock.
     pub(crate) network: Mutex<warren_types::net::NetworkPolicy>,
@@ -150,6 +152,7 @@ impl Sandbox {
             }),
             incident_seq: AtomicU64::new(0),
             seen: Mutex::new(Seen::default()),
+            cpu_seen: Mutex::new(None),
             network: Mutex::new(record.network.clone()),
             record,
             dir,

@@ -57,7 +57,8 @@ pub use warren_types::api::{
     BackendKind, CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus,
     FileEntry, FileKind, Gathered, Health, IdleAction, Image, ImageDetail, ImageStats, Layer,
     LayerUse, NodeFailure, NodeInfo, ProcessInfo, PtySize, PullRequest, Resources, Role,
-    SandboxState, TaskAction, TaskInfo, TaskNetworkResult, TaskResult, TrajectoryEntry,
+    SandboxMetrics, SandboxState, TaskAction, TaskInfo, TaskNetworkResult, TaskResult,
+    TrajectoryEntry,
 };
 pub use warren_types::events::NetEvent;
 pub use warren_types::events::{Event, EventKind};

@@ -73,6 +73,14 @@ impl Sandbox {
         self.client.json(rb).await
     }
 
+    /// What the sandbox uses now (`GET /v1/sandboxes/{id}/metrics`).
+    pub async fn metrics(&self) -> Result<crate::SandboxMetrics> {
+        let rb = self
+            .client
+            .request(Method::GET, self.endpoint("/metrics", &[])?);
+        self.client.json(rb).await
+    }
+
     /// Kills the sandbox and frees everything it held (`DELETE /v1/sandboxes/{id}`).
     pub async fn kill(&self) -> Result<()> {
         let rb = self.client.request(Method::DELETE, self.endpoint("", &[])?);

@@ -197,6 +197,34 @@ pub struct Resources {
     pub disk: Option<ByteSize>,
 }
 
+/// `GET /v1/sandboxes/{id}/metrics`: what a sandbox uses, measured when asked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SandboxMetrics {
+    /// When measured, ms since the epoch.
+    pub timestamp_ms: u64,
+    /// CPU time its processes used since it started, ns (those still running, and those that
+    /// ended and were reaped).
+    pub cpu_used_ns: u64,
+    /// Its CPU use as a percentage of its CPU limit: between the previous metrics read (within
+    /// the last minute) and this one, else averaged over its life so far.
+    pub cpu_used_pct: f64,
+    /// Its CPU limit, millicores.
+    pub cpu_limit: u32,
+    /// Memory charged to it, bytes (page cache included).
+    pub memory_used: u64,
+    /// Page cache among `memory_used`, bytes (the kernel can reclaim it).
+    pub memory_cache: u64,
+    /// Its memory limit, bytes.
+    pub memory_limit: u64,
+    /// Bytes its writable layer holds, where a disk quota measures it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_used: Option<u64>,
+    /// Its disk quota, bytes, where one holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_limit: Option<u64>,
+}
+
 /// A sandbox as the API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -655,3 +655,53 @@ async fn admission_refuses_with_a_reason_and_429() {
     assert_eq!(s, 429, "{v}");
     assert!(v["error"]["retry_after_secs"].as_u64().is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_measure_cpu_memory_and_disk() {
+    require_root!();
+    let p = Platform::start();
+    let c = p.client();
+    let sb = c
+        .create(&CreateSandbox {
+            memory: Some(ByteSize(256 << 20)),
+            ..host()
+        })
+        .await
+        .unwrap();
+    let before = sb.metrics().await.unwrap();
+    assert_eq!(before.memory_limit, 256 << 20);
+    assert!(before.memory_used > 0, "{before:?}");
+    // Half a second of CPU in a process that ends (its time is kept by its reaper), and
+    // 32 MiB held by a process that stays while measured.
+    sb.exec(&argv([
+        "sh",
+        "-c",
+        "end=$(($(date +%s%N) + 500000000)); while [ $(date +%s%N) -lt $end ]; do :; done",
+    ]))
+    .await
+    .unwrap();
+    sb.exec(&argv([
+        "sh",
+        "-c",
+        "head -c 33554432 /dev/zero > /tmp/held",
+    ]))
+    .await
+    .unwrap();
+    let after = sb.metrics().await.unwrap();
+    assert!(
+        after.cpu_used_ns >= before.cpu_used_ns + 300_000_000,
+        "{before:?} {after:?}"
+    );
+    assert!(after.cpu_used_pct > 0.0, "{after:?}");
+    // /tmp is the sandbox's memory (tmpfs) or its writable layer: either counts.
+    let grew_memory = after.memory_used >= before.memory_used + (16 << 20);
+    let grew_disk = after.disk_used.unwrap_or(0) >= before.disk_used.unwrap_or(0) + (16 << 20);
+    assert!(grew_memory || grew_disk, "{before:?} {after:?}");
+    assert!(after.timestamp_ms >= before.timestamp_ms);
+    // A sandbox that is not there: 404.
+    sb.kill().await.unwrap();
+    match sb.metrics().await {
+        Err(warren_sdk::Error::Api { status, .. }) => assert_eq!(status, 404),
+        other => panic!("{other:?}"),
+    }
+}

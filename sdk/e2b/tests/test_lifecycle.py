@@ -140,9 +140,37 @@ async def test_async_lifecycle(gateway):
         assert not await sb.is_running()
         back = await AsyncSandbox.connect(sb.sandbox_id)
         assert await back.is_running()
+        [m] = await back.get_metrics()
+        assert m.mem_total > 0 and m.cpu_count >= 1
     finally:
         assert await sb.kill() is True
     assert not await sb.is_running()
+
+
+def test_metrics_are_measured_now(gateway):
+    import datetime
+
+    from e2b import Sandbox
+
+    s = Sandbox.create("base", timeout=60)
+    try:
+        s.commands.run(
+            "end=$(($(date +%s%N) + 400000000)); while [ $(date +%s%N) -lt $end ]; do :; done"
+        )
+        [m] = s.get_metrics()
+        assert m.cpu_count >= 1 and m.cpu_used_pct > 0, m
+        assert 0 < m.mem_used <= m.mem_total, m
+        assert m.mem_cache <= m.mem_used if hasattr(m, "mem_cache") else True
+        assert m.disk_used <= m.disk_total or m.disk_total == 0, m
+        now = datetime.datetime.now(datetime.timezone.utc)
+        assert abs((m.timestamp - now).total_seconds()) < 60
+        # A window that ended before now holds no sample (Warren keeps no history).
+        past = now - datetime.timedelta(hours=1)
+        assert s.get_metrics(start=past - datetime.timedelta(hours=1), end=past) == []
+    finally:
+        s.kill()
+    with pytest.raises(Exception):
+        Sandbox.get_metrics(s.sandbox_id)
 
 
 def _rules(gateway, sandbox_id):

@@ -52,6 +52,7 @@ pub fn router(c: Arc<Control>) -> Router {
             get(ports::connect),
         )
         .route("/v1/sandboxes/{id}/trajectory", get(sandboxes::trajectory))
+        .route("/v1/sandboxes/{id}/metrics", get(sandboxes::metrics))
         .route("/v1/images", get(images::list))
         .route("/v1/images/stats", get(images::stats))
         .route("/v1/images/pull", post(images::pull))

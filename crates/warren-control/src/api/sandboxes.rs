@@ -259,6 +259,23 @@ pub async fn set_network(
     super::pass_json_as(&c, &id, Method::PUT, &uri, &headers, &req).await
 }
 
+/// What the sandbox uses now: CPU time and its share of the CPU limit, memory (and page
+/// cache) against the memory limit, disk against the quota. Measured when asked; a paused
+/// sandbox's figures are those it was paused with.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/metrics", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    responses((status = 200, body = warren_types::api::SandboxMetrics),
+        (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn metrics(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::GET, &uri, &headers, Body::empty()).await
+}
+
 /// The sandbox's trajectory log: every exec and file write, as JSON lines
 /// ([`TrajectoryEntry`]), oldest first. Only for sandboxes created with `"trajectory": true`.
 /// Pass the entries as `replay` to create a sandbox that rebuilds this one's state and answers

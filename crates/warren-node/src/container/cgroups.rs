@@ -485,6 +485,34 @@ impl SandboxCgroup {
             .unwrap_or(0)
     }
 
+    /// Page cache among the memory in use, bytes (`memory.stat` `file`, v1 `total_cache`).
+    pub fn memory_cache(&self) -> u64 {
+        let (d, key) = match &self.layout {
+            Layout::V2 { .. } => (&self.dirs[0], "file "),
+            Layout::V1 { .. } => (&self.dirs[1], "total_cache "),
+        };
+        fs::read_to_string(d.join("memory.stat"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse().ok()))
+            })
+            .unwrap_or(0)
+    }
+
+    /// CPU time the cgroup's processes used, ns, where its cpu controller counts it (v2
+    /// `cpu.stat` `usage_usec`); `None` on v1, whose cpu hierarchy does not count usage.
+    pub fn cpu_usage_ns(&self) -> Option<u64> {
+        match &self.layout {
+            Layout::V2 { .. } => fs::read_to_string(self.dirs[0].join("cpu.stat"))
+                .ok()?
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse::<u64>().ok())
+                .map(|us| us.saturating_mul(1000)),
+            Layout::V1 { .. } => None,
+        }
+    }
+
     /// Gives back the memory still charged to the (empty) cgroup: page cache and kernel
     /// objects its processes left. A memory cgroup removed with pages charged to it lives on
     /// in the kernel, unseen, until they are reclaimed: under churn a node loses gigabytes to

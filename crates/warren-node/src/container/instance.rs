@@ -264,6 +264,24 @@ impl Instance for ContainerInstance {
         self.cgroup.pids().into_iter().map(proc_read_bytes).sum()
     }
 
+    fn usage(&self) -> crate::backend::Usage {
+        // v1's cpu hierarchy counts no usage: the processes' own times, each with what its
+        // reaped children used (the guest, PID 1, reaps every orphan, so the time of every
+        // process that ended is in a live process's children's times).
+        let cpu_ns = self.cgroup.cpu_usage_ns().unwrap_or_else(|| {
+            self.cgroup
+                .pids()
+                .into_iter()
+                .filter_map(warren_sys::process::cpu_time_ns)
+                .sum()
+        });
+        crate::backend::Usage {
+            cpu_ns,
+            memory: self.cgroup.memory_usage(),
+            memory_cache: self.cgroup.memory_cache(),
+        }
+    }
+
     fn writable_layer(&self) -> Option<PathBuf> {
         Some(self.dir.join("upper"))
     }
