@@ -26,6 +26,7 @@ use crate::api;
         api::commands::stdin, api::commands::resize,
         api::files::read, api::files::write, api::files::remove, api::files::list, api::files::stat,
         api::files::mkdir, api::files::rename, api::files::download_tar, api::files::upload_tar,
+        api::files::watch_create, api::files::watch_events, api::files::watch_remove,
         api::images::import, api::images::list, api::images::get, api::images::remove,
         api::images::stats, api::images::commit, api::images::pull, api::images::layers,
         api::images::prune,

@@ -5,7 +5,7 @@
 //! does not, which is how `is_running()` turns false), `process.Process` (see `process`), and
 //! `/files` and `filesystem.Filesystem` (see `files`). Every call but `/health` must carry the
 //! sandbox's access token (`X-Access-Token`, answered at create), checked before its body is
-//! read. Watches, PTYs and stdin are to come.
+//! read, or, for `/files`, a signed URL (the sandbox found from the signature).
 
 use std::sync::Arc;
 
@@ -187,14 +187,12 @@ async fn filesystem_call(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if method == "WatchDir" {
-        return process::stream_error(connect::Error::new(
-            connect::Code::Unimplemented,
-            "filesystem.Filesystem/WatchDir is not supported by Warren's E2B gateway yet",
-        ));
-    }
     match sandbox_for(&gw, &headers) {
+        Ok(sb) if method == "WatchDir" => {
+            files::watch_stream(sb, process::keepalive(&headers), body).await
+        }
         Ok(sb) => files::filesystem(sb, &method, body).await,
+        Err(e) if method == "WatchDir" => process::stream_error(e),
         Err(e) => process::unary(Err(e)),
     }
 }

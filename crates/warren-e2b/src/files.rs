@@ -1,7 +1,8 @@
-//! envd's files: `GET`/`POST /files` (a file's bytes; multipart uploads) and the
-//! `filesystem.Filesystem` service (`Stat`, `MakeDir`, `Move`, `ListDir`, `Remove`), onto
-//! Warren's file operations as the acting user. Relative paths are under the user's home, as
-//! envd has them. Watches and signed URLs are not served yet.
+//! envd's files: `GET`/`POST /files` (a file's bytes; multipart, octet-stream and gzip
+//! uploads) and the `filesystem.Filesystem` service (`Stat`, `MakeDir`, `Move`, `ListDir`,
+//! `Remove`, and watches: the `WatchDir` stream and the `CreateWatcher`/`GetWatcherEvents`/
+//! `RemoveWatcher` calls), onto Warren's file operations and directory watches as the acting
+//! user. Relative paths are under the user's home, as envd has them.
 
 use std::collections::VecDeque;
 
@@ -122,6 +123,125 @@ struct MoveRequest {
     destination: String,
 }
 
+/// `WatchDir` and `CreateWatcher`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatchRequest {
+    path: String,
+    #[serde(default)]
+    recursive: bool,
+    #[serde(default)]
+    include_entry: bool,
+}
+
+impl WatchRequest {
+    fn check(&self) -> Result<(), Error> {
+        if self.include_entry {
+            return Err(Error::new(
+                Code::Unimplemented,
+                "includeEntry (envd 0.6.3) is not supported by Warren's E2B gateway",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `GetWatcherEvents` and `RemoveWatcher`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WatcherRequest {
+    watcher_id: String,
+}
+
+impl WatcherRequest {
+    fn id(&self) -> Result<u64, Error> {
+        self.watcher_id.parse().map_err(|_| {
+            Error::new(
+                Code::NotFound,
+                format!("watcher {:?} not found", self.watcher_id),
+            )
+        })
+    }
+}
+
+/// envd's `FilesystemEvent`.
+fn fs_event(e: &warren_sdk::FsEvent) -> Value {
+    use warren_sdk::FsEventKind::*;
+    let kind = match e.kind {
+        Create => "EVENT_TYPE_CREATE",
+        Write => "EVENT_TYPE_WRITE",
+        Remove => "EVENT_TYPE_REMOVE",
+        Rename => "EVENT_TYPE_RENAME",
+        Chmod => "EVENT_TYPE_CHMOD",
+    };
+    json!({ "name": e.path, "type": kind })
+}
+
+/// `WatchDir`: a watch as a stream (`start`, then each change, keepalives on silence); the
+/// watch is removed when the client leaves.
+pub(crate) async fn watch_stream(
+    sb: Sandbox,
+    keepalive: std::time::Duration,
+    body: Bytes,
+) -> Response {
+    let r: WatchRequest = match crate::connect::stream_request(&body) {
+        Ok(r) => r,
+        Err(e) => return crate::process::stream_error(e),
+    };
+    if let Err(e) = r.check() {
+        return crate::process::stream_error(e);
+    }
+    let id = match sb.watch_dir(&resolve(&sb, &r.path), r.recursive).await {
+        Ok(id) => id,
+        Err(e) => return crate::process::stream_error(warren_error(e)),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        let send = |v: Value| {
+            let tx = tx.clone();
+            async move { tx.send(crate::connect::message(&v)).await.is_ok() }
+        };
+        // `WatchDirResponse` holds its oneof (`start`, `filesystem`, `keepalive`) directly: no
+        // `event` field around it, unlike a process's events.
+        let mut end = None;
+        if send(json!({"start": {}})).await {
+            loop {
+                let got = tokio::select! {
+                    g = sb.watch_events(id, Some(keepalive)) => g,
+                    () = tx.closed() => break,
+                };
+                match got {
+                    Ok(got) if got.events.is_empty() => {
+                        if !send(json!({"keepalive": {}})).await {
+                            break;
+                        }
+                    }
+                    Ok(got) => {
+                        let mut open = true;
+                        for e in &got.events {
+                            open = send(json!({"filesystem": fs_event(e)})).await;
+                            if !open {
+                                break;
+                            }
+                        }
+                        if !open {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        end = Some(warren_error(e));
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = tx.send(crate::connect::end_stream(end.as_ref())).await;
+        drop(tx);
+        let _ = sb.unwatch(id).await;
+    });
+    crate::process::stream_body(rx)
+}
+
 /// `POST /filesystem.Filesystem/<method>`.
 pub(crate) async fn filesystem(sb: Sandbox, method: &str, body: Bytes) -> Response {
     let body: &[u8] = if body.is_empty() { b"{}" } else { &body };
@@ -191,12 +311,29 @@ pub(crate) async fn filesystem(sb: Sandbox, method: &str, body: Bytes) -> Respon
                     }
                     Ok(json!({ "entries": out }))
                 }
+                "CreateWatcher" => {
+                    let r: WatchRequest = crate::connect::json(body)?;
+                    r.check()?;
+                    let id = sb
+                        .watch_dir(&resolve(&sb, &r.path), r.recursive)
+                        .await
+                        .map_err(warren_error)?;
+                    Ok(json!({ "watcherId": id.to_string() }))
+                }
+                "GetWatcherEvents" => {
+                    let r: WatcherRequest = crate::connect::json(body)?;
+                    let got = sb.watch_events(r.id()?, None).await.map_err(warren_error)?;
+                    let events: Vec<Value> = got.events.iter().map(fs_event).collect();
+                    Ok(json!({ "events": events }))
+                }
+                "RemoveWatcher" => {
+                    let r: WatcherRequest = crate::connect::json(body)?;
+                    sb.unwatch(r.id()?).await.map_err(warren_error)?;
+                    Ok(json!({}))
+                }
                 other => Err(Error::new(
                     Code::Unimplemented,
-                    format!(
-                        "filesystem.Filesystem/{other} is not supported by Warren's E2B gateway \
-                         (watches come later; see docs/e2b.md)"
-                    ),
+                    format!("filesystem.Filesystem has no method {other:?}"),
                 )),
             }
         }

@@ -219,7 +219,7 @@ fn lifetime(headers: &HeaderMap) -> Result<Option<f64>, Error> {
 }
 
 /// The keepalive interval the client asked for (`Keepalive-Ping-Interval`, seconds).
-fn keepalive(headers: &HeaderMap) -> Duration {
+pub(crate) fn keepalive(headers: &HeaderMap) -> Duration {
     headers
         .get("keepalive-ping-interval")
         .and_then(|v| v.to_str().ok())
@@ -418,6 +418,11 @@ fn follow(
         drop(tx);
         let _ = sb.forget_process(process_id).await;
     });
+    stream_body(rx)
+}
+
+/// A streaming answer fed by `rx`, ending when its sender does.
+pub(crate) fn stream_body(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Response {
     stream_response(futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (b, rx))
     }))

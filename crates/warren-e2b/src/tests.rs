@@ -603,18 +603,39 @@ async fn file_routes_refuse_what_they_cannot_serve() {
         s == StatusCode::BAD_REQUEST || s == StatusCode::SERVICE_UNAVAILABLE,
         "{s} {j}"
     );
-    // Watches are not served yet: said in the stream.
-    let ev = stream_answer(
+    // Watches: what the gateway cannot serve is refused in the stream before Warren is asked
+    // (Warren is not there: asking it is `unavailable`).
+    for (body, code) in [
+        (&br#"{"path":"/","includeEntry":true}"#[..], "unimplemented"),
+        (br#"{"recursive":true}"#, "invalid_argument"),
+        (br#"{"path":"/"}"#, "unavailable"),
+    ] {
+        let ev = stream_answer(
+            &app,
+            envd_call(
+                "/filesystem.Filesystem/WatchDir",
+                Some(&good),
+                crate::connect::STREAM_JSON,
+                crate::connect::envelope(0, body).to_vec(),
+            ),
+        )
+        .await;
+        assert_eq!(ev.last().unwrap().1["error"]["code"], code, "{body:?}");
+    }
+    let (s, j) = call(
         &app,
         envd_call(
-            "/filesystem.Filesystem/WatchDir",
+            "/filesystem.Filesystem/GetWatcherEvents",
             Some(&good),
-            crate::connect::STREAM_JSON,
-            crate::connect::envelope(0, br#"{"path":"/"}"#).to_vec(),
+            "application/json",
+            br#"{"watcherId":"not-a-number"}"#.to_vec(),
         ),
     )
     .await;
-    assert_eq!(ev.last().unwrap().1["error"]["code"], "unimplemented");
+    assert_eq!(
+        (s, j["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_found"))
+    );
     let (s, j) = call(
         &app,
         envd_call(

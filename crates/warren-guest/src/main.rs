@@ -24,6 +24,7 @@ mod setup;
 mod spawner;
 mod tarball;
 mod users;
+mod watch;
 mod wire;
 
 use std::io::Write;
@@ -170,6 +171,7 @@ fn run(
             incidents: Arc::new(incidents::Incidents::default()),
             grader,
             spawner,
+            watches: Arc::default(),
         });
         tokio::spawn(confine::serve_listeners(listeners, guest.incidents.clone()));
         // Reap every child, ours or orphaned into us; report ours to the process table.

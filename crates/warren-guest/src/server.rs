@@ -30,6 +30,8 @@ pub struct Guest {
     pub grader: Option<crate::grader::Grader>,
     /// Starts agent commands (none in development `serve` mode).
     pub spawner: Option<crate::spawner::Spawner>,
+    /// Directory watches.
+    pub watches: Arc<crate::watch::Watches>,
 }
 
 /// Accepts connections until the listener fails.
@@ -163,6 +165,26 @@ async fn dispatch(
             Err(OpError::invalid(
                 "input ended early (expected stdin frames ended by an empty one)",
             ))
+        }
+        Op::WatchCreate {
+            path,
+            user,
+            recursive,
+        } => {
+            let watch = g.watches.create(path, user, recursive).await?;
+            write_msg(w, &Reply::Watch { watch }).await.map_err(io)
+        }
+        Op::WatchEvents { watch, wait_ms } => {
+            // At most a minute per call: a client that wants longer calls again.
+            let wait = Duration::from_millis(wait_ms.min(60_000));
+            let (events, overflowed) = g.watches.events(watch, wait).await?;
+            write_msg(w, &Reply::FsEvents { events, overflowed })
+                .await
+                .map_err(io)
+        }
+        Op::WatchRemove { watch } => {
+            g.watches.remove(watch)?;
+            write_msg(w, &Reply::Done).await.map_err(io)
         }
         Op::Resize { process, size } => {
             g.table.get(process)?.resize(size.cols, size.rows)?;

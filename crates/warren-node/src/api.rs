@@ -76,6 +76,15 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         .route("/v1/sandboxes/{id}/files/stat", get(stat))
         .route("/v1/sandboxes/{id}/files/mkdir", post(mkdir))
         .route("/v1/sandboxes/{id}/files/rename", post(rename))
+        .route("/v1/sandboxes/{id}/watches", post(watch_create))
+        .route(
+            "/v1/sandboxes/{id}/watches/{watch}",
+            axum::routing::delete(watch_remove),
+        )
+        .route(
+            "/v1/sandboxes/{id}/watches/{watch}/events",
+            get(watch_events),
+        )
         .fallback(warren_http::not_found)
         // The control plane checks bodies against the same limit (a replayed trajectory rides
         // in a create's body); uploads stream and have their own (max_upload).
@@ -706,6 +715,51 @@ async fn rename(
 ) -> Result<Json<warren_types::api::FileEntry>, Error> {
     let id = parse_id(&n, &id)?;
     Ok(Json(n.rename(&id, req.from, req.to, req.user).await?))
+}
+
+async fn watch_create(
+    State(n): S,
+    Path(id): Path<String>,
+    Json(req): Json<warren_types::api::WatchRequest>,
+) -> Result<(StatusCode, Json<warren_types::api::WatchInfo>), Error> {
+    let id = parse_id(&n, &id)?;
+    let watch_id = n.watch_create(&id, req).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(warren_types::api::WatchInfo { watch_id }),
+    ))
+}
+
+/// `GET .../watches/{watch}/events` parameters.
+#[derive(Debug, Deserialize)]
+struct WatchEventsQuery {
+    /// Seconds to wait for an event when there is none (at most 60; default none).
+    wait: Option<f64>,
+}
+
+async fn watch_events(
+    State(n): S,
+    Path((id, watch)): Path<(String, u64)>,
+    Query(q): Query<WatchEventsQuery>,
+) -> Result<Json<warren_types::api::WatchEvents>, Error> {
+    let id = parse_id(&n, &id)?;
+    let ms = match q.wait {
+        Some(t) if !t.is_finite() || !(0.0..=60.0).contains(&t) => {
+            return Err(Error(ApiError::invalid("wait must be 0 to 60 seconds")));
+        }
+        Some(t) => (t * 1000.0) as u64,
+        None => 0,
+    };
+    Ok(Json(n.watch_events(&id, watch, ms).await?))
+}
+
+async fn watch_remove(
+    State(n): S,
+    Path((id, watch)): Path<(String, u64)>,
+) -> Result<StatusCode, Error> {
+    let id = parse_id(&n, &id)?;
+    n.watch_remove(&id, watch).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The one place a node error becomes an HTTP answer: the domain below knows nothing of HTTP.

@@ -326,6 +326,51 @@ impl Node {
         .await
     }
 
+    /// Starts watching a directory.
+    pub async fn watch_create(
+        &self,
+        id: &SandboxId,
+        req: warren_types::api::WatchRequest,
+    ) -> Result<u64, NodeError> {
+        check(&req.path)?;
+        if req.path.is_empty() {
+            return Err(NodeError::Invalid(
+                "path: name the directory to watch".into(),
+            ));
+        }
+        let op = Op::WatchCreate {
+            path: req.path,
+            user: user_or_default(req.user),
+            recursive: req.recursive,
+        };
+        let (sb, mut conn) = self.open(id, op).await?;
+        match conn.reply().await.map_err(|e| guest_failure(&sb, e))? {
+            Reply::Watch { watch } => Ok(watch),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A watch's events since the last call, waiting up to `wait_ms` for the first.
+    pub async fn watch_events(
+        &self,
+        id: &SandboxId,
+        watch: u64,
+        wait_ms: u64,
+    ) -> Result<warren_types::api::WatchEvents, NodeError> {
+        let (sb, mut conn) = self.open(id, Op::WatchEvents { watch, wait_ms }).await?;
+        match conn.reply().await.map_err(|e| guest_failure(&sb, e))? {
+            Reply::FsEvents { events, overflowed } => {
+                Ok(warren_types::api::WatchEvents { events, overflowed })
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Stops a watch.
+    pub async fn watch_remove(&self, id: &SandboxId, watch: u64) -> Result<(), NodeError> {
+        self.simple(id, Op::WatchRemove { watch }).await
+    }
+
     /// Renames a path.
     pub async fn rename(
         &self,

@@ -144,6 +144,43 @@ impl Sandbox {
         self.put_file(path, None, body, len).await
     }
 
+    /// Starts watching directory `path` (and, `recursive`, the directories below it) for
+    /// changes; returns the watch's id.
+    pub async fn watch_dir(&self, path: &str, recursive: bool) -> Result<u64> {
+        let body = warren_types::api::WatchRequest {
+            path: path.to_string(),
+            recursive,
+            user: self.user().map(str::to_string),
+        };
+        let rb = self
+            .client()
+            .request(reqwest::Method::POST, self.endpoint("/watches", &[])?)
+            .json(&body);
+        let w: warren_types::api::WatchInfo = self.client().json(rb).await?;
+        Ok(w.watch_id)
+    }
+
+    /// A watch's changes since the last call, waiting up to `wait` (at most a minute) for
+    /// the first when there is none.
+    pub async fn watch_events(
+        &self,
+        watch_id: u64,
+        wait: Option<std::time::Duration>,
+    ) -> Result<warren_types::api::WatchEvents> {
+        let secs = wait.map(|t| t.as_secs_f64().min(60.0).to_string());
+        let query: Vec<(&str, &str)> = secs.iter().map(|s| ("wait", s.as_str())).collect();
+        let url = self.endpoint(&format!("/watches/{watch_id}/events"), &query)?;
+        let rb = self.client().request(reqwest::Method::GET, url);
+        self.client().json(rb).await
+    }
+
+    /// Stops a watch.
+    pub async fn unwatch(&self, watch_id: u64) -> Result<()> {
+        let url = self.endpoint(&format!("/watches/{watch_id}"), &[])?;
+        let rb = self.client().request(reqwest::Method::DELETE, url);
+        self.client().empty(rb).await
+    }
+
     /// Uploads a local file to `path`, streaming it, with permission bits `mode` (the
     /// server's default when `None`). A directory is refused: copy its files one by one.
     pub async fn upload_file(

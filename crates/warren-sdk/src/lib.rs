@@ -55,10 +55,10 @@ pub use sandbox::Sandbox;
 pub use warren_types::api::Sandbox as SandboxInfo;
 pub use warren_types::api::{
     BackendKind, CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus,
-    FileEntry, FileKind, Gathered, Health, IdleAction, Image, ImageDetail, ImageStats, Layer,
-    LayerUse, NodeFailure, NodeInfo, ProcessInfo, PtySize, PullRequest, Resources, Role,
-    SandboxMetrics, SandboxState, TaskAction, TaskInfo, TaskNetworkResult, TaskResult,
-    TrajectoryEntry,
+    FileEntry, FileKind, FsEvent, FsEventKind, Gathered, Health, IdleAction, Image, ImageDetail,
+    ImageStats, Layer, LayerUse, NodeFailure, NodeInfo, ProcessInfo, PtySize, PullRequest,
+    Resources, Role, SandboxMetrics, SandboxState, TaskAction, TaskInfo, TaskNetworkResult,
+    TaskResult, TrajectoryEntry, WatchEvents,
 };
 pub use warren_types::events::NetEvent;
 pub use warren_types::events::{Event, EventKind};

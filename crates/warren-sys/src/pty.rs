@@ -61,47 +61,31 @@ pub fn resize(fd: impl AsFd, cols: u16, rows: u16) -> io::Result<()> {
 
 /// A terminal's multiplexer side on the tokio reactor: output is read from it, input written
 /// to it.
-pub struct Master(tokio::io::unix::AsyncFd<OwnedFd>);
+pub struct Master(crate::unix::NonBlocking);
 
 impl Master {
     /// Registers `fd` (a non-blocking multiplexer, as [`open`] makes) with the reactor.
     pub fn new(fd: OwnedFd) -> io::Result<Master> {
-        // SAFETY: the AsyncFd owns the OwnedFd, which stays open and the same descriptor
-        // until the AsyncFd drops it.
-        unsafe { tokio::io::unix::AsyncFd::register(fd) }
-            .map(Master)
-            .map_err(|e| e.into_parts().1)
+        crate::unix::NonBlocking::new(fd).map(Master)
     }
 
     /// Reads what the terminal's programs wrote; `Ok(0)` once it hung up (every holder of
     /// the other end closed it: the kernel answers EIO then, reported here as the end).
     pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            let mut guard = self.0.readable().await?;
-            match guard.try_io(|f| Ok(rustix::io::read(f.get_ref(), &mut *buf)?)) {
-                Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(0),
-                Ok(r) => return r,
-                Err(_would_block) => continue,
-            }
+        match self.0.read(buf).await {
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(0),
+            r => r,
         }
     }
 
     /// Writes all of `data` as the terminal's input (waiting while its buffer is full).
-    pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
-        while !data.is_empty() {
-            let mut guard = self.0.writable().await?;
-            match guard.try_io(|f| Ok(rustix::io::write(f.get_ref(), data)?)) {
-                Ok(Ok(n)) => data = &data[n..],
-                Ok(Err(e)) => return Err(e),
-                Err(_would_block) => continue,
-            }
-        }
-        Ok(())
+    pub async fn write_all(&self, data: &[u8]) -> io::Result<()> {
+        self.0.write_all(data).await
     }
 
     /// Sets the terminal's size.
     pub fn resize(&self, cols: u16, rows: u16) -> io::Result<()> {
-        resize(self.0.get_ref(), cols, rows)
+        resize(self.0.fd(), cols, rows)
     }
 }
 

@@ -120,6 +120,51 @@ pub fn close_all_except(keep: &[RawFd]) -> io::Result<()> {
     Ok(())
 }
 
+/// A non-blocking descriptor on the tokio reactor (a terminal, an inotify instance), read
+/// and written as it becomes ready.
+pub struct NonBlocking(tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>);
+
+impl NonBlocking {
+    /// Registers `fd`, which must be non-blocking, with the reactor.
+    pub fn new(fd: std::os::fd::OwnedFd) -> io::Result<NonBlocking> {
+        // SAFETY: the AsyncFd owns the OwnedFd, which stays open and the same descriptor
+        // until the AsyncFd drops it.
+        unsafe { tokio::io::unix::AsyncFd::register(fd) }
+            .map(NonBlocking)
+            .map_err(|e| e.into_parts().1)
+    }
+
+    /// The descriptor.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.0.get_ref().as_fd()
+    }
+
+    /// Reads what is there, waiting until something is.
+    pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let mut guard = self.0.readable().await?;
+            match guard.try_io(|f| Ok(rustix::io::read(f.get_ref(), &mut *buf)?)) {
+                Ok(r) => return r,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    /// Writes all of `data`, waiting while the other side is full.
+    pub async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+        while !data.is_empty() {
+            let mut guard = self.0.writable().await?;
+            match guard.try_io(|f| Ok(rustix::io::write(f.get_ref(), data)?)) {
+                Ok(Ok(n)) => data = &data[n..],
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::fd::AsFd;

@@ -553,6 +553,68 @@ pub struct StdinRequest {
     pub close: bool,
 }
 
+/// What changed in a watched directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum FsEventKind {
+    /// A file or directory was made, or moved in.
+    Create,
+    /// A file was written.
+    Write,
+    /// A file or directory was removed.
+    Remove,
+    /// A file or directory was moved away (renamed: its new name, if still watched, is a
+    /// `create`).
+    Rename,
+    /// Permissions, ownership or times changed.
+    Chmod,
+}
+
+/// One change under a watched directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FsEvent {
+    /// What happened.
+    pub kind: FsEventKind,
+    /// Where, relative to the watched directory.
+    pub path: String,
+}
+
+/// `POST /v1/sandboxes/{id}/watches`: watch a directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct WatchRequest {
+    /// The directory (absolute, or relative to the user's home).
+    pub path: String,
+    /// Its subdirectories too, those made later included.
+    #[serde(default)]
+    pub recursive: bool,
+    /// Whose view: the directories must be theirs to read. Default `user`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// A watch: `POST /v1/sandboxes/{id}/watches`' answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WatchInfo {
+    /// Its id, for its events and its removal.
+    pub watch_id: u64,
+}
+
+/// `GET /v1/sandboxes/{id}/watches/{watch_id}/events`: what changed since the last call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WatchEvents {
+    /// The changes, oldest first.
+    pub events: Vec<FsEvent>,
+    /// Some were lost since the last call (more than the sandbox keeps per watch).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overflowed: bool,
+}
+
 /// `POST /v1/sandboxes/{id}/processes/{process_id}/signal`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -310,6 +310,29 @@ pub enum Op {
         /// Acting user.
         user: String,
     },
+    /// Watch directory `path` (and, `recursive`, those below it) as `user`:
+    /// [`Reply::Watch`].
+    WatchCreate {
+        /// Directory.
+        path: String,
+        /// Acting user.
+        user: String,
+        /// Subdirectories too.
+        recursive: bool,
+    },
+    /// A watch's events since the last call, waiting up to `wait_ms` for the first:
+    /// [`Reply::FsEvents`].
+    WatchEvents {
+        /// Watch id.
+        watch: u64,
+        /// How long to wait for an event when there is none.
+        wait_ms: u64,
+    },
+    /// Stop a watch: [`Reply::Done`].
+    WatchRemove {
+        /// Watch id.
+        watch: u64,
+    },
     /// Incidents the guest saw (denied system calls, attempts on the guest itself): a
     /// [`Reply::Incidents`] with every record changed after `after`, then one more each time
     /// records change, for as long as the connection stays open.
@@ -359,6 +382,18 @@ pub enum Reply {
         incidents: Vec<Incident>,
         /// Pass this as `after` to get only later changes.
         seq: u64,
+    },
+    /// A watch started.
+    Watch {
+        /// Its id.
+        watch: u64,
+    },
+    /// A watch's events.
+    FsEvents {
+        /// The changes, oldest first.
+        events: Vec<crate::api::FsEvent>,
+        /// Some were lost to the bound since the last call.
+        overflowed: bool,
     },
     /// The operation succeeded.
     Done,

@@ -268,3 +268,117 @@ async fn directories_move_as_tar() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
 }
+
+/// Everything watch `w` reports until `done` holds of what came (at most 10 s).
+async fn watch_until(
+    sb: &warren_sdk::Sandbox,
+    w: u64,
+    done: impl Fn(&[warren_sdk::FsEvent]) -> bool,
+) -> Vec<warren_sdk::FsEvent> {
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done(&seen) && std::time::Instant::now() < deadline {
+        let got = sb
+            .watch_events(w, Some(std::time::Duration::from_millis(500)))
+            .await
+            .unwrap();
+        seen.extend(got.events);
+    }
+    seen
+}
+
+fn has(events: &[warren_sdk::FsEvent], kind: warren_sdk::FsEventKind, path: &str) -> bool {
+    events.iter().any(|e| e.kind == kind && e.path == path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directory_watches() {
+    use warren_sdk::FsEventKind::*;
+    require_root!();
+    let p = Platform::start();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    sb.exec(&shell("mkdir -p w/sub/deep flat && touch w/sub/deep/old"))
+        .await
+        .unwrap();
+    let deep = sb.watch_dir("w", true).await.unwrap();
+    let flat = sb.watch_dir("/home/user/w", false).await.unwrap();
+    // Nothing yet: an answer with no events after the wait.
+    assert!(sb.watch_events(deep, None).await.unwrap().events.is_empty());
+    sb.exec(&shell(
+        "cd w && echo a > a.txt && mkdir new && sleep 0.3 && echo b > new/b.txt && \
+         echo c > sub/deep/c.txt && mv a.txt c.txt && chmod 600 c.txt && rm -r sub",
+    ))
+    .await
+    .unwrap();
+    let want = [
+        (Create, "a.txt"),
+        (Write, "a.txt"),
+        (Create, "new"),
+        (Create, "new/b.txt"),
+        (Create, "sub/deep/c.txt"),
+        (Rename, "a.txt"),
+        (Create, "c.txt"),
+        (Chmod, "c.txt"),
+        (Remove, "sub/deep/old"),
+        (Remove, "sub"),
+    ];
+    let events = watch_until(&sb, deep, |ev| want.iter().all(|(k, p)| has(ev, *k, p))).await;
+    for (k, path) in want {
+        assert!(has(&events, k, path), "{k:?} {path} not in {events:?}");
+    }
+    // The flat watch sees its own directory's entries, nothing below them.
+    let events = watch_until(&sb, flat, |ev| has(ev, Remove, "sub")).await;
+    assert!(
+        has(&events, Create, "new") && has(&events, Remove, "sub"),
+        "{events:?}"
+    );
+    assert!(!events.iter().any(|e| e.path.contains('/')), "{events:?}");
+
+    // Past the bound, a watch says it lost events.
+    let many = sb.watch_dir("flat", false).await.unwrap();
+    sb.exec(&shell("cd flat && seq 1 6000 | xargs touch"))
+        .await
+        .unwrap();
+    let got = sb.watch_events(many, None).await.unwrap();
+    assert!(got.overflowed, "{} events", got.events.len());
+    assert_eq!(got.events.len(), 10_000);
+    sb.unwatch(many).await.unwrap();
+
+    // Refusals: a file, a missing directory, one the user may not read, an unknown watch.
+    let status = |e: warren_sdk::Error| match e {
+        warren_sdk::Error::Api { status, .. } => status,
+        other => panic!("{other}"),
+    };
+    assert_eq!(
+        status(sb.watch_dir("w/c.txt", false).await.unwrap_err()),
+        400
+    );
+    assert_eq!(
+        status(sb.watch_dir("nowhere", false).await.unwrap_err()),
+        404
+    );
+    assert_eq!(status(sb.watch_dir("/root", false).await.unwrap_err()), 403);
+    assert_eq!(
+        status(sb.watch_dir("../../etc", false).await.unwrap_err()),
+        400
+    );
+    sb.unwatch(deep).await.unwrap();
+    assert_eq!(status(sb.unwatch(deep).await.unwrap_err()), 404);
+    assert_eq!(status(sb.watch_events(deep, None).await.unwrap_err()), 404);
+    // At most 64 watches at once.
+    let mut ws = vec![flat];
+    while ws.len() < 64 {
+        ws.push(sb.watch_dir("w", false).await.unwrap());
+    }
+    assert_eq!(status(sb.watch_dir("w", false).await.unwrap_err()), 429);
+    for w in ws {
+        sb.unwatch(w).await.unwrap();
+    }
+}

@@ -4,6 +4,8 @@ under the user's home, and what the SDK maps from errors (missing file, existing
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from e2b import AsyncSandbox, FileType, NotFoundException
 
@@ -140,3 +142,58 @@ def test_signed_urls_of_a_secure_sandbox(gateway):
         assert r.status_code == 401 and "expired" in r.json()["message"], r.text
     finally:
         s.kill()
+
+
+def test_watch_dir_sync(sb):
+    from e2b import FilesystemEventType
+
+    sb.files.make_dir("/home/user/watched/sub")
+    h = sb.files.watch_dir("/home/user/watched", recursive=True)
+    sb.files.write("/home/user/watched/a.txt", "a")
+    sb.files.write("/home/user/watched/sub/b.txt", "b")
+    sb.files.rename("/home/user/watched/a.txt", "/home/user/watched/c.txt")
+    sb.files.remove("/home/user/watched/sub")
+    seen = []
+    deadline = time.monotonic() + 10
+    want = {
+        ("a.txt", FilesystemEventType.CREATE),
+        ("sub/b.txt", FilesystemEventType.CREATE),
+        ("a.txt", FilesystemEventType.RENAME),
+        ("c.txt", FilesystemEventType.CREATE),
+        ("sub", FilesystemEventType.REMOVE),
+    }
+    while not want <= {(e.name, e.type) for e in seen} and time.monotonic() < deadline:
+        seen.extend(h.get_new_events())
+        time.sleep(0.1)
+    assert want <= {(e.name, e.type) for e in seen}, seen
+    h.stop()
+    with pytest.raises(Exception):
+        h.get_new_events()
+    with pytest.raises(Exception):
+        sb.files.watch_dir("/home/user/nowhere")
+
+
+async def test_watch_dir_async(gateway):
+    import asyncio
+
+    from e2b import FilesystemEventType
+
+    sb = await AsyncSandbox.create("base", timeout=60)
+    try:
+        await sb.files.make_dir("/home/user/w")
+        got = []
+        h = await sb.files.watch_dir("/home/user/w", on_event=got.append, recursive=True)
+        await sb.files.write("/home/user/w/x.txt", "x")
+        await sb.commands.run("mkdir /home/user/w/d && sleep 0.3 && touch /home/user/w/d/y")
+        for _ in range(100):
+            names = {(e.name, e.type) for e in got}
+            if ("d/y", FilesystemEventType.CREATE) in names:
+                break
+            await asyncio.sleep(0.1)
+        names = {(e.name, e.type) for e in got}
+        assert ("x.txt", FilesystemEventType.CREATE) in names, got
+        assert ("d", FilesystemEventType.CREATE) in names, got
+        assert ("d/y", FilesystemEventType.CREATE) in names, got
+        await h.stop()
+    finally:
+        await sb.kill()

@@ -133,6 +133,57 @@ pub async fn rename(
     pass_json(&c, &id, &uri, &headers, &req).await
 }
 
+/// Watch a directory (and, with `recursive`, every directory below it, those made later
+/// included) for changes: creates, writes, removals, renames, permission changes. Collect them
+/// with `.../watches/{watch_id}/events`. A sandbox keeps at most 64 watches, each at most
+/// 10,000 directories and 10,000 uncollected events; a watch not polled for 10 minutes is
+/// removed.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/watches", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id.")),
+    request_body = warren_types::api::WatchRequest,
+    responses((status = 201, body = warren_types::api::WatchInfo), (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 429, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn watch_create(
+    axum::extract::State(c): S,
+    Path(id): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    Json(req): Json<warren_types::api::WatchRequest>,
+) -> Result<Response, Error> {
+    pass_json(&c, &id, &uri, &headers, &req).await
+}
+
+/// A watch's changes since the last call (taken), oldest first; with `wait`, waits up to that
+/// many seconds for the first when there is none.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/watches/{watch_id}/events", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id."), ("watch_id" = u64, Path, description = "Watch id."),
+        ("wait" = Option<f64>, Query, minimum = 0, maximum = 60, description = "Seconds to wait for a change when there is none (default 0).")),
+    responses((status = 200, body = warren_types::api::WatchEvents), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn watch_events(
+    axum::extract::State(c): S,
+    Path((id, _watch)): Path<(String, u64)>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::GET, &uri, &headers, Body::empty()).await
+}
+
+/// Stop a watch.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/watches/{watch_id}", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id."), ("watch_id" = u64, Path, description = "Watch id.")),
+    responses((status = 204, description = "Stopped."), (status = 404, body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn watch_remove(
+    axum::extract::State(c): S,
+    Path((id, _watch)): Path<(String, u64)>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    pass(&c, &id, Method::DELETE, &uri, &headers, Body::empty()).await
+}
+
 /// Refuses an upload the node would refuse, before sending a byte of it to the node. (The
 /// refused body is read and dropped by `warren_http::drain`, so a client still sending it reads
 /// the 413 rather than a broken connection.)

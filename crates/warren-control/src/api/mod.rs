@@ -107,6 +107,15 @@ pub fn router(c: Arc<Control>) -> Router {
         .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/files/rename", post(files::rename))
+        .route("/v1/sandboxes/{id}/watches", post(files::watch_create))
+        .route(
+            "/v1/sandboxes/{id}/watches/{watch}",
+            axum::routing::delete(files::watch_remove),
+        )
+        .route(
+            "/v1/sandboxes/{id}/watches/{watch}/events",
+            get(files::watch_events),
+        )
         .layer(middleware::from_fn_with_state(
             c.keys.clone(),
             auth::require_key,
