@@ -7,12 +7,17 @@
 #   erofs-utils          layered images: mkfs.erofs writes layers, fsck.erofs checks them
 #   busybox-static       a static busybox: the image tests build small root file systems with it
 #   btrfs-progs          disk quotas: mkfs.btrfs makes the node's disk pool (once)
+#   curl, git            what the E2B gateway's `base` template (the `host` image) offers, as
+#                        E2B's base has them (installed only where no such command exists)
 set -euo pipefail
 want=(procps python3 bubblewrap runc nftables erofs-utils btrfs-progs)
 missing=()
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in "${want[@]}"; do
   installed "$p" || missing+=("$p")
+done
+for c in curl git; do
+  command -v "$c" >/dev/null || installed "$c" || missing+=("$c")
 done
 # Debian's busybox (bookworm) is static too; either will do, and they conflict.
 installed busybox || installed busybox-static || missing+=(busybox-static)

@@ -158,3 +158,28 @@ def test_a_sandbox_killed_mid_command_ends_its_stream(gateway):
     with pytest.raises(Exception):
         h.wait()
     assert time.monotonic() - t < 10, "the stream ended with the sandbox, not at the command's end"
+
+
+def test_the_base_template_has_what_e2b_base_has(sb):
+    """User `user` (home and cwd /home/user), root, bash, python3, curl, git with its daemon,
+    and `user.*` extended attributes. (No sudo: see docs/e2b.md.)"""
+    r = sb.commands.run("id -un; echo $HOME; pwd; echo $SHELL")
+    assert r.stdout == "user\n/home/user\n/home/user\n/bin/bash\n"
+    assert sb.commands.run("id -un", user="root").stdout == "root\n"
+    for tool in ["bash --version", "python3 --version", "curl --version", "git --version"]:
+        sb.commands.run(tool)
+    # git daemon serves a repository over git:// on the sandbox's own loopback.
+    r = sb.commands.run(
+        "set -e; git init -q -b main repo && cd repo && git -c user.name=u -c user.email=u@x "
+        "commit -q --allow-empty -m first && cd .. && touch repo/.git/git-daemon-export-ok && "
+        "(git daemon --reuseaddr --base-path=/home/user --port=19418 --listen=127.0.0.1 "
+        "--export-all >/dev/null 2>&1 &) && sleep 0.5 && "
+        "git clone -q git://127.0.0.1:19418/repo/.git copy && git -C copy log --format=%s",
+        timeout=30,
+    )
+    assert r.stdout.endswith("first\n"), r
+    r = sb.commands.run(
+        "touch x && python3 -c \"import os; os.setxattr('x', 'user.k', b'v'); "
+        "print(os.getxattr('x', 'user.k').decode())\""
+    )
+    assert r.stdout == "v\n"
