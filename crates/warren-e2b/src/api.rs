@@ -194,7 +194,7 @@ fn created(gw: &Gateway, sb: &SandboxInfo) -> Created {
         client_id: CLIENT_ID,
         envd_version: ENVD_VERSION,
         envd_access_token: keys::access_token(&gw.key, sb.id.as_str()),
-        domain: None,
+        domain: gw.domain.clone(),
     }
 }
 
@@ -258,6 +258,9 @@ fn detail(gw: &Gateway, sb: &SandboxInfo, with_token: bool) -> Value {
         "state": sb.state.as_str(),
         "metadata": sb.labels,
     });
+    if let Some(d) = &gw.domain {
+        v["domain"] = json!(d);
+    }
     if with_token {
         v["envdAccessToken"] = json!(keys::access_token(&gw.key, sb.id.as_str()));
     }
@@ -543,8 +546,12 @@ async fn set_network(
     sandbox_id(&id)?;
     let net: crate::network::E2bNetwork = serde_json::from_slice(&body)
         .map_err(|e| bad(format!("the body is not a SandboxNetworkUpdateConfig: {e}")))?;
-    let policy = crate::network::policy(None, Some(&net)).map_err(bad)?;
-    gw.warren.sandbox(&id)?.set_network(&policy).await?;
+    let mut policy = crate::network::policy(None, Some(&net)).map_err(bad)?;
+    let sb = gw.warren.sandbox(&id)?;
+    // E2B's update says nothing of exposed ports (Warren's `expose`, set through Warren's own
+    // API for `get_host`): they stay as they are.
+    policy.expose = sb.network().await?.exposed.iter().map(|e| e.port).collect();
+    sb.set_network(&policy).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

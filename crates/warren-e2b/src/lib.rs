@@ -39,6 +39,9 @@ pub struct Gateway {
     pub key: String,
     /// The Warren image the `base` template names.
     pub base_image: String,
+    /// Warren's `sandbox_domain`, answered as E2B's `domain`: the SDK's `get_host(port)` is
+    /// then `<port>-<id>.<domain>`, which Warren's API serves (wildcard DNS to it).
+    pub domain: Option<String>,
 }
 
 /// An HTTP error in E2B's shape: `{"code": <status>, "message": ...}`.

@@ -17,6 +17,7 @@ fn gateway() -> (axum::Router, String) {
         warren: warren_sdk::Client::new("http://127.0.0.1:9", Some("wk_unused")).unwrap(),
         key: key.clone(),
         base_image: "host".into(),
+        domain: None,
     };
     (router(Arc::new(gw)), key)
 }

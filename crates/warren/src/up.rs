@@ -221,6 +221,7 @@ async fn serve(
         std::future::pending(),
     ));
 
+    let sandbox_domain = control_cfg.sandbox_domain.clone();
     let started = Control::start(control_cfg, &[Endpoint::Unix(sock.clone())]).await?;
     let key_file = data_dir.join("admin.key");
     if started.new_admin_key.is_some() {
@@ -233,7 +234,7 @@ async fn serve(
     let app = warren_control::api::router(started.control.clone());
     let e2b_server = match (e2b_tcp, &e2b_listen, e2b_key) {
         (Some(tcp), Some(addr), Some(key)) => {
-            let gw = e2b_gateway(&data_dir, &listen, key)?;
+            let gw = e2b_gateway(&data_dir, &listen, key, sandbox_domain)?;
             eprintln!(
                 "warren: serving the E2B gateway on http://{addr}: E2B_API_KEY=$(cat {}) \
                  E2B_API_URL=http://{addr} E2B_SANDBOX_URL=http://{addr}",
@@ -333,6 +334,7 @@ fn e2b_gateway(
     data_dir: &std::path::Path,
     listen: &str,
     key: String,
+    domain: Option<String>,
 ) -> anyhow::Result<warren_e2b::Gateway> {
     let admin = std::fs::read_to_string(warren_sdk::config::key_file(data_dir))
         .with_context(|| "reading the admin key the E2B gateway acts with")?;
@@ -341,6 +343,7 @@ fn e2b_gateway(
         warren,
         key,
         base_image: "host".into(),
+        domain,
     })
 }
 

@@ -113,6 +113,9 @@ class Gateway:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
+SANDBOX_DOMAIN = "sb.warren.test"
+
+
 def start_gateway() -> Gateway:
     """Starts `warren up` with its gateway on free ports and points the `e2b` SDK's
     environment at it. Raises RuntimeError when it cannot."""
@@ -126,9 +129,13 @@ def start_gateway() -> Gateway:
     cgroup = f"warren-e2b-{secrets.token_hex(4)}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WARREN_", "E2B_"))}
     log = open(data_dir / "warren.log", "wb")
+    # A sandbox domain, so that `get_host(port)` names a route Warren's API serves.
+    config = data_dir / "warren.toml"
+    config.write_text(f'[control]\nsandbox_domain = "{SANDBOX_DOMAIN}"\n')
     proc = subprocess.Popen(
         [
             str(binary), "up",
+            "--config", str(config),
             "--data-dir", str(data_dir),
             "--listen", f"127.0.0.1:{port}",
             "--e2b-listen", f"127.0.0.1:{e2b_port}",

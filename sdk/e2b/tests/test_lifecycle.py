@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import time
 from datetime import datetime, timezone
 
 import pytest
@@ -263,3 +264,40 @@ def test_snapshots_keep_the_file_system(gateway):
     assert Sandbox.delete_snapshot(named.snapshot_id) is True
     assert Sandbox.delete_snapshot(snap.snapshot_id) is False
     assert Sandbox.list_snapshots(sandbox_id=sb.sandbox_id).next_items() == []
+
+
+def test_get_host_names_warrens_route_to_an_exposed_port(gateway):
+    import httpx
+    from e2b import Sandbox
+
+    from conftest import SANDBOX_DOMAIN
+
+    s = Sandbox.create("base", timeout=60)
+    try:
+        host = s.get_host(8000)
+        assert host == f"8000-{s.sandbox_id}.{SANDBOX_DOMAIN}"
+        # Ports are exposed through Warren's own API (E2B's create cannot name them); an E2B
+        # network update keeps them.
+        path = f"/v1/sandboxes/{s.sandbox_id}/network"
+        net = gateway.warren("GET", path).json()
+        r = gateway.warren(
+            "PUT", path, json={"mode": net["mode"], "allow": net["allow"], "deny": net["deny"], "expose": [8000]}
+        )
+        assert r.status_code == 200, r.text
+        s.update_network({"deny_out": ["203.0.113.0/24"]})
+        assert [p["port"] for p in gateway.warren("GET", path).json()["exposed"]] == [8000]
+        s.files.write("/home/user/www/index.html", "served from the sandbox")
+        s.commands.run("cd /home/user/www && python3 -m http.server 8000 --bind 0.0.0.0", background=True)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                r = httpx.get(gateway.warren_url + "/index.html", headers={"Host": host}, timeout=5)
+                if r.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, r.text
+            time.sleep(0.2)
+        assert r.text == "served from the sandbox"
+    finally:
+        s.kill()
