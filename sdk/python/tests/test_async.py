@@ -64,6 +64,20 @@ async def test_every_handle_method(server: Server, tmp_path: Path):
             await sb.processes.forget(p)
             assert await sb.processes.list() == []
 
+            q = await sb.processes.start("tr a-z A-Z", stdin_open=True)
+            await sb.processes.send_stdin(q, "async\n")
+            await sb.processes.close_stdin(q)
+            assert (await sb.processes.wait(q)).exit.exit_code == 0  # type: ignore[union-attr]
+            t = await sb.processes.start("read x; stty size", pty=(81, 25))
+            await sb.processes.resize(t, 82, 26)
+            await sb.processes.send_stdin(t, "\n")
+            await sb.processes.wait(t)
+            text = b"".join(
+                [e.data async for e in sb.processes.output(t) if isinstance(e, events.Stdout)]
+            )
+            assert b"26 82" in text, text
+            assert (await sb.metrics()).memory_limit == 64 << 20
+
             f = sb.files
             await f.write("a/b.txt", "text", mode=0o600)
             assert await f.read("a/b.txt") == b"text"
@@ -73,6 +87,11 @@ async def test_every_handle_method(server: Server, tmp_path: Path):
             await f.mkdir("c/d")
             await f.rename("a/b.txt", "c/d/e.txt")
             assert await f.exists("c/d/e.txt") and not await f.exists("a/b.txt")
+            w = await f.watch("c")
+            await f.write("c/new.txt", "n")
+            got = await f.watch_events(w, wait=5)
+            assert ("create", "new.txt") in [(e.kind, e.path) for e in got.events], got
+            await f.unwatch(w)
             await f.remove("c", recursive=True)
             assert not await f.exists("c")
 

@@ -101,6 +101,41 @@ def test_processes(sandbox: warren.Sandbox):
     assert sandbox.processes.wait(k).exit.signal == 9  # type: ignore[union-attr]
 
 
+def test_stdin_terminals_metrics_and_watches(sandbox: warren.Sandbox):
+    p = sandbox.processes.start("cat", stdin_open=True)
+    assert p.stdin_open and not p.pty
+    sandbox.processes.send_stdin(p, "one\n")
+    sandbox.processes.send_stdin(p, b"\xff\n")
+    sandbox.processes.close_stdin(p)
+    assert sandbox.processes.wait(p, timeout=10).exit.exit_code == 0  # type: ignore[union-attr]
+    out = list(sandbox.processes.output(p))
+    assert b"".join(e.data for e in out if isinstance(e, events.Stdout)) == b"one\n\xff\n"
+    with pytest.raises(warren.InvalidArgument):
+        sandbox.processes.send_stdin(sandbox.processes.start("sleep 5"), "x")
+
+    t = sandbox.processes.start("read line; stty size; echo got:$line", pty=(100, 30))
+    assert t.pty
+    sandbox.processes.resize(t, 120, 40)
+    sandbox.processes.send_stdin(t, "hi\n")
+    assert sandbox.processes.wait(t, timeout=10).exit.exit_code == 0  # type: ignore[union-attr]
+    text = b"".join(e.data for e in sandbox.processes.output(t) if isinstance(e, events.Stdout))
+    assert b"40 120" in text and b"got:hi" in text, text
+    with pytest.raises(warren.InvalidArgument):
+        sandbox.processes.start("true", pty=(0, 24))
+
+    m = sandbox.metrics()
+    assert m.memory_limit > 0 and m.memory_used > 0 and m.cpu_limit > 0
+
+    sandbox.files.mkdir("watched")
+    w = sandbox.files.watch("watched", recursive=True)
+    sandbox.files.write("watched/a.txt", b"a")
+    got = sandbox.files.watch_events(w, wait=5)
+    assert ("create", "a.txt") in [(e.kind, e.path) for e in got.events], got
+    sandbox.files.unwatch(w)
+    with pytest.raises(warren.NotFound):
+        sandbox.files.watch_events(w)
+
+
 def test_files(sandbox: warren.Sandbox):
     f = sandbox.files
     e = f.write("dir/a.txt", "héllo\n", mode=0o640)

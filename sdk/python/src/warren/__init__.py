@@ -43,6 +43,7 @@ from .types import (
     ExitStatus,
     ExposedPort,
     FileEntry,
+    FsEvent,
     Health,
     IncidentEvent,
     Listing,
@@ -55,10 +56,12 @@ from .types import (
     ProcessInfo,
     Resources,
     SandboxInfo,
+    SandboxMetrics,
     TaskFailure,
     TaskInfo,
     TaskNetworkResult,
     TaskResult,
+    WatchEvents,
 )
 
 __all__ = [
@@ -95,6 +98,7 @@ __all__ = [
     "ExitStatus",
     "ExposedPort",
     "FileEntry",
+    "FsEvent",
     "Health",
     "Listing",
     "NetEvent",
@@ -106,6 +110,8 @@ __all__ = [
     "ProcessInfo",
     "Resources",
     "SandboxInfo",
+    "SandboxMetrics",
+    "WatchEvents",
     "TaskFailure",
     "TaskInfo",
     "TaskNetworkResult",

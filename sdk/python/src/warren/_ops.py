@@ -25,9 +25,11 @@ from .types import (
     NodeInfo,
     ProcessInfo,
     SandboxInfo,
+    SandboxMetrics,
     TaskInfo,
     TaskNetworkResult,
     TaskResult,
+    WatchEvents,
     unreachable_from_json,
 )
 
@@ -337,6 +339,86 @@ def exec_stream(sid: str, body: Dict[str, Any]) -> Call[None]:
         headers={"Accept": "application/x-ndjson"},
         read_timeout=None,
     )
+
+
+def interactive(body: Dict[str, Any], stdin_open: Any, pty: Any) -> Dict[str, Any]:
+    """``body`` with an open stdin and/or a terminal (``pty``: ``(cols, rows)``)."""
+    if stdin_open:
+        body["stdin_open"] = True
+    if pty is not None:
+        if isinstance(pty, bool) and pty:
+            pty = (80, 24)
+        try:
+            cols, rows = pty
+        except (TypeError, ValueError):
+            raise InvalidArgument("pty is (cols, rows), e.g. (80, 24)") from None
+        body["pty"] = {
+            "cols": v.whole(cols, "pty cols", minimum=1),
+            "rows": v.whole(rows, "pty rows", minimum=1),
+        }
+    return body
+
+
+def send_stdin(sid: str, pid: Any, data: Any, close: bool) -> Call[None]:
+    import base64
+
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidArgument("stdin data is str or bytes")
+    body: Dict[str, Any] = {}
+    if data:
+        body["data_b64"] = base64.b64encode(bytes(data)).decode("ascii")
+    if close:
+        body["close"] = True
+    return Call(
+        "POST", _sb(sid, f"/processes/{v.process_id(pid)}/stdin"), json=body, idempotent=False
+    )
+
+
+def resize_pty(sid: str, pid: Any, cols: Any, rows: Any) -> Call[None]:
+    body = {
+        "cols": v.whole(cols, "cols", minimum=1),
+        "rows": v.whole(rows, "rows", minimum=1),
+    }
+    return Call("POST", _sb(sid, f"/processes/{v.process_id(pid)}/resize"), json=body)
+
+
+def metrics(sid: str) -> Call[SandboxMetrics]:
+    return Call("GET", _sb(sid, "/metrics"), parse=lambda r: SandboxMetrics.from_json(json_body(r)))
+
+
+def watch(sid: str, path: Any, recursive: Any, user: Any) -> Call[int]:
+    body: Dict[str, Any] = {"path": v.path(path), "recursive": bool(recursive)}
+    u = v.user(user)
+    if u is not None:
+        body["user"] = u
+    return Call(
+        "POST",
+        _sb(sid, "/watches"),
+        json=body,
+        idempotent=False,
+        parse=lambda r: int(json_body(r)["watch_id"]),
+    )
+
+
+def watch_events(sid: str, watch_id: Any, wait: Any) -> Call[WatchEvents]:
+    params = {}
+    w = v.seconds(wait, "wait")
+    if w is not None:
+        params["wait"] = str(min(w, 60))
+    wid = v.whole(watch_id, "watch_id", minimum=0)
+    return Call(
+        "GET",
+        _sb(sid, f"/watches/{wid}/events"),
+        params=params,
+        read_timeout=(w or 0) + ANSWER_MARGIN,
+        parse=lambda r: WatchEvents.from_json(json_body(r)),
+    )
+
+
+def unwatch(sid: str, watch_id: Any) -> Call[None]:
+    return Call("DELETE", _sb(sid, f"/watches/{v.whole(watch_id, 'watch_id', minimum=0)}"))
 
 
 def start_process(sid: str, body: Dict[str, Any]) -> Call[ProcessInfo]:

@@ -13,6 +13,7 @@ from typing import (
     List,
     Optional,
     Sequence,
+    Tuple,
     Union,
 )
 
@@ -24,7 +25,16 @@ from .errors import NotFound, ProtocolError, SandboxGone, Unavailable, WarrenErr
 from .events import ExecEvent, Exit, parse
 from .sandbox import Command, ProcessRef, Stdin, _stream_bytes
 from .trajectory import TrajectoryEntry
-from .types import ExecResult, ExitStatus, FileEntry, NetworkStatus, ProcessInfo, SandboxInfo
+from .types import (
+    ExecResult,
+    ExitStatus,
+    FileEntry,
+    NetworkStatus,
+    ProcessInfo,
+    SandboxInfo,
+    SandboxMetrics,
+    WatchEvents,
+)
 
 if TYPE_CHECKING:
     from ._http import AsyncTransport, Opened
@@ -220,12 +230,15 @@ class AsyncProcesses:
         stdin: Optional[Stdin] = None,
         max_output: Union[int, str, None] = None,
         role: Optional[str] = None,
+        stdin_open: bool = False,
+        pty: Optional[Tuple[int, int]] = None,
     ) -> ProcessInfo:
         """Starts a command in the background and returns at once (no timeout by default)."""
         body = _ops.exec_body(
             cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output,
             role=role,
         )
+        _ops.interactive(body, stdin_open, pty)
         return await self._sb._t.call(_ops.start_process(self._sb.id, body))
 
     async def list(self) -> List[ProcessInfo]:
@@ -252,6 +265,20 @@ class AsyncProcesses:
     async def forget(self, process: ProcessRef) -> None:
         """Forgets a process and its kept output (a running one keeps running)."""
         await self._sb._t.call(_ops.forget_process(self._sb.id, process))
+
+    async def send_stdin(self, process: ProcessRef, data: Union[str, bytes]) -> None:
+        """Writes ``data`` to the stdin (or terminal) of a process started with
+        ``stdin_open=True`` (or ``pty``); returns once it is written."""
+        await self._sb._t.call(_ops.send_stdin(self._sb.id, process, data, False))
+
+    async def close_stdin(self, process: ProcessRef) -> None:
+        """Closes the stdin of a process started with ``stdin_open=True``: it reads end of
+        file. (A terminal is not closed: send it ``"\\x04"``, its end-of-file character.)"""
+        await self._sb._t.call(_ops.send_stdin(self._sb.id, process, b"", True))
+
+    async def resize(self, process: ProcessRef, cols: int, rows: int) -> None:
+        """Changes the size of a process's terminal (one started with ``pty``)."""
+        await self._sb._t.call(_ops.resize_pty(self._sb.id, process, cols, rows))
 
 
 class AsyncFiles:
@@ -312,6 +339,22 @@ class AsyncFiles:
     async def rename(self, src: str, dst: str, *, user: Union[str, int, None] = None) -> FileEntry:
         """Renames (moves) a path, making missing parents of ``dst``."""
         return await self._sb._t.call(_ops.rename(self._sb.id, src, dst, user))
+
+    async def watch(
+        self, path: str, *, recursive: bool = False, user: Union[str, int, None] = None
+    ) -> int:
+        """Starts watching directory ``path`` (and, ``recursive``, every directory below it,
+        those made later included); returns the watch's id for :meth:`watch_events`."""
+        return await self._sb._t.call(_ops.watch(self._sb.id, path, recursive, user))
+
+    async def watch_events(self, watch_id: int, *, wait: Optional[float] = None) -> WatchEvents:
+        """The watch's changes since the last call; with ``wait``, waits up to that many
+        seconds (at most 60) for the first when there is none."""
+        return await self._sb._t.call(_ops.watch_events(self._sb.id, watch_id, wait))
+
+    async def unwatch(self, watch_id: int) -> None:
+        """Stops a watch."""
+        await self._sb._t.call(_ops.unwatch(self._sb.id, watch_id))
 
     async def upload_dir(
         self, local_dir: Union[str, Path], remote_dir: str, *, user: Union[str, int, None] = None
@@ -456,6 +499,10 @@ class AsyncSandbox:
         what = f"the stream to port {port} of sandbox {self.id}"
         opened = await self._t.open(_ops.connect_port(self.id, port))
         return await AsyncPortStream(opened, what)._check()
+
+    async def metrics(self) -> SandboxMetrics:
+        """What the sandbox uses now: CPU, memory and page cache, disk against its limits."""
+        return await self._t.call(_ops.metrics(self.id))
 
     async def trajectory(self) -> List[TrajectoryEntry]:
         """The trajectory log, oldest first (sandboxes created with ``trajectory=True``)."""

@@ -7,7 +7,7 @@ The async twin, with the same methods to ``await``, is :mod:`warren.async_sandbo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import httpx
 
@@ -23,7 +23,16 @@ from .errors import (
 )
 from .events import ExecEvent, Exit, parse
 from .trajectory import TrajectoryEntry
-from .types import ExecResult, ExitStatus, FileEntry, NetworkStatus, ProcessInfo, SandboxInfo
+from .types import (
+    ExecResult,
+    ExitStatus,
+    FileEntry,
+    NetworkStatus,
+    ProcessInfo,
+    SandboxInfo,
+    SandboxMetrics,
+    WatchEvents,
+)
 
 if TYPE_CHECKING:
     from ._http import Opened, SyncTransport
@@ -214,6 +223,8 @@ class Processes:
         stdin: Optional[Stdin] = None,
         max_output: Union[int, str, None] = None,
         role: Optional[str] = None,
+        stdin_open: bool = False,
+        pty: Optional[Tuple[int, int]] = None,
     ) -> ProcessInfo:
         """Starts a command in the background and returns at once. It runs until it exits, is
         signalled, or ``timeout`` seconds pass (no limit by default)."""
@@ -221,6 +232,7 @@ class Processes:
             cmd, env=env, cwd=cwd, user=user, timeout=timeout, stdin=stdin, max_output=max_output,
             role=role,
         )
+        _ops.interactive(body, stdin_open, pty)
         return self._sb._t.call(_ops.start_process(self._sb.id, body))
 
     def list(self) -> List[ProcessInfo]:
@@ -250,6 +262,20 @@ class Processes:
     def forget(self, process: ProcessRef) -> None:
         """Forgets a process and its kept output (a running one keeps running)."""
         self._sb._t.call(_ops.forget_process(self._sb.id, process))
+
+    def send_stdin(self, process: ProcessRef, data: Union[str, bytes]) -> None:
+        """Writes ``data`` to the stdin (or terminal) of a process started with
+        ``stdin_open=True`` (or ``pty``); returns once it is written."""
+        self._sb._t.call(_ops.send_stdin(self._sb.id, process, data, False))
+
+    def close_stdin(self, process: ProcessRef) -> None:
+        """Closes the stdin of a process started with ``stdin_open=True``: it reads end of
+        file. (A terminal is not closed: send it ``"\\x04"``, its end-of-file character.)"""
+        self._sb._t.call(_ops.send_stdin(self._sb.id, process, b"", True))
+
+    def resize(self, process: ProcessRef, cols: int, rows: int) -> None:
+        """Changes the size of a process's terminal (one started with ``pty``)."""
+        self._sb._t.call(_ops.resize_pty(self._sb.id, process, cols, rows))
 
 
 class Files:
@@ -313,6 +339,22 @@ class Files:
     def rename(self, src: str, dst: str, *, user: Union[str, int, None] = None) -> FileEntry:
         """Renames (moves) a path, making missing parents of ``dst``."""
         return self._sb._t.call(_ops.rename(self._sb.id, src, dst, user))
+
+    def watch(
+        self, path: str, *, recursive: bool = False, user: Union[str, int, None] = None
+    ) -> int:
+        """Starts watching directory ``path`` (and, ``recursive``, every directory below it,
+        those made later included); returns the watch's id for :meth:`watch_events`."""
+        return self._sb._t.call(_ops.watch(self._sb.id, path, recursive, user))
+
+    def watch_events(self, watch_id: int, *, wait: Optional[float] = None) -> WatchEvents:
+        """The watch's changes since the last call; with ``wait``, waits up to that many
+        seconds (at most 60) for the first when there is none."""
+        return self._sb._t.call(_ops.watch_events(self._sb.id, watch_id, wait))
+
+    def unwatch(self, watch_id: int) -> None:
+        """Stops a watch."""
+        self._sb._t.call(_ops.unwatch(self._sb.id, watch_id))
 
     def upload_dir(
         self, local_dir: Union[str, Path], remote_dir: str, *, user: Union[str, int, None] = None
@@ -506,6 +548,10 @@ class Sandbox:
         """
         what = f"the stream to port {port} of sandbox {self.id}"
         return PortStream(self._t.open(_ops.connect_port(self.id, port)), what)
+
+    def metrics(self) -> SandboxMetrics:
+        """What the sandbox uses now: CPU, memory and page cache, disk against its limits."""
+        return self._t.call(_ops.metrics(self.id))
 
     def trajectory(self) -> List[TrajectoryEntry]:
         """The trajectory log (sandboxes created with ``trajectory=True``): every exec and file

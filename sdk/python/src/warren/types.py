@@ -503,6 +503,10 @@ class ProcessInfo:
     running: bool
     exit: Optional[ExitStatus] = None
     """How it ended, once it has."""
+    pty: bool = False
+    """Whether it runs on a terminal (its output is then all stdout)."""
+    stdin_open: bool = False
+    """Whether its stdin is open for ``send_stdin``."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ProcessInfo:
@@ -514,6 +518,68 @@ class ProcessInfo:
             user=d["user"],
             running=bool(d["running"]),
             exit=ExitStatus.from_json(ex) if ex else None,
+            pty=bool(d.get("pty", False)),
+            stdin_open=bool(d.get("stdin_open", False)),
+        )
+
+
+@dataclass(frozen=True)
+class SandboxMetrics:
+    """What a sandbox uses, measured when asked (``sandbox.metrics()``)."""
+
+    timestamp_ms: int
+    cpu_used_ns: int
+    """CPU time its processes used since it started."""
+    cpu_used_pct: float
+    """CPU use as a percentage of its CPU limit, since the previous read (within a minute),
+    else over its life."""
+    cpu_limit: int
+    """Millicores."""
+    memory_used: int
+    memory_cache: int
+    """Page cache among ``memory_used``."""
+    memory_limit: int
+    disk_used: Optional[int] = None
+    disk_limit: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SandboxMetrics:
+        return cls(
+            timestamp_ms=int(d["timestamp_ms"]),
+            cpu_used_ns=int(d["cpu_used_ns"]),
+            cpu_used_pct=float(d["cpu_used_pct"]),
+            cpu_limit=int(d["cpu_limit"]),
+            memory_used=int(d["memory_used"]),
+            memory_cache=int(d["memory_cache"]),
+            memory_limit=int(d["memory_limit"]),
+            disk_used=d.get("disk_used"),
+            disk_limit=d.get("disk_limit"),
+        )
+
+
+@dataclass(frozen=True)
+class FsEvent:
+    """One change under a watched directory."""
+
+    kind: str
+    """``create``, ``write``, ``remove``, ``rename`` (the old name) or ``chmod``."""
+    path: str
+    """Relative to the watched directory."""
+
+
+@dataclass(frozen=True)
+class WatchEvents:
+    """A watch's changes since the last call."""
+
+    events: List[FsEvent]
+    overflowed: bool = False
+    """Some were lost: more came than the sandbox keeps per watch (10,000)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WatchEvents:
+        return cls(
+            events=[FsEvent(kind=e["kind"], path=e["path"]) for e in d.get("events", [])],
+            overflowed=bool(d.get("overflowed", False)),
         )
 
 
