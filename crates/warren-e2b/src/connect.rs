@@ -236,6 +236,9 @@ pub fn json<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, Error> 
 pub struct EnvelopeReader<S> {
     body: S,
     buf: Vec<u8>,
+    /// Where the unread part of `buf` starts (consumed bytes are dropped only when more are
+    /// needed, so many small messages in one chunk cost no copying each).
+    pos: usize,
     ended: bool,
 }
 
@@ -248,6 +251,7 @@ where
         EnvelopeReader {
             body,
             buf: Vec::new(),
+            pos: 0,
             ended: false,
         }
     }
@@ -257,10 +261,10 @@ where
     pub async fn next(&mut self) -> Result<Option<Vec<u8>>, Error> {
         use futures_util::StreamExt;
         loop {
-            if self.buf.len() >= 5 {
-                let flags = self.buf[0];
-                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
-                    as usize;
+            let unread = &self.buf[self.pos..];
+            if unread.len() >= 5 {
+                let flags = unread[0];
+                let len = u32::from_be_bytes([unread[1], unread[2], unread[3], unread[4]]) as usize;
                 if flags & FLAG_COMPRESSED != 0 {
                     return Err(Error::new(
                         Code::Unimplemented,
@@ -273,12 +277,12 @@ where
                         format!("a message of {len} bytes is over the limit of {MAX_MESSAGE}"),
                     ));
                 }
-                if self.buf.len() >= 5 + len {
-                    let payload = self.buf[5..5 + len].to_vec();
-                    self.buf.drain(..5 + len);
+                if unread.len() >= 5 + len {
+                    let payload = unread[5..5 + len].to_vec();
+                    self.pos += 5 + len;
                     if flags & FLAG_END_STREAM != 0 {
                         self.ended = true;
-                        if !self.buf.is_empty() {
+                        if self.pos < self.buf.len() {
                             return Err(Error::new(
                                 Code::InvalidArgument,
                                 "data after the end-of-stream envelope",
@@ -292,6 +296,10 @@ where
             if self.ended {
                 return Ok(None);
             }
+            // More is needed: what was read goes first (the buffer never holds more than one
+            // envelope and a chunk).
+            self.buf.drain(..self.pos);
+            self.pos = 0;
             match self.body.next().await {
                 Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
                 Some(Err(e)) => {

@@ -49,6 +49,9 @@ pub(crate) async fn require_token(
             Ok(id) => {
                 let token = keys::access_token(&gw.key, &id);
                 let h = req.headers_mut();
+                // The user is the signed one (`username`, or the default user): a user named
+                // in `Authorization` was not signed and must not replace it.
+                h.remove(axum::http::header::AUTHORIZATION);
                 for (name, value) in [
                     ("e2b-sandbox-id", id.as_str()),
                     ("e2b-sandbox-port", "49983"),
@@ -131,13 +134,18 @@ async fn signed_sandbox(
             ));
         }
     }
-    if !q.signature.starts_with("v1_") {
-        return Err(unauthorized(
-            "unknown signature version: E2B's v1 signatures only",
-        ));
+    // `v1_` and the unpadded base64 of a SHA-256 digest: anything else matches no sandbox, and
+    // is refused before any are listed.
+    if !q.signature.starts_with("v1_") || q.signature.len() != 3 + 43 {
+        return Err(unauthorized("not a v1 signature: E2B's v1 signatures only"));
     }
     let path = q.path.unwrap_or_default();
     let user = q.username.unwrap_or_default();
+    // The signed string joins its fields with ':': a user name holding one could be read
+    // another way.
+    if user.contains(':') {
+        return Err(unauthorized("a signed URL's username cannot contain ':'"));
+    }
     let candidates: Vec<String> = match named {
         Some(id) => vec![id],
         None => gw

@@ -489,9 +489,33 @@ async fn file_routes_refuse_what_they_cannot_serve() {
     let (s, j) = call(&app, get("/files?path=/a&signature=v1_abc", None)).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert!(
+        j["message"]
+            .as_str()
+            .unwrap()
+            .contains("not a v1 signature"),
+        "{j}"
+    );
+    let forged = format!("v1_{}", "A".repeat(43));
+    let (s, j) = call(
+        &app,
+        get(&format!("/files?path=/a&signature={forged}"), None),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert!(
         j["message"].as_str().unwrap().contains("does not match"),
         "{j}"
     );
+    let (s, j) = call(
+        &app,
+        get(
+            &format!("/files?path=/a&username=a:b&signature={forged}"),
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert!(j["message"].as_str().unwrap().contains("':'"), "{j}");
     // The right signature for another path, user or operation does not match either; an
     // expired one is refused before any is computed.
     let token = keys::access_token(&key, "abcdef0123456789wxyz");

@@ -155,6 +155,20 @@ impl Proc {
         })
     }
 
+    /// Whether `input` is still its kept input (not closed, nor ended, meanwhile).
+    pub fn is_current_input(&self, input: &Arc<tokio::sync::Mutex<Input>>) -> bool {
+        self.input
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|i| Arc::ptr_eq(i, input))
+    }
+
+    /// A receiver that turns true once its status is final.
+    pub fn ended(&self) -> watch::Receiver<bool> {
+        self.ended.subscribe()
+    }
+
     /// Closes its kept stdin (the process reads end of file once what was written is read).
     /// A terminal is not closed this way.
     pub fn close_input(&self) -> Result<(), OpError> {

@@ -17,6 +17,9 @@ use crate::wire::{OpError, read_frame, write_frame, write_msg};
 
 const FILE_CHUNK: usize = 256 * 1024;
 
+/// How long one input may wait for its process to read it (and for its turn).
+const INPUT_WAIT: Duration = Duration::from_secs(30);
+
 /// The guest's state, shared by all connections.
 pub struct Guest {
     pub table: Table,
@@ -146,25 +149,58 @@ async fn dispatch(
         Op::Input { process, close } => {
             let proc = g.table.get(process)?;
             let input = proc.input()?;
-            let mut input = input.lock().await;
-            while let Some((FrameKind::Stdin, data)) = read_frame(r).await.map_err(io)? {
-                if data.is_empty() {
-                    if close {
-                        proc.close_input()?;
-                    }
-                    drop(input);
-                    return write_msg(w, &Reply::Done).await.map_err(io);
+            let mut ended = proc.ended();
+            let work = async {
+                let mut held = input.lock().await;
+                // Closed, or ended, while this waited for its turn: nothing is written.
+                if !proc.is_current_input(&input) {
+                    return Err(proc.input().err().unwrap_or_else(|| {
+                        OpError::invalid(format!("process {process} takes no input"))
+                    }));
                 }
-                input.write_all(&data).await.map_err(|e| {
-                    OpError::new(
-                        ErrorCode::InvalidArgument,
-                        format!("writing to process {process}'s input: {e}; it may have closed its stdin"),
-                    )
-                })?;
+                while let Some((FrameKind::Stdin, data)) = read_frame(r).await.map_err(io)? {
+                    if data.is_empty() {
+                        if close {
+                            proc.close_input()?;
+                        }
+                        return Ok(());
+                    }
+                    held.write_all(&data).await.map_err(|e| {
+                        OpError::new(
+                            ErrorCode::InvalidArgument,
+                            format!(
+                                "writing to process {process}'s input: {e}; it may have closed its stdin"
+                            ),
+                        )
+                    })?;
+                }
+                Err(OpError::invalid(
+                    "input ended early (expected stdin frames ended by an empty one)",
+                ))
+            };
+            // A process that does not read its input (or a client that sends none) holds the
+            // input for at most INPUT_WAIT, and never past the process's end.
+            tokio::select! {
+                r = tokio::time::timeout(INPUT_WAIT, work) => match r {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        return Err(OpError::new(
+                            ErrorCode::Conflict,
+                            format!(
+                                "process {process} did not take its input within {}s (it is not \
+                                 reading its stdin); what it read was delivered",
+                                INPUT_WAIT.as_secs()
+                            ),
+                        ));
+                    }
+                },
+                _ = ended.wait_for(|e| *e) => {
+                    return Err(OpError::invalid(format!(
+                        "process {process} ended before it took all its input"
+                    )));
+                }
             }
-            Err(OpError::invalid(
-                "input ended early (expected stdin frames ended by an empty one)",
-            ))
+            write_msg(w, &Reply::Done).await.map_err(io)
         }
         Op::WatchCreate {
             path,
@@ -367,14 +403,18 @@ async fn start(
     if let Some(stdin) = stdin {
         feed_stdin(r, stdin).await;
     } else if spec.stdin == warren_types::guest::StdinMode::Open || spec.pty.is_some() {
-        // First input, if any, then an empty frame; the input stays open.
+        // First input, if any, then an empty frame; the input stays open. A process that does
+        // not read it holds this for at most INPUT_WAIT.
         if let Ok(input) = proc.input() {
-            let mut input = input.lock().await;
-            while let Ok(Some((FrameKind::Stdin, data))) = read_frame(r).await {
-                if data.is_empty() || input.write_all(&data).await.is_err() {
-                    break;
+            let feed = async {
+                let mut input = input.lock().await;
+                while let Ok(Some((FrameKind::Stdin, data))) = read_frame(r).await {
+                    if data.is_empty() || input.write_all(&data).await.is_err() {
+                        break;
+                    }
                 }
-            }
+            };
+            let _ = tokio::time::timeout(INPUT_WAIT, feed).await;
         }
     }
     Ok(proc)

@@ -205,7 +205,9 @@ fn dev() -> io::Result<()> {
         "devpts",
         &dev.join("pts"),
         flags::NOSUID | flags::NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+        // At most 256 terminals per sandbox: the kernel's limit (kernel.pty.max) is shared by
+        // every devpts instance of the host.
+        Some("newinstance,ptmxmode=0666,mode=0620,gid=5,max=256"),
     )?;
     mount::mount_fs(
         "tmpfs",

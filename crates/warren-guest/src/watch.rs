@@ -7,9 +7,11 @@
 //! following a final symlink, and only on directories. A recursive watcher adds the
 //! directories made (or moved in) under it as they appear.
 //!
-//! Bounds: at most [`MAX_WATCHERS`] watchers, [`MAX_DIRS`] directories per watcher and
-//! [`MAX_QUEUED`] events kept per watcher (past that the watcher says it overflowed); a
-//! watcher nobody asked for events in [`IDLE`] is removed.
+//! Bounds: at most [`MAX_WATCHERS`] watchers and [`MAX_DIRS`] watched directories per sandbox
+//! (inotify's limits are per user, shared by every sandbox of the node), and per watcher
+//! [`MAX_QUEUED`] events or [`MAX_QUEUED_BYTES`] of their paths kept until collected (past
+//! that the watcher says it overflowed); a watcher nobody asked for events in [`IDLE`] is
+//! removed (checked every minute).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,10 +27,13 @@ use crate::wire::OpError;
 
 /// Watchers per sandbox.
 pub const MAX_WATCHERS: usize = 64;
-/// Directories one watcher may watch.
+/// Directories the sandbox's watchers may watch together.
 pub const MAX_DIRS: usize = 10_000;
 /// Events kept per watcher until collected.
 pub const MAX_QUEUED: usize = 10_000;
+/// Bytes of event paths kept per watcher until collected (so that one collection fits one
+/// message, escaped).
+pub const MAX_QUEUED_BYTES: usize = 1 << 20;
 /// A watcher not asked for events this long is removed.
 pub const IDLE: Duration = Duration::from_secs(600);
 
@@ -66,6 +71,7 @@ struct Watcher {
     user: String,
     wds: Vec<i32>,
     events: VecDeque<FsEvent>,
+    queued_bytes: usize,
     overflowed: bool,
     polled: Instant,
     changed: watch::Sender<()>,
@@ -91,15 +97,13 @@ impl Watches {
         recursive: bool,
     ) -> Result<u64, OpError> {
         self.expire();
-        let inotify = {
+        let (inotify, room) = {
             let mut st = self.state();
             if st.watchers.len() >= MAX_WATCHERS {
-                return Err(OpError::new(
-                    ErrorCode::Capacity,
-                    format!("this sandbox has {MAX_WATCHERS} watches already: remove one first"),
-                ));
+                return Err(too_many_watchers());
             }
-            match &st.inotify {
+            let room = MAX_DIRS.saturating_sub(st.dirs.len());
+            let inotify = match &st.inotify {
                 Some(i) => i.clone(),
                 None => {
                     let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
@@ -112,19 +116,30 @@ impl Watches {
                     tokio::spawn(read_events(self.clone(), i.clone()));
                     i
                 }
-            }
+            };
+            (inotify, room)
         };
         // The directories, as the user: the root, then (recursive) every directory below it.
         let who = user.clone();
         let ino = inotify.clone();
-        let (root, added) = files::as_user(who, move |u| {
+        let created = files::as_user(who, move |u| {
             let root = files::resolve(u, &path)?;
             let mut added = Vec::new();
-            add_tree(ino.fd(), &root, recursive, &mut added)?;
-            Ok((root, added))
+            let r = add_tree(ino.fd(), &root, recursive, &mut added, room);
+            Ok((root, added, r))
         })
         .await?;
+        let (root, added, r) = created;
         let mut st = self.state();
+        if let Err(e) = r {
+            release_unused(&mut st, &added);
+            return Err(e);
+        }
+        // Others may have been made meanwhile.
+        if st.watchers.len() >= MAX_WATCHERS {
+            release_unused(&mut st, &added);
+            return Err(too_many_watchers());
+        }
         st.next_id += 1;
         let id = st.next_id;
         let (changed, _) = watch::channel(());
@@ -144,6 +159,7 @@ impl Watches {
                 user,
                 wds,
                 events: VecDeque::new(),
+                queued_bytes: 0,
                 overflowed: false,
                 polled: Instant::now(),
                 changed,
@@ -170,6 +186,7 @@ impl Watches {
                 w.polled = Instant::now();
                 if !w.events.is_empty() || w.overflowed {
                     let events: Vec<FsEvent> = w.events.drain(..).collect();
+                    w.queued_bytes = 0;
                     let overflowed = std::mem::take(&mut w.overflowed);
                     return Ok((events, overflowed));
                 }
@@ -247,13 +264,11 @@ impl Watches {
             let Some(w) = st.watchers.get_mut(&id) else {
                 continue;
             };
-            let rel = full
-                .strip_prefix(&w.root)
-                .map(|r| r.trim_start_matches('/').to_string())
-                .unwrap_or_else(|| full.clone());
-            if w.events.len() >= MAX_QUEUED {
+            let rel = relative(&w.root, &full);
+            if w.events.len() >= MAX_QUEUED || w.queued_bytes + rel.len() > MAX_QUEUED_BYTES {
                 w.overflowed = true;
             } else {
+                w.queued_bytes += rel.len();
                 w.events.push_back(FsEvent { kind, path: rel });
             }
             w.changed.send_replace(());
@@ -273,24 +288,23 @@ impl Watches {
         for (id, user, dir) in new {
             let room = {
                 let st = self.state();
-                match st.watchers.get(&id) {
-                    Some(w) => MAX_DIRS.saturating_sub(w.wds.len()),
-                    None => continue,
+                if !st.watchers.contains_key(&id) {
+                    continue;
                 }
+                MAX_DIRS.saturating_sub(st.dirs.len())
             };
             let ino = inotify.clone();
             let added = files::as_user(user, move |_| {
                 let mut added = Vec::new();
                 // A tree too large stops at the bound: what was added is kept.
-                let _ = add_tree_bounded(ino.fd(), &dir, true, &mut added, room);
+                let _ = add_tree(ino.fd(), &dir, true, &mut added, room);
                 Ok(added)
             })
             .await
             .unwrap_or_default();
             let mut st = self.state();
             if !st.watchers.contains_key(&id) {
-                let wds: Vec<i32> = added.iter().map(|(wd, _)| *wd).collect();
-                drop_dirs(&mut st, id, &wds);
+                release_unused(&mut st, &added);
                 continue;
             }
             for (wd, d) in added {
@@ -302,6 +316,37 @@ impl Watches {
                     }
                 }
             }
+        }
+    }
+}
+
+fn too_many_watchers() -> OpError {
+    OpError::new(
+        ErrorCode::Capacity,
+        format!("this sandbox has {MAX_WATCHERS} watches already: remove one first"),
+    )
+}
+
+/// `full` relative to `root` (a path under it, or it).
+fn relative(root: &str, full: &str) -> String {
+    let root = root.trim_end_matches('/');
+    if full == root {
+        return String::new();
+    }
+    match full.strip_prefix(root).and_then(|r| r.strip_prefix('/')) {
+        Some(r) => r.to_string(),
+        None => full.to_string(),
+    }
+}
+
+/// Removes the kernel watches just added that no watcher uses (a directory another watcher
+/// covers is in `dirs`, and keeps its watch).
+fn release_unused(st: &mut State, added: &[(i32, String)]) {
+    for (wd, _) in added {
+        if !st.dirs.contains_key(wd)
+            && let Some(i) = &st.inotify
+        {
+            let _ = inotify::remove_watch(i.fd(), *wd);
         }
     }
 }
@@ -342,17 +387,8 @@ fn limits_error(what: &str, e: std::io::Error) -> OpError {
     }
 }
 
-/// Watches `root` and, when `recursive`, every directory below it (at most [`MAX_DIRS`]).
+/// Watches `root` and, when `recursive`, every directory below it: at most `max`.
 fn add_tree(
-    inotify: std::os::fd::BorrowedFd<'_>,
-    root: &str,
-    recursive: bool,
-    added: &mut Vec<(i32, String)>,
-) -> Result<(), OpError> {
-    add_tree_bounded(inotify, root, recursive, added, MAX_DIRS)
-}
-
-fn add_tree_bounded(
     inotify: std::os::fd::BorrowedFd<'_>,
     root: &str,
     recursive: bool,
@@ -404,8 +440,16 @@ fn add_tree_bounded(
 /// Reads the instance's events for as long as it lives.
 async fn read_events(w: Arc<Watches>, inotify: Arc<warren_sys::unix::NonBlocking>) {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut sweep = tokio::time::interval(Duration::from_secs(60));
     loop {
-        let n = match inotify.read(&mut buf).await {
+        let read = tokio::select! {
+            r = inotify.read(&mut buf) => r,
+            _ = sweep.tick() => {
+                w.expire();
+                continue;
+            }
+        };
+        let n = match read {
             Ok(n) if n > 0 => n,
             _ => return,
         };

@@ -188,9 +188,11 @@ pub fn inherited_fd(fd: i32) -> io::Result<OwnedFd> {
 /// CPU time process `pid` used, and its reaped children (`utime + stime + cutime + cstime`
 /// of `/proc/<pid>/stat`), ns; `None` when it is gone.
 pub fn cpu_time_ns(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Bytes, not text: a process may name itself with bytes that are not UTF-8.
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may hold anything: fields count from after it.
-    let rest = &stat[stat.rfind(')')? + 1..];
+    let after = stat.iter().rposition(|b| *b == b')')? + 1;
+    let rest = std::str::from_utf8(&stat[after..]).ok()?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // After the name: state is field 3, utime 14 ... cstime 17 (1-based, proc(5)).
     let ticks: u64 = fields

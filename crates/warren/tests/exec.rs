@@ -553,3 +553,52 @@ async fn open_stdin_and_terminals() {
     assert_eq!(r.stdout, "out\r\nerr\r\n");
     assert_eq!(r.stderr, "");
 }
+
+/// Input a process never reads cannot wedge the guest: the write gives up when the process
+/// ends, and after 30 s otherwise, and the process takes input (or not) as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_input_is_bounded() {
+    require_root!();
+    let p = Platform::start();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let big = vec![b'x'; 4 << 20]; // far more than a pipe holds
+    let mut req = argv(["sleep", "2"]);
+    req.stdin_open = true;
+    let short = sb.start_process(&req).await.unwrap();
+    let t = std::time::Instant::now();
+    let (status, msg) = api_status(sb.send_stdin(short.process_id, &big).await.unwrap_err());
+    assert_eq!(status, 400, "{msg}");
+    // Whichever comes first: the end of the process, or its stdin's reader gone.
+    assert!(
+        msg.contains("ended before") || msg.contains("Broken pipe"),
+        "{msg}"
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        t.elapsed()
+    );
+
+    let mut req = argv(["sleep", "300"]);
+    req.stdin_open = true;
+    let long = sb.start_process(&req).await.unwrap();
+    let (status, msg) = api_status(sb.send_stdin(long.process_id, &big).await.unwrap_err());
+    assert_eq!(status, 409, "{msg}");
+    assert!(msg.contains("did not take its input"), "{msg}");
+    // The sandbox answers meanwhile and after; the process can still be closed and ended.
+    assert_eq!(
+        sb.exec(&shell("echo alive")).await.unwrap().stdout,
+        "alive\n"
+    );
+    sb.close_stdin(long.process_id).await.unwrap();
+    sb.signal_process(long.process_id, "KILL").await.unwrap();
+    let done = sb.wait_process(long.process_id, None).await.unwrap();
+    assert_eq!(done.exit.unwrap().signal, Some(9));
+}

@@ -127,6 +127,13 @@ def test_signed_urls_of_a_secure_sandbox(gateway):
         assert "signature=" in url
         r = httpx.get(url, timeout=30)
         assert (r.status_code, r.text) == (200, "signed content")
+        # A user named beside the signature is not the signed one: ignored (as root, the
+        # relative path would be /root/secret).
+        s.files.write("/root/secret", "root only", user="root")
+        r = httpx.get(
+            s.download_url("secret"), headers={"Authorization": "Basic cm9vdDo="}, timeout=30
+        )
+        assert r.status_code == 404, r.text
         # Another path under the same signature, or a write with a read's, is refused.
         r = httpx.get(url.replace("signed.txt", "other.txt"), timeout=30)
         assert r.status_code == 401, r.text

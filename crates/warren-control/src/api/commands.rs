@@ -153,7 +153,8 @@ pub async fn output(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "commands",
     params(("id" = String, Path, description = "Sandbox id."), ("pid" = u64, Path, description = "Process id.")),
     request_body = StdinRequest,
-    responses((status = 204, description = "Written (and closed, with `close`)."), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 204, description = "Written (and closed, with `close`)."), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The process did not read its input within 30 s (what it read was delivered).", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn stdin(
     axum::extract::State(c): S,

@@ -135,9 +135,9 @@ pub async fn rename(
 
 /// Watch a directory (and, with `recursive`, every directory below it, those made later
 /// included) for changes: creates, writes, removals, renames, permission changes. Collect them
-/// with `.../watches/{watch_id}/events`. A sandbox keeps at most 64 watches, each at most
-/// 10,000 directories and 10,000 uncollected events; a watch not polled for 10 minutes is
-/// removed.
+/// with `.../watches/{watch_id}/events`. A sandbox keeps at most 64 watches, watching at most
+/// 10,000 directories together; each keeps at most 10,000 uncollected events (1 MiB of their
+/// paths; past that it reports `overflowed`); a watch not polled for 10 minutes is removed.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/watches", tag = "files",
     params(("id" = String, Path, description = "Sandbox id.")),
     request_body = warren_types::api::WatchRequest,
