@@ -275,6 +275,23 @@ async fn files_write(
             ));
         }
     };
+    // Metadata for every file of the upload, from `X-Metadata-<key>` headers.
+    let mut metadata = files::Metadata::new();
+    for (name, value) in &headers {
+        if let Some(key) = name.as_str().strip_prefix("x-metadata-") {
+            let Ok(v) = value.to_str() else {
+                return files_error((
+                    StatusCode::BAD_REQUEST,
+                    format!("metadata {key:?}: values are printable ASCII"),
+                ));
+            };
+            metadata.insert(key.to_string(), v.to_string());
+        }
+    }
+    let metadata = match warren_types::api::check_file_metadata(&metadata) {
+        Ok(m) => m,
+        Err(e) => return files_error((StatusCode::BAD_REQUEST, e)),
+    };
     let kind = header(axum::http::header::CONTENT_TYPE);
     if kind.starts_with("multipart/form-data") {
         if gzip {
@@ -284,12 +301,12 @@ async fn files_write(
             ));
         }
         return match axum::extract::Multipart::from_request(req, &()).await {
-            Ok(form) => files::write(sb, q.path, form).await,
+            Ok(form) => files::write(sb, q.path, metadata, form).await,
             Err(e) => files_error((e.status(), e.body_text())),
         };
     }
     if kind.is_empty() || kind.starts_with("application/octet-stream") {
-        return files::write_raw(sb, q.path, gzip, req.into_body()).await;
+        return files::write_raw(sb, q.path, gzip, metadata, req.into_body()).await;
     }
     files_error((
         StatusCode::UNSUPPORTED_MEDIA_TYPE,

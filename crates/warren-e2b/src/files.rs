@@ -107,6 +107,22 @@ fn entry(e: &FileEntry) -> Value {
     if let Some(t) = &e.link_target {
         v["symlinkTarget"] = json!(t);
     }
+    if !e.metadata.is_empty() {
+        v["metadata"] = json!(e.metadata);
+    }
+    v
+}
+
+/// Upload metadata: the `X-Metadata-<key>` headers (keys lower-cased, as envd stores them).
+pub(crate) type Metadata = std::collections::BTreeMap<String, String>;
+
+/// envd's `WriteInfo` for a file written.
+fn write_info(path: &str, metadata: &Metadata) -> Value {
+    let name = path.rsplit('/').next().unwrap_or("");
+    let mut v = json!({"path": path, "name": name, "type": "file"});
+    if !metadata.is_empty() {
+        v["metadata"] = json!(metadata);
+    }
     v
 }
 
@@ -366,7 +382,12 @@ pub(crate) async fn read(sb: Sandbox, path: Option<String>) -> Response {
 
 /// `POST /files[?path=]` with a multipart body: each `file` part is written to `path`, or,
 /// without one, to the path its file name gives (several files at once).
-pub(crate) async fn write(sb: Sandbox, path: Option<String>, mut form: Multipart) -> Response {
+pub(crate) async fn write(
+    sb: Sandbox,
+    path: Option<String>,
+    metadata: Metadata,
+    mut form: Multipart,
+) -> Response {
     let mut written = Vec::new();
     let mut total = 0usize;
     loop {
@@ -432,7 +453,10 @@ pub(crate) async fn write(sb: Sandbox, path: Option<String>, mut form: Multipart
                 }
             }
         };
-        let (pumped, put) = tokio::join!(pump, sb.write_file_body(&dest, body, None));
+        let (pumped, put) = tokio::join!(
+            pump,
+            sb.write_file_body_with_metadata(&dest, &metadata, body)
+        );
         if let Err(r) = pumped {
             return r;
         }
@@ -447,7 +471,7 @@ pub(crate) async fn write(sb: Sandbox, path: Option<String>, mut form: Multipart
     }
     let out: Vec<Value> = written
         .into_iter()
-        .map(|(path, name)| json!({"path": path, "name": name, "type": "file"}))
+        .map(|(path, _)| write_info(&path, &metadata))
         .collect();
     axum::Json(out).into_response()
 }
@@ -459,6 +483,7 @@ pub(crate) async fn write_raw(
     sb: Sandbox,
     path: Option<String>,
     gzip: bool,
+    metadata: Metadata,
     body: Body,
 ) -> Response {
     use futures_util::StreamExt;
@@ -515,16 +540,13 @@ pub(crate) async fn write_raw(
         }
     });
     let put = sb
-        .write_file_body(&dest, reqwest::Body::wrap_stream(chunks), None)
+        .write_file_body_with_metadata(&dest, &metadata, reqwest::Body::wrap_stream(chunks))
         .await;
     if let Some(r) = why.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return r;
     }
     match put {
-        Ok(_) => {
-            let name = dest.rsplit('/').next().unwrap_or("").to_string();
-            axum::Json(json!([{"path": dest, "name": name, "type": "file"}])).into_response()
-        }
+        Ok(_) => axum::Json(json!([write_info(&dest, &metadata)])).into_response(),
         Err(e) => from_warren(e),
     }
 }

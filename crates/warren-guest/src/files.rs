@@ -81,7 +81,38 @@ fn entry_from(path: &str, md: &fs::Metadata) -> FileEntry {
         gid: md.gid(),
         modified: md.mtime(),
         link_target,
+        metadata: metadata_of(path),
     }
+}
+
+/// The extended attributes that hold file metadata: `user.e2b.<key>` (E2B's envd names).
+pub const METADATA_PREFIX: &str = "user.e2b.";
+
+/// A file's metadata (not followed through a final symlink; bounded: at most
+/// [`FILE_METADATA_MAX_KEYS`] keys, values longer than [`FILE_METADATA_MAX_VALUE`] or not
+/// UTF-8 left out).
+fn metadata_of(path: &str) -> std::collections::BTreeMap<String, String> {
+    use warren_types::api::{FILE_METADATA_MAX_KEYS, FILE_METADATA_MAX_VALUE};
+    let mut out = std::collections::BTreeMap::new();
+    let mut names = vec![0u8; 64 * 1024];
+    let Ok(n) = rustix::fs::llistxattr(path, &mut names[..]) else {
+        return out;
+    };
+    let mut value = vec![0u8; FILE_METADATA_MAX_VALUE];
+    for name in names[..n.min(names.len())].split(|b| *b == 0) {
+        let Some(key) = name.strip_prefix(METADATA_PREFIX.as_bytes()) else {
+            continue;
+        };
+        if key.is_empty() || out.len() >= FILE_METADATA_MAX_KEYS {
+            continue;
+        }
+        if let Ok(m) = rustix::fs::lgetxattr(path, name, &mut value[..])
+            && let (Ok(k), Ok(v)) = (std::str::from_utf8(key), std::str::from_utf8(&value[..m]))
+        {
+            out.insert(k.to_string(), v.to_string());
+        }
+    }
+    out
 }
 
 /// `PROC_SUPER_MAGIC`.

@@ -248,7 +248,12 @@ async fn dispatch(
                 }
             }
         }
-        Op::WriteFile { path, user, mode } => write_file(path, user, mode, r, w).await,
+        Op::WriteFile {
+            path,
+            user,
+            mode,
+            metadata,
+        } => write_file(path, user, mode, metadata, r, w).await,
         Op::UploadTar { path, user } => {
             let (tx, reader) = tarball::upload_channel();
             let target = path.clone();
@@ -456,6 +461,7 @@ async fn write_file(
     path: String,
     user: String,
     mode: Option<u32>,
+    metadata: std::collections::BTreeMap<String, String>,
     r: &mut OwnedReadHalf,
     w: &mut OwnedWriteHalf,
 ) -> Result<(), OpError> {
@@ -491,7 +497,40 @@ async fn write_file(
     {
         failure = Some(OpError::io(&e, "write", &target));
     }
-    drop(file);
+    // Metadata by descriptor, on the new file before it takes the name: the file appears with
+    // it, or not at all. As the user, as the file was made.
+    let f = file.into_std().await;
+    if complete && failure.is_none() && !metadata.is_empty() {
+        let named = target.clone();
+        let set = files::as_user(user.clone(), move |_| {
+            use std::os::fd::AsFd;
+            for (k, v) in &metadata {
+                let name = format!("{}{k}", files::METADATA_PREFIX);
+                rustix::fs::fsetxattr(
+                    f.as_fd(),
+                    name.as_str(),
+                    v.as_bytes(),
+                    rustix::fs::XattrFlags::empty(),
+                )
+                .map_err(|e| {
+                    OpError::new(
+                        ErrorCode::InvalidArgument,
+                        format!(
+                            "setting metadata {k:?} on {named}: {e} (a read-only mode, or a \
+                             file system without user extended attributes)"
+                        ),
+                    )
+                })?;
+            }
+            Ok(())
+        })
+        .await;
+        if let Err(e) = set {
+            failure = Some(e);
+        }
+    } else {
+        drop(f);
+    }
     let entry = files::as_user(user, move |_| {
         if !complete || failure.is_some() {
             let _ = std::fs::remove_file(&tmp);

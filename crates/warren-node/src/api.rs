@@ -577,6 +577,8 @@ pub struct FileQuery {
     /// For removal: remove directories and their contents.
     #[serde(default)]
     pub recursive: bool,
+    /// For uploads: metadata to set on the file, a JSON object of strings.
+    pub metadata: Option<String>,
 }
 
 async fn read_file(
@@ -616,9 +618,20 @@ async fn write_file(
 ) -> Result<Json<warren_types::api::FileEntry>, Error> {
     let id = parse_id(&n, &id)?;
     let mode = q.mode.as_deref().map(parse_mode).transpose()?;
+    let metadata = match q.metadata.as_deref() {
+        None | Some("") => BTreeMap::new(),
+        Some(m) => {
+            let m: BTreeMap<String, String> = serde_json::from_str(m).map_err(|e| {
+                Error(ApiError::invalid(format!(
+                    "metadata must be a JSON object of strings: {e}"
+                )))
+            })?;
+            warren_types::api::check_file_metadata(&m).map_err(|e| Error(ApiError::invalid(e)))?
+        }
+    };
     check_declared_size(&n, &headers)?;
     Ok(Json(
-        n.write_file(&id, q.path, q.user, mode, body.into_data_stream())
+        n.write_file(&id, q.path, q.user, mode, metadata, body.into_data_stream())
             .await?,
     ))
 }

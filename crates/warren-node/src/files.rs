@@ -103,6 +103,7 @@ impl Node {
         path: String,
         user: Option<String>,
         mode: Option<u32>,
+        metadata: std::collections::BTreeMap<String, String>,
         mut body: S,
     ) -> Result<FileEntry, NodeError>
     where
@@ -117,7 +118,9 @@ impl Node {
         }
         let sb = self.get(id)?;
         if !sb.record.trajectory {
-            return self.write_file_live(id, path, user, mode, body).await;
+            return self
+                .write_file_live(id, path, user, mode, metadata, body)
+                .await;
         }
         // Recorded: the upload is streamed into a blob file beside the log (never held in
         // memory), hashed on the way, then written into the sandbox from that file.
@@ -167,7 +170,7 @@ impl Node {
         let from = tokio::fs::File::open(&blob).await.map_err(host)?;
         let stream = tokio_util::io::ReaderStream::new(from);
         let entry = self
-            .write_file_live(id, path.clone(), Some(user.clone()), mode, stream)
+            .write_file_live(id, path.clone(), Some(user.clone()), mode, metadata, stream)
             .await;
         match entry {
             Ok(entry) => {
@@ -188,6 +191,7 @@ impl Node {
         path: String,
         user: Option<String>,
         mode: Option<u32>,
+        metadata: std::collections::BTreeMap<String, String>,
         body: S,
     ) -> Result<FileEntry, NodeError>
     where
@@ -198,6 +202,7 @@ impl Node {
             path,
             user: user_or_default(user),
             mode,
+            metadata,
         };
         self.upload(id, op, body).await
     }

@@ -333,8 +333,36 @@ impl Sandbox {
         body: reqwest::Body,
         len: Option<u64>,
     ) -> Result<FileEntry> {
+        self.put_file_with(path, mode, &Default::default(), body, len)
+            .await
+    }
+
+    /// Writes a file from a streamed body, setting `metadata` on it (see
+    /// [`FileEntry::metadata`](warren_types::api::FileEntry)).
+    pub async fn write_file_body_with_metadata(
+        &self,
+        path: &str,
+        metadata: &std::collections::BTreeMap<String, String>,
+        body: reqwest::Body,
+    ) -> Result<FileEntry> {
+        self.put_file_with(path, None, metadata, body, None).await
+    }
+
+    async fn put_file_with(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        metadata: &std::collections::BTreeMap<String, String>,
+        body: reqwest::Body,
+        len: Option<u64>,
+    ) -> Result<FileEntry> {
         let mode = mode.map(mode_param).transpose()?;
-        let extra: Vec<(&str, &str)> = mode.iter().map(|m| ("mode", m.as_str())).collect();
+        let meta = (!metadata.is_empty())
+            .then(|| serde_json::to_string(metadata))
+            .transpose()
+            .map_err(|e| Error::Invalid(format!("metadata: {e}")))?;
+        let mut extra: Vec<(&str, &str)> = mode.iter().map(|m| ("mode", m.as_str())).collect();
+        extra.extend(meta.iter().map(|m| ("metadata", m.as_str())));
         let url = self.file_url("", path, &extra)?;
         let mut rb = self
             .client()

@@ -662,6 +662,46 @@ pub struct FileEntry {
     /// Where a symlink points.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_target: Option<String>,
+    /// Its metadata: the `user.e2b.<key>` extended attributes (the names E2B's envd uses), set
+    /// by an upload's `metadata` or by programs in the sandbox.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// File metadata's bounds: at most this many keys per file.
+pub const FILE_METADATA_MAX_KEYS: usize = 64;
+/// ... keys of at most this many bytes ...
+pub const FILE_METADATA_MAX_KEY: usize = 200;
+/// ... and values of at most this many bytes.
+pub const FILE_METADATA_MAX_VALUE: usize = 4096;
+
+/// Checks upload metadata (HTTP token keys, lower-cased as stored; printable ASCII values;
+/// the bounds above) and returns it with its keys lower-cased.
+pub fn check_file_metadata(
+    m: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, String> {
+    if m.len() > FILE_METADATA_MAX_KEYS {
+        return Err(format!(
+            "{} metadata keys: at most {FILE_METADATA_MAX_KEYS}",
+            m.len()
+        ));
+    }
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    let mut out = BTreeMap::new();
+    for (k, v) in m {
+        if k.is_empty() || k.len() > FILE_METADATA_MAX_KEY || !k.chars().all(token) {
+            return Err(format!(
+                "metadata key {k:?}: 1 to {FILE_METADATA_MAX_KEY} letters, digits or !#$%&'*+-.^_`|~"
+            ));
+        }
+        if v.len() > FILE_METADATA_MAX_VALUE || !v.chars().all(|c| (' '..='~').contains(&c)) {
+            return Err(format!(
+                "metadata value of {k:?}: at most {FILE_METADATA_MAX_VALUE} printable ASCII characters"
+            ));
+        }
+        out.insert(k.to_ascii_lowercase(), v.clone());
+    }
+    Ok(out)
 }
 
 /// `GET /v1/sandboxes/{id}/files/list`.

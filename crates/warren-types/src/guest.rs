@@ -268,6 +268,9 @@ pub enum Op {
         user: String,
         /// Permission bits for a new file (default 0644).
         mode: Option<u32>,
+        /// Metadata to set on it (`user.e2b.<key>` extended attributes), checked by the node.
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        metadata: std::collections::BTreeMap<String, String>,
     },
     /// List a directory: [`Reply::Entries`].
     List {

@@ -382,3 +382,55 @@ async fn directory_watches() {
         sb.unwatch(w).await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_metadata() {
+    require_root!();
+    let p = Platform::start();
+    let sb = p
+        .client()
+        .create(&CreateSandbox {
+            image: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let meta: std::collections::BTreeMap<String, String> =
+        [("Author".to_string(), "agent 7".to_string())].into();
+    let e = sb
+        .write_file_body_with_metadata("m.txt", &meta, reqwest::Body::from("m"))
+        .await
+        .unwrap();
+    assert_eq!(
+        e.metadata.get("author").map(String::as_str),
+        Some("agent 7")
+    );
+    assert_eq!(sb.stat("m.txt").await.unwrap().metadata, e.metadata);
+    // The extended attribute is there for programs in the sandbox, under envd's name.
+    let r = sb
+        .exec(&shell(
+            "python3 -c \"import os; print(os.getxattr('m.txt', 'user.e2b.author').decode())\"",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "agent 7\n");
+    // Refused before anything is written: keys that are not HTTP tokens, values that are not
+    // printable ASCII, too many keys.
+    for bad in [
+        vec![("a b".to_string(), "v".to_string())],
+        vec![("k".to_string(), "tab\there".to_string())],
+        (0..65)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect(),
+    ] {
+        let m: std::collections::BTreeMap<String, String> = bad.into_iter().collect();
+        match sb
+            .write_file_body_with_metadata("bad.txt", &m, reqwest::Body::from("x"))
+            .await
+        {
+            Err(warren_sdk::Error::Api { status, .. }) => assert_eq!(status, 400),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(sb.stat("bad.txt").await.is_err());
+}

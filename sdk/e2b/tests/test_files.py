@@ -204,3 +204,24 @@ async def test_watch_dir_async(gateway):
         await h.stop()
     finally:
         await sb.kill()
+
+
+def test_file_metadata(sb):
+    info = sb.files.write("/home/user/m.txt", "m", metadata={"Author": "agent-7", "run": "42"})
+    assert info.metadata == {"author": "agent-7", "run": "42"}
+    got = sb.files.get_info("/home/user/m.txt")
+    assert got.metadata == {"author": "agent-7", "run": "42"}
+    assert [e.metadata for e in sb.files.list("/home/user") if e.name == "m.txt"] == [got.metadata]
+    # Set inside the sandbox under envd's names: seen too.
+    sb.commands.run(
+        "python3 -c \"import os; os.setxattr('m.txt', 'user.e2b.tool', b'vim')\""
+    )
+    assert sb.files.get_info("m.txt").metadata == {"author": "agent-7", "run": "42", "tool": "vim"}
+    # Multipart uploads of several files carry it too; a rewrite without it clears it.
+    sb.files.write_files(
+        [{"path": "/home/user/p.txt", "data": "p"}, {"path": "/home/user/q.txt", "data": "q"}],
+        metadata={"k": "v"},
+    )
+    assert sb.files.get_info("q.txt").metadata == {"k": "v"}
+    sb.files.write("/home/user/m.txt", "again")
+    assert sb.files.get_info("m.txt").metadata is None

@@ -66,9 +66,16 @@ impl Node {
                     let body = futures_util::stream::iter([Ok::<_, std::io::Error>(
                         bytes::Bytes::from(data),
                     )]);
-                    self.write_file_live(id, path.clone(), Some(user.clone()), *mode, body)
-                        .await
-                        .map_err(step)?;
+                    self.write_file_live(
+                        id,
+                        path.clone(),
+                        Some(user.clone()),
+                        *mode,
+                        Default::default(),
+                        body,
+                    )
+                    .await
+                    .map_err(step)?;
                 }
             }
         }
