@@ -166,15 +166,34 @@ pub fn end_stream(error: Option<&Error>) -> Bytes {
 /// Splits the first envelope off `body`: its flags, its payload and what follows. Refuses a
 /// truncated envelope, a compressed one and one larger than `max`.
 pub fn split_envelope(body: &[u8], max: usize) -> Result<(u8, &[u8], &[u8]), Error> {
-    let invalid = |m: String| Error::new(Code::InvalidArgument, m);
-    if body.len() < 5 {
-        return Err(invalid(format!(
-            "a Connect envelope needs a 5-byte header (flags, big-endian length); got {} bytes",
-            body.len()
-        )));
+    let Some(header) = body.first_chunk::<5>() else {
+        return Err(Error::new(
+            Code::InvalidArgument,
+            format!(
+                "a Connect envelope needs a 5-byte header (flags, big-endian length); got {} bytes",
+                body.len()
+            ),
+        ));
+    };
+    let (flags, len) = envelope_header(header, max)?;
+    let rest = &body[5..];
+    if rest.len() < len {
+        return Err(Error::new(
+            Code::InvalidArgument,
+            format!(
+                "the envelope announces {len} bytes but the body holds {}",
+                rest.len()
+            ),
+        ));
     }
-    let flags = body[0];
-    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    Ok((flags, &rest[..len], &rest[len..]))
+}
+
+/// An envelope header's flags and payload length; refuses a compressed envelope and one
+/// larger than `max`.
+fn envelope_header(h: &[u8; 5], max: usize) -> Result<(u8, usize), Error> {
+    let flags = h[0];
+    let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
     if flags & FLAG_COMPRESSED != 0 {
         return Err(Error::new(
             Code::Unimplemented,
@@ -187,14 +206,7 @@ pub fn split_envelope(body: &[u8], max: usize) -> Result<(u8, &[u8], &[u8]), Err
             format!("a message of {len} bytes is over the limit of {max}"),
         ));
     }
-    let rest = &body[5..];
-    if rest.len() < len {
-        return Err(invalid(format!(
-            "the envelope announces {len} bytes but the body holds {}",
-            rest.len()
-        )));
-    }
-    Ok((flags, &rest[..len], &rest[len..]))
+    Ok((flags, len))
 }
 
 /// The one request message of a server-streaming call: exactly one envelope, not flagged
@@ -262,21 +274,8 @@ where
         use futures_util::StreamExt;
         loop {
             let unread = &self.buf[self.pos..];
-            if unread.len() >= 5 {
-                let flags = unread[0];
-                let len = u32::from_be_bytes([unread[1], unread[2], unread[3], unread[4]]) as usize;
-                if flags & FLAG_COMPRESSED != 0 {
-                    return Err(Error::new(
-                        Code::Unimplemented,
-                        "compressed messages are not accepted: send Connect-Content-Encoding identity",
-                    ));
-                }
-                if len > MAX_MESSAGE {
-                    return Err(Error::new(
-                        Code::ResourceExhausted,
-                        format!("a message of {len} bytes is over the limit of {MAX_MESSAGE}"),
-                    ));
-                }
+            if let Some(header) = unread.first_chunk::<5>() {
+                let (flags, len) = envelope_header(header, MAX_MESSAGE)?;
                 if unread.len() >= 5 + len {
                     let payload = unread[5..5 + len].to_vec();
                     self.pos += 5 + len;

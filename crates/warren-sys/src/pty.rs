@@ -146,16 +146,16 @@ mod tests {
         String::from_utf8_lossy(&out).into_owned()
     }
 
-    #[test]
-    fn a_spawned_session_owns_its_terminal_and_sees_its_size() {
-        let Pair { master, slave } = open(pts(), 91, 17).unwrap();
-        assert_eq!(size(&master).unwrap(), (91, 17));
+    /// What `sh -c script` writes on a new terminal of `cols` × `rows`, until it hangs up;
+    /// `controlling`: the terminal is its session's.
+    fn on_terminal(script: &str, cols: u16, rows: u16, controlling: bool) -> String {
+        let Pair { master, slave } = open(pts(), cols, rows).unwrap();
+        assert_eq!(size(&master).unwrap(), (cols, rows));
         let fds = [(slave.as_fd(), 0), (slave.as_fd(), 1), (slave.as_fd(), 2)];
-        // /dev/tty opens only for a process with a controlling terminal.
-        let args = ["sh", "-c", "stty size; echo via-tty > /dev/tty"];
+        let args = ["sh", "-c", script];
         let spec = SpawnSpec {
             fds: &fds,
-            controlling_tty: true,
+            controlling_tty: controlling,
             ..SpawnSpec::new(Path::new("/bin/sh"), &args, &[("PATH", "/usr/bin:/bin")])
         };
         let child = spawn(&spec).unwrap();
@@ -165,26 +165,20 @@ mod tests {
             rustix::process::WaitId::PidFd(child.pidfd.as_fd()),
             rustix::process::WaitIdOptions::EXITED,
         );
+        out
+    }
+
+    #[test]
+    fn a_spawned_session_owns_its_terminal_and_sees_its_size() {
+        // /dev/tty opens only for a process with a controlling terminal.
+        let out = on_terminal("stty size; echo via-tty > /dev/tty", 91, 17, true);
         assert!(out.contains("17 91"), "{out:?}");
         assert!(out.contains("via-tty"), "{out:?}");
     }
 
     #[test]
     fn without_the_flag_there_is_no_controlling_terminal() {
-        let Pair { master, slave } = open(pts(), 80, 24).unwrap();
-        let fds = [(slave.as_fd(), 0), (slave.as_fd(), 1), (slave.as_fd(), 2)];
-        let args = ["sh", "-c", "echo x > /dev/tty || echo no-tty"];
-        let spec = SpawnSpec {
-            fds: &fds,
-            ..SpawnSpec::new(Path::new("/bin/sh"), &args, &[("PATH", "/usr/bin:/bin")])
-        };
-        let child = spawn(&spec).unwrap();
-        drop(slave);
-        let out = read_all(master);
-        let _ = rustix::process::waitid(
-            rustix::process::WaitId::PidFd(child.pidfd.as_fd()),
-            rustix::process::WaitIdOptions::EXITED,
-        );
+        let out = on_terminal("echo x > /dev/tty || echo no-tty", 80, 24, false);
         assert!(out.contains("no-tty"), "{out:?}");
     }
 
