@@ -148,17 +148,22 @@ struct WatchRequest {
     recursive: bool,
     #[serde(default)]
     include_entry: bool,
+    /// Accepted: Warren watches whatever the path is on (a sandbox sees no network mounts
+    /// unless it made them itself).
+    #[serde(default)]
+    #[allow(dead_code)]
+    allow_network_mounts: bool,
 }
 
 impl WatchRequest {
-    fn check(&self) -> Result<(), Error> {
-        if self.include_entry {
-            return Err(Error::new(
-                Code::Unimplemented,
-                "includeEntry (envd 0.6.3) is not supported by Warren's E2B gateway",
-            ));
+    /// Warren's watch for this request, of `path` resolved.
+    fn warren(&self, sb: &Sandbox) -> warren_sdk::WatchRequest {
+        warren_sdk::WatchRequest {
+            path: resolve(sb, &self.path),
+            recursive: self.recursive,
+            user: None,
+            entries: self.include_entry,
         }
-        Ok(())
     }
 }
 
@@ -190,7 +195,11 @@ fn fs_event(e: &warren_sdk::FsEvent) -> Value {
         Rename => "EVENT_TYPE_RENAME",
         Chmod => "EVENT_TYPE_CHMOD",
     };
-    json!({ "name": e.path, "type": kind })
+    let mut v = json!({ "name": e.path, "type": kind });
+    if let Some(entry_info) = &e.entry {
+        v["entry"] = entry(entry_info);
+    }
+    v
 }
 
 /// `WatchDir`: a watch as a stream (`start`, then each change, keepalives on silence); the
@@ -204,10 +213,7 @@ pub(crate) async fn watch_stream(
         Ok(r) => r,
         Err(e) => return crate::process::stream_error(e),
     };
-    if let Err(e) = r.check() {
-        return crate::process::stream_error(e);
-    }
-    let id = match sb.watch_dir(&resolve(&sb, &r.path), r.recursive).await {
+    let id = match sb.watch(&r.warren(&sb)).await {
         Ok(id) => id,
         Err(e) => return crate::process::stream_error(warren_error(e)),
     };
@@ -329,11 +335,7 @@ pub(crate) async fn filesystem(sb: Sandbox, method: &str, body: Bytes) -> Respon
                 }
                 "CreateWatcher" => {
                     let r: WatchRequest = crate::connect::json(body)?;
-                    r.check()?;
-                    let id = sb
-                        .watch_dir(&resolve(&sb, &r.path), r.recursive)
-                        .await
-                        .map_err(warren_error)?;
+                    let id = sb.watch(&r.warren(&sb)).await.map_err(warren_error)?;
                     Ok(json!({ "watcherId": id.to_string() }))
                 }
                 "GetWatcherEvents" => {

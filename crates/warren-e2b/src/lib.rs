@@ -25,10 +25,10 @@ use axum::Router;
 /// The envd version the gateway reports. The SDK switches features on by it; it says what
 /// the gateway really implements (see `envd`): stdin left closed unless asked for (0.3.0),
 /// the user unnamed by default (0.4.0, Warren's `user`), closing stdin (0.5.2), octet-stream
-/// and gzip uploads (0.5.7), file metadata (0.6.2). Watch events with entries (0.6.3, asked
-/// for by `include_entry`) are refused when asked for; 0.6.4 (watching network mounts) is
-/// not claimed.
-pub const ENVD_VERSION: &str = "0.6.2";
+/// and gzip uploads (0.5.7), file metadata (0.6.2), watch events with their entries (0.6.3),
+/// `allow_network_mounts` accepted (0.6.4: Warren watches any path; a sandbox sees no network
+/// mounts but its own).
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// E2B's constant client id (deprecated in its API, still required in answers).
 pub const CLIENT_ID: &str = "6532622b";

@@ -631,8 +631,7 @@ async fn file_routes_refuse_what_they_cannot_serve() {
     // Watches: what the gateway cannot serve is refused in the stream before Warren is asked
     // (Warren is not there: asking it is `unavailable`).
     for (body, code) in [
-        (&br#"{"path":"/","includeEntry":true}"#[..], "unimplemented"),
-        (br#"{"recursive":true}"#, "invalid_argument"),
+        (&br#"{"recursive":true}"#[..], "invalid_argument"),
         (br#"{"path":"/"}"#, "unavailable"),
     ] {
         let ev = stream_answer(

@@ -206,8 +206,9 @@ async fn dispatch(
             path,
             user,
             recursive,
+            entries,
         } => {
-            let watch = g.watches.create(path, user, recursive).await?;
+            let watch = g.watches.create(path, user, recursive, entries).await?;
             write_msg(w, &Reply::Watch { watch }).await.map_err(io)
         }
         Op::WatchEvents { watch, wait_ms } => {

@@ -68,6 +68,7 @@ struct State {
 struct Watcher {
     root: String,
     recursive: bool,
+    entries: bool,
     user: String,
     wds: Vec<i32>,
     events: VecDeque<FsEvent>,
@@ -95,6 +96,7 @@ impl Watches {
         path: String,
         user: String,
         recursive: bool,
+        entries: bool,
     ) -> Result<u64, OpError> {
         self.expire();
         let (inotify, room) = {
@@ -156,6 +158,7 @@ impl Watches {
             Watcher {
                 root,
                 recursive,
+                entries,
                 user,
                 wds,
                 events: VecDeque::new(),
@@ -180,7 +183,7 @@ impl Watches {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             rx.borrow_and_update();
-            {
+            let ready = {
                 let mut st = self.state();
                 let w = st.watchers.get_mut(&id).ok_or_else(|| not_found(id))?;
                 w.polled = Instant::now();
@@ -188,8 +191,19 @@ impl Watches {
                     let events: Vec<FsEvent> = w.events.drain(..).collect();
                     w.queued_bytes = 0;
                     let overflowed = std::mem::take(&mut w.overflowed);
-                    return Ok((events, overflowed));
+                    let look =
+                        (w.entries && !events.is_empty()).then(|| (w.root.clone(), w.user.clone()));
+                    Some((events, overflowed, look))
+                } else {
+                    None
                 }
+            };
+            if let Some((events, overflowed, look)) = ready {
+                let events = match look {
+                    Some((root, user)) => with_entries(root, user, events).await,
+                    None => events,
+                };
+                return Ok((events, overflowed));
             }
             match tokio::time::timeout_at(deadline, rx.changed()).await {
                 Ok(Ok(())) => continue,
@@ -269,7 +283,11 @@ impl Watches {
                 w.overflowed = true;
             } else {
                 w.queued_bytes += rel.len();
-                w.events.push_back(FsEvent { kind, path: rel });
+                w.events.push_back(FsEvent {
+                    kind,
+                    path: rel,
+                    entry: None,
+                });
             }
             w.changed.send_replace(());
             if made_dir && w.recursive {
@@ -318,6 +336,28 @@ impl Watches {
             }
         }
     }
+}
+
+/// `events` with the entries they name, as they are now, looked at as `user` (what is gone,
+/// or not theirs to see, has none).
+async fn with_entries(root: String, user: String, mut events: Vec<FsEvent>) -> Vec<FsEvent> {
+    let back = events.clone();
+    files::as_user(user, move |_| {
+        for e in &mut events {
+            if matches!(e.kind, FsEventKind::Remove | FsEventKind::Rename) {
+                continue;
+            }
+            let full = if e.path.is_empty() {
+                root.clone()
+            } else {
+                format!("{}/{}", root.trim_end_matches('/'), e.path)
+            };
+            e.entry = files::entry(&full).ok();
+        }
+        Ok(events)
+    })
+    .await
+    .unwrap_or(back)
 }
 
 fn too_many_watchers() -> OpError {

@@ -347,6 +347,7 @@ impl Node {
             path: req.path,
             user: user_or_default(req.user),
             recursive: req.recursive,
+            entries: req.entries,
         };
         let (sb, mut conn) = self.open(id, op).await?;
         match conn.reply().await.map_err(|e| guest_failure(&sb, e))? {

@@ -147,11 +147,21 @@ impl Sandbox {
     /// Starts watching directory `path` (and, `recursive`, the directories below it) for
     /// changes; returns the watch's id.
     pub async fn watch_dir(&self, path: &str, recursive: bool) -> Result<u64> {
-        let body = warren_types::api::WatchRequest {
+        self.watch(&warren_types::api::WatchRequest {
             path: path.to_string(),
             recursive,
-            user: self.user().map(str::to_string),
-        };
+            user: None,
+            entries: false,
+        })
+        .await
+    }
+
+    /// Starts a watch as `req` says (the handle's user when it names none); returns its id.
+    pub async fn watch(&self, req: &warren_types::api::WatchRequest) -> Result<u64> {
+        let mut body = req.clone();
+        if body.user.is_none() {
+            body.user = self.user().map(str::to_string);
+        }
         let rb = self
             .client()
             .request(reqwest::Method::POST, self.endpoint("/watches", &[])?)

@@ -58,7 +58,7 @@ pub use warren_types::api::{
     FileEntry, FileKind, FsEvent, FsEventKind, Gathered, Health, IdleAction, Image, ImageDetail,
     ImageStats, Layer, LayerUse, NodeFailure, NodeInfo, ProcessInfo, PtySize, PullRequest,
     Resources, Role, SandboxMetrics, SandboxState, TaskAction, TaskInfo, TaskNetworkResult,
-    TaskResult, TrajectoryEntry, WatchEvents,
+    TaskResult, TrajectoryEntry, WatchEvents, WatchRequest,
 };
 pub use warren_types::events::NetEvent;
 pub use warren_types::events::{Event, EventKind};

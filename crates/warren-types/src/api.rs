@@ -579,6 +579,10 @@ pub struct FsEvent {
     pub kind: FsEventKind,
     /// Where, relative to the watched directory.
     pub path: String,
+    /// The entry as it is when the events are collected (watches made with `entries`; none
+    /// for what is gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<FileEntry>,
 }
 
 /// `POST /v1/sandboxes/{id}/watches`: watch a directory.
@@ -594,6 +598,9 @@ pub struct WatchRequest {
     /// Whose view: the directories must be theirs to read. Default `user`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Give each event the entry it names (as it is when collected).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub entries: bool,
 }
 
 /// A watch: `POST /v1/sandboxes/{id}/watches`' answer.

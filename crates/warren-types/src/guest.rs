@@ -322,6 +322,9 @@ pub enum Op {
         user: String,
         /// Subdirectories too.
         recursive: bool,
+        /// Give each event its entry when collected.
+        #[serde(default)]
+        entries: bool,
     },
     /// A watch's events since the last call, waiting up to `wait_ms` for the first:
     /// [`Reply::FsEvents`].

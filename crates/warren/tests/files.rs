@@ -341,6 +341,34 @@ async fn directory_watches() {
     );
     assert!(!events.iter().any(|e| e.path.contains('/')), "{events:?}");
 
+    // With entries: each event names its entry as it is when collected (none for what is
+    // gone).
+    let with = sb
+        .watch(&warren_sdk::WatchRequest {
+            path: "w".into(),
+            recursive: false,
+            user: None,
+            entries: true,
+        })
+        .await
+        .unwrap();
+    sb.exec(&shell("printf 12345 > w/e.txt && rm w/c.txt"))
+        .await
+        .unwrap();
+    let events = watch_until(&sb, with, |ev| has(ev, Remove, "c.txt")).await;
+    let created = events
+        .iter()
+        .find(|e| e.kind == Create && e.path == "e.txt")
+        .unwrap_or_else(|| panic!("{events:?}"));
+    assert_eq!(
+        created.entry.as_ref().map(|e| e.size),
+        Some(5),
+        "{created:?}"
+    );
+    let removed = events.iter().find(|e| e.kind == Remove).unwrap();
+    assert!(removed.entry.is_none(), "{removed:?}");
+    sb.unwatch(with).await.unwrap();
+
     // Past the bound, a watch says it lost events.
     let many = sb.watch_dir("flat", false).await.unwrap();
     sb.exec(&shell("cd flat && seq 1 6000 | xargs touch"))
@@ -357,7 +385,7 @@ async fn directory_watches() {
         other => panic!("{other}"),
     };
     assert_eq!(
-        status(sb.watch_dir("w/c.txt", false).await.unwrap_err()),
+        status(sb.watch_dir("w/e.txt", false).await.unwrap_err()),
         400
     );
     assert_eq!(

@@ -178,6 +178,17 @@ def test_watch_dir_sync(sb):
         h.get_new_events()
     with pytest.raises(Exception):
         sb.files.watch_dir("/home/user/nowhere")
+    # With entries (envd 0.6.3), and network mounts allowed (0.6.4: nothing to refuse here).
+    h = sb.files.watch_dir("/home/user/watched", include_entry=True, allow_network_mounts=True)
+    sb.files.write("/home/user/watched/e.txt", "12345")
+    deadline = time.monotonic() + 10
+    seen = []
+    while not any(e.name == "e.txt" and e.entry for e in seen) and time.monotonic() < deadline:
+        seen.extend(h.get_new_events())
+        time.sleep(0.1)
+    entry = next(e.entry for e in seen if e.name == "e.txt" and e.entry)
+    assert entry.size == 5 and entry.path == "/home/user/watched/e.txt", entry
+    h.stop()
 
 
 async def test_watch_dir_async(gateway):
