@@ -96,9 +96,20 @@ def test_pty_create_input_resize_and_kill(sb):
     out = bytearray()
     t = sb.pty.create(size=PtySize(rows=30, cols=100), envs={"PS1": "$ "})
     assert t.pid > 0
+    events = iter(t)
+
+    def read_until(want: bytes) -> None:
+        while want not in out:
+            _, _, pty = next(events)
+            if pty:
+                out.extend(pty)
+
     sb.pty.send_stdin(t.pid, b"stty size; tty; echo $TERM\n")
+    read_until(b"xterm-256color\r\n")
+    # Resized only once the first `stty size` has answered.
     sb.pty.resize(t.pid, PtySize(rows=40, cols=120))
     sb.pty.send_stdin(t.pid, b"stty size\n")
+    read_until(b"40 120")
     sb.pty.send_stdin(t.pid, b"exit 3\n")
     with pytest.raises(CommandExitException) as e:
         t.wait(on_pty=out.extend)
@@ -106,6 +117,7 @@ def test_pty_create_input_resize_and_kill(sb):
     text = out.decode(errors="replace")
     for want in ["30 100", "/dev/pts/", "xterm-256color", "40 120"]:
         assert want in text, (want, text)
+    assert text.index("30 100") < text.index("40 120"), text
 
     # Connect to a running terminal, interrupt with ^C, and kill it.
     t = sb.pty.create(size=PtySize(rows=24, cols=80))
