@@ -63,6 +63,11 @@ struct State {
     dirs: HashMap<i32, (String, Vec<u64>)>,
     watchers: BTreeMap<u64, Watcher>,
     next_id: u64,
+    /// Watches being made (their directories added to the kernel, not yet recorded here).
+    creating: usize,
+    /// Kernel watches no watcher uses, whose removal waits for the creates in flight: one of
+    /// them may have been given the same watch descriptor (the kernel gives one per directory).
+    unused: Vec<i32>,
 }
 
 struct Watcher {
@@ -119,6 +124,7 @@ impl Watches {
                     i
                 }
             };
+            st.creating += 1;
             (inotify, room)
         };
         // The directories, as the user: the root, then (recursive) every directory below it.
@@ -130,13 +136,20 @@ impl Watches {
             let r = add_tree(ino.fd(), &root, recursive, &mut added, room);
             Ok((root, added, r))
         })
-        .await?;
-        let (root, added, r) = created;
+        .await;
         let mut st = self.state();
-        if let Err(e) = r {
-            release_unused(&mut st, &added);
-            return Err(e);
-        }
+        st.creating -= 1;
+        let (root, added) = match created {
+            Ok((root, added, Ok(()))) => (root, added),
+            Ok((_, added, Err(e))) => {
+                release_unused(&mut st, &added);
+                return Err(e);
+            }
+            Err(e) => {
+                release_unused(&mut st, &[]);
+                return Err(e);
+            }
+        };
         // Others may have been made meanwhile.
         if st.watchers.len() >= MAX_WATCHERS {
             release_unused(&mut st, &added);
@@ -168,6 +181,7 @@ impl Watches {
                 changed,
             },
         );
+        release_unused(&mut st, &[]);
         Ok(id)
     }
 
@@ -305,10 +319,11 @@ impl Watches {
     ) {
         for (id, user, dir) in new {
             let room = {
-                let st = self.state();
+                let mut st = self.state();
                 if !st.watchers.contains_key(&id) {
                     continue;
                 }
+                st.creating += 1;
                 MAX_DIRS.saturating_sub(st.dirs.len())
             };
             let ino = inotify.clone();
@@ -321,6 +336,7 @@ impl Watches {
             .await
             .unwrap_or_default();
             let mut st = self.state();
+            st.creating -= 1;
             if !st.watchers.contains_key(&id) {
                 release_unused(&mut st, &added);
                 continue;
@@ -334,6 +350,7 @@ impl Watches {
                     }
                 }
             }
+            release_unused(&mut st, &[]);
         }
     }
 }
@@ -379,14 +396,19 @@ fn relative(root: &str, full: &str) -> String {
     }
 }
 
-/// Removes the kernel watches just added that no watcher uses (a directory another watcher
-/// covers is in `dirs`, and keeps its watch).
+/// Removes the kernel watches (those just `added`, and those left waiting) that no watcher
+/// uses, once no create is in flight; until then they wait in `unused`.
 fn release_unused(st: &mut State, added: &[(i32, String)]) {
-    for (wd, _) in added {
-        if !st.dirs.contains_key(wd)
+    st.unused.extend(added.iter().map(|(wd, _)| *wd));
+    if st.creating > 0 {
+        return;
+    }
+    let waiting = std::mem::take(&mut st.unused);
+    for wd in waiting {
+        if !st.dirs.contains_key(&wd)
             && let Some(i) = &st.inotify
         {
-            let _ = inotify::remove_watch(i.fd(), *wd);
+            let _ = inotify::remove_watch(i.fd(), wd);
         }
     }
 }
@@ -404,11 +426,10 @@ fn drop_dirs(st: &mut State, id: u64, wds: &[i32]) {
         };
         if unused {
             st.dirs.remove(wd);
-            if let Some(i) = &st.inotify {
-                let _ = inotify::remove_watch(i.fd(), *wd);
-            }
+            st.unused.push(*wd);
         }
     }
+    release_unused(st, &[]);
 }
 
 /// The error for a kernel limit met: the node's inotify limits are per user, shared by every

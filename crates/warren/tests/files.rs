@@ -369,6 +369,21 @@ async fn directory_watches() {
     assert!(removed.entry.is_none(), "{removed:?}");
     sb.unwatch(with).await.unwrap();
 
+    // A watch made while the only other one on its directory is removed keeps hearing of it
+    // (both get the kernel's one watch of the directory; `solo` has no other watch).
+    sb.exec(&shell("mkdir solo")).await.unwrap();
+    for i in 0..20 {
+        let old = sb.watch_dir("solo", false).await.unwrap();
+        let (new, gone) = tokio::join!(sb.watch_dir("solo", false), sb.unwatch(old));
+        gone.unwrap();
+        let new = new.unwrap();
+        let name = format!("race{i}");
+        sb.exec(&shell(format!("touch solo/{name}"))).await.unwrap();
+        let events = watch_until(&sb, new, |ev| has(ev, Create, &name)).await;
+        assert!(has(&events, Create, &name), "round {i}: {events:?}");
+        sb.unwatch(new).await.unwrap();
+    }
+
     // Past the bound, a watch says it lost events.
     let many = sb.watch_dir("flat", false).await.unwrap();
     sb.exec(&shell("cd flat && seq 1 6000 | xargs touch"))
