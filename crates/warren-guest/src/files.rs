@@ -94,12 +94,31 @@ pub const METADATA_PREFIX: &str = "user.e2b.";
 fn metadata_of(path: &str) -> std::collections::BTreeMap<String, String> {
     use warren_types::api::{FILE_METADATA_MAX_KEYS, FILE_METADATA_MAX_VALUE};
     let mut out = std::collections::BTreeMap::new();
-    let mut names = vec![0u8; 64 * 1024];
-    let Ok(n) = rustix::fs::llistxattr(path, &mut names[..]) else {
-        return out;
+    // Every entry of a listing comes here: most have few attributes or none, so a small
+    // buffer first, the most a list can be (64 KiB) only when that is too small.
+    let mut small = [0u8; 1024];
+    let names = match rustix::fs::llistxattr(path, &mut small[..]) {
+        Ok(n) => small[..n.min(small.len())].to_vec(),
+        Err(rustix::io::Errno::RANGE) => {
+            let mut big = vec![0u8; 64 * 1024];
+            match rustix::fs::llistxattr(path, &mut big[..]) {
+                Ok(n) => {
+                    big.truncate(n.min(big.len()));
+                    big
+                }
+                Err(_) => return out,
+            }
+        }
+        Err(_) => return out,
     };
+    if !names
+        .windows(METADATA_PREFIX.len())
+        .any(|w| w == METADATA_PREFIX.as_bytes())
+    {
+        return out;
+    }
     let mut value = vec![0u8; FILE_METADATA_MAX_VALUE];
-    for name in names[..n.min(names.len())].split(|b| *b == 0) {
+    for name in names.split(|b| *b == 0) {
         let Some(key) = name.strip_prefix(METADATA_PREFIX.as_bytes()) else {
             continue;
         };

@@ -664,10 +664,16 @@ fn open_terminal(
     size: warren_types::guest::TermSize,
     user: &User,
 ) -> Result<Terminal, OpError> {
+    // Past the sandbox's 256 terminals (its devpts `max=`) the kernel answers ENOSPC.
     let pair = warren_sys::pty::open(pts, size.cols, size.rows).map_err(|e| {
+        let code = if e.raw_os_error() == Some(28) {
+            ErrorCode::Capacity
+        } else {
+            ErrorCode::Internal
+        };
         OpError::new(
-            ErrorCode::Unavailable,
-            format!("opening a terminal: {e}; the sandbox may have too many open"),
+            code,
+            format!("opening a terminal: {e}; a sandbox holds at most 256 at once"),
         )
     })?;
     let _ = rustix::fs::fchown(

@@ -529,21 +529,10 @@ async fn stdin(
     Path((id, pid)): Path<(String, u64)>,
     Json(req): Json<StdinRequest>,
 ) -> Result<StatusCode, Error> {
-    use base64::Engine;
     let id = parse_id(&n, &id)?;
-    let data = match (req.data, req.data_b64) {
-        (Some(_), Some(_)) => {
-            return Err(Error(ApiError::invalid(
-                "give either data or data_b64, not both",
-            )));
-        }
-        (Some(d), None) => d.into_bytes(),
-        (None, Some(b)) => base64::engine::general_purpose::STANDARD
-            .decode(b)
-            .map_err(|e| Error(ApiError::invalid(format!("data_b64 is not base64: {e}"))))?,
-        (None, None) => Vec::new(),
-    };
-    n.send_input(&id, pid, &data, req.close).await?;
+    let data = exec::text_or_base64(req.data.as_deref(), req.data_b64.as_deref(), "data")?;
+    n.send_input(&id, pid, &data.unwrap_or_default(), req.close)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

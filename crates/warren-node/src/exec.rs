@@ -161,15 +161,7 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
             ByteSize(LIMIT_MAX_OUTPUT)
         )));
     }
-    let stdin = match (&req.stdin, &req.stdin_b64) {
-        (Some(_), Some(_)) => return bad("give either stdin or stdin_b64, not both"),
-        (Some(s), None) => Some(s.clone().into_bytes()),
-        (None, Some(b)) => Some(
-            B64.decode(b)
-                .map_err(|e| NodeError::Invalid(format!("stdin_b64 is not base64: {e}")))?,
-        ),
-        (None, None) => None,
-    };
+    let stdin = text_or_base64(req.stdin.as_deref(), req.stdin_b64.as_deref(), "stdin")?;
     let pty = match req.pty {
         Some(size) => {
             size.check()
@@ -207,6 +199,25 @@ pub fn prepare(req: &ExecRequest, default_timeout: Option<f64>) -> Result<Prepar
         stdin,
         env: req.env.clone(),
     })
+}
+
+/// Input given as text (field `name`) or as base64 (`<name>_b64`), at most one of them.
+pub fn text_or_base64(
+    text: Option<&str>,
+    b64: Option<&str>,
+    name: &str,
+) -> Result<Option<Vec<u8>>, NodeError> {
+    match (text, b64) {
+        (Some(_), Some(_)) => Err(NodeError::Invalid(format!(
+            "give either {name} or {name}_b64, not both"
+        ))),
+        (Some(t), None) => Ok(Some(t.as_bytes().to_vec())),
+        (None, Some(b)) => B64
+            .decode(b)
+            .map(Some)
+            .map_err(|e| NodeError::Invalid(format!("{name}_b64 is not base64: {e}"))),
+        (None, None) => Ok(None),
+    }
 }
 
 /// Maps a failure to talk to the guest onto what the caller sees.

@@ -397,8 +397,8 @@ async fn background_output_after_the_exec_is_drained_within_bounds() {
     assert_eq!(sb.exec(&argv(["true"])).await.unwrap().status.exit_code, 0);
 }
 
-/// The output a process kept, as text (stdout and stderr together).
-async fn kept_output(sb: &warren_sdk::Sandbox, process_id: u64) -> String {
+/// The output a process kept (stdout and stderr together).
+async fn kept_output(sb: &warren_sdk::Sandbox, process_id: u64) -> Vec<u8> {
     let mut out = sb.process_output(process_id).await.unwrap();
     let mut got = Vec::new();
     while let Some(ev) = out.next().await {
@@ -409,7 +409,7 @@ async fn kept_output(sb: &warren_sdk::Sandbox, process_id: u64) -> String {
             _ => {}
         }
     }
-    String::from_utf8_lossy(&got).into_owned()
+    got
 }
 
 /// Waits until a running process has printed `want` (its kept output so far).
@@ -471,14 +471,10 @@ async fn open_stdin_and_terminals() {
     let done = sb.wait_process(cat.process_id, None).await.unwrap();
     assert_eq!(done.exit.as_ref().unwrap().exit_code, 0);
     assert!(!done.stdin_open);
-    let mut out = sb.process_output(cat.process_id).await.unwrap();
-    let mut got = Vec::new();
-    while let Some(ev) = out.next().await {
-        if let ExecEvent::Stdout { data } = ev.unwrap() {
-            got.extend(warren_sdk::decode_data(&data).unwrap());
-        }
-    }
-    assert_eq!(got, b"first\nsecond\n\0\xff\n");
+    assert_eq!(
+        kept_output(&sb, cat.process_id).await,
+        b"first\nsecond\n\0\xff\n"
+    );
 
     // Input where none is taken: a clear 400, whatever the reason.
     let (status, msg) = api_status(sb.send_stdin(cat.process_id, b"late").await.unwrap_err());
@@ -514,7 +510,7 @@ async fn open_stdin_and_terminals() {
     sb.send_stdin(term.process_id, b"\n").await.unwrap();
     let done = sb.wait_process(term.process_id, None).await.unwrap();
     assert_eq!(done.exit.as_ref().unwrap().exit_code, 0, "{done:?}");
-    let text = kept_output(&sb, term.process_id).await;
+    let text = String::from_utf8_lossy(&kept_output(&sb, term.process_id).await).into_owned();
     for want in ["30 100", "isatty", "via", "got:hello", "40 120"] {
         assert!(text.contains(want), "{want:?} not in {text:?}");
     }

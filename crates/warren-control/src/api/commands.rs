@@ -30,6 +30,7 @@ use super::{S, pass, pass_json};
         (status = 200, description = "The command ran (whatever its exit code): its result; with `stream` (or `Accept: application/x-ndjson`), newline-delimited events as it runs.",
             content((ExecResult = "application/json"), (ExecEvent = "application/x-ndjson"))),
         (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 410, body = ErrorBody),
+        (status = 429, description = "A `pty` past the sandbox's 256 terminals.", body = ErrorBody),
     ),
     security(("api_key" = [])))]
 pub async fn exec(
@@ -47,7 +48,8 @@ pub async fn exec(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/processes", tag = "commands",
     params(("id" = String, Path, description = "Sandbox id.")),
     request_body = ExecRequest,
-    responses((status = 201, body = ProcessInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 201, body = ProcessInfo), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 429, description = "A `pty` past the sandbox's 256 terminals.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn start(
     axum::extract::State(c): S,
