@@ -16,6 +16,7 @@ mod host;
 mod names;
 mod network;
 mod peers;
+mod qos;
 mod report;
 mod soak;
 mod stats;
@@ -103,6 +104,9 @@ usage: warren-bench [--quick]
        warren-bench network-part warm|cold|names [--quick]
        warren-bench soak [--cycles N] [--every N] [--concurrency N]
        warren-bench containment [N]
+       warren-bench qos [STEPS]
+       warren-bench density [N]
+       warren-bench reclaim [N]
 
 Benchmarks Warren (through `warren up`'s REST API, and its node library in-process) against
 bubblewrap and runc on this machine and prints Markdown tables. Run as root, after
@@ -115,6 +119,13 @@ sit beside its own executable.
 start, every --every cycles (default 5000) and at the end, what the host holds: mounts,
 cgroups (Warren's and the kernel's count, dead ones included), network namespaces,
 processes, the daemon's descriptors and RSS, SUnreclaim and MemAvailable.
+
+`qos` reproduces the DSec paper's interference experiment (STEPS per run, default 300):
+a latency-sensitive sandbox's step latency beside best-effort load at 0, 50 and 100 %,
+unprotected, with SCHED_IDLE and with cpu.idle. `density` creates idle sandboxes up to N
+(default 20000) and reports creates/s, exec latency and memory at every 2000. `reclaim`
+pauses a task of N sandboxes (default 500) holding 20 MiB each, without swap and with a zram
+device made for the run.
 
 `containment` measures what the defences cost (N creates per variant, default 50): create and
 exec with and without the disk quota and the system-call filter, and the disk-quota
@@ -217,6 +228,10 @@ fn main() -> std::process::ExitCode {
     }
     if args.first().map(String::as_str) == Some("soak") {
         return soak_main(&args[1..]);
+    }
+    if let Some(which @ ("qos" | "density" | "reclaim")) = args.first().map(String::as_str) {
+        let n = args.get(1).and_then(|v| v.parse::<usize>().ok());
+        return qos_main(which, n);
     }
     if args.first().map(String::as_str) == Some("containment") {
         let n = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(50);
@@ -402,6 +417,35 @@ fn soak_main(args: &[String]) -> std::process::ExitCode {
 }
 
 /// `warren-bench containment [N]`.
+fn qos_main(which: &str, n: Option<usize>) -> std::process::ExitCode {
+    let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(PathBuf::from))
+    else {
+        eprintln!("warren-bench: cannot tell where its own executable is");
+        return std::process::ExitCode::FAILURE;
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("warren-bench: tokio runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let out = rt.block_on(async {
+        match which {
+            "qos" => qos::interference(&exe_dir, n.unwrap_or(300).max(20)).await,
+            "density" => qos::density(&exe_dir, n.unwrap_or(20_000).max(1)).await,
+            _ => qos::reclaim(&exe_dir, n.unwrap_or(500).max(1)).await,
+        }
+    });
+    print!("{out}");
+    std::process::ExitCode::SUCCESS
+}
+
 fn containment_main(n: usize) -> std::process::ExitCode {
     let Some(exe_dir) = std::env::current_exe()
         .ok()

@@ -1,8 +1,12 @@
 //! Placement: power-of-k random choice over eligible nodes, with an in-flight overlay.
 //!
 //! Each node's last reported load plus the placements the control plane has sent it and not
-//! yet heard back about (the overlay) decides eligibility and order. The node's own admission
-//! check has the final word: a refusal makes the caller try the next candidate.
+//! yet heard back about (the overlay) decides eligibility and order. Eligibility is by
+//! requests (what the node may still admit); order is by the most loaded of a node's
+//! dimensions, promised (sandboxes, memory requests) and measured (memory charged to
+//! sandboxes, CPU in use): a node whose sandboxes asked for little but use much is not
+//! preferred. The node's own admission check has the final word: a refusal makes the caller
+//! try the next candidate.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -51,14 +55,22 @@ fn fits(n: &NodeEntry, memory: u64) -> bool {
         && info.memory_reserved.bytes() + inflight_mem + memory <= info.memory_allocatable.bytes()
 }
 
-/// Fraction of the node's capacity in use, overlay included.
+/// Fraction of the node's capacity in use, overlay included: the largest of sandboxes against
+/// its most, memory requests against what it may admit, memory charged to sandboxes against
+/// its physical memory, and CPU in use.
 fn load(n: &NodeEntry) -> f64 {
     let info = n.info();
     let count = (info.sandboxes + n.inflight.load(Ordering::Relaxed)) as f64
         / info.max_sandboxes.max(1) as f64;
     let mem = (info.memory_reserved.bytes() + n.inflight_memory.load(Ordering::Relaxed)) as f64
         / info.memory_allocatable.bytes().max(1) as f64;
-    count.max(mem)
+    let used = if info.memory_total.bytes() > 0 {
+        info.memory_used.bytes() as f64 / info.memory_total.bytes() as f64
+    } else {
+        0.0
+    };
+    let cpu = info.cpu_used_pct / 100.0;
+    count.max(mem).max(used).max(cpu)
 }
 
 fn shuffle<T>(v: &mut [T]) {

@@ -151,6 +151,19 @@ pub trait Instance: Send + Sync {
         let _ = port;
         Err(PortRefusal::NotExposed)
     }
+    /// Gives back what the kernel can of its memory while it is frozen (page cache, and
+    /// anonymous memory where the host has swap), its limit `memory_limit` put back after.
+    /// Returns the bytes freed. Blocking.
+    fn reclaim(&self, memory_limit: u64) -> io::Result<u64> {
+        let _ = memory_limit;
+        Ok(0)
+    }
+    /// Writes its memory limit again (before a thaw: a reclaim a stopped daemon did not
+    /// finish may have left it lower). Blocking.
+    fn restore_memory_limit(&self, memory_limit: u64) -> io::Result<()> {
+        let _ = memory_limit;
+        Ok(())
+    }
     /// Kills it and frees everything it holds. Idempotent. Blocking.
     fn release(&self);
 
@@ -194,6 +207,10 @@ pub trait Backend: Send + Sync {
     /// change, all or none: each takes effect for new connections at once and for open ones
     /// at their next packet. Blocking.
     fn set_networks(&self, updates: &[(u32, &warren_types::net::Policy)]) -> io::Result<()>;
+    /// What the kernel supports for QoS (probed at start).
+    fn qos_support(&self) -> warren_types::api::QosSupport;
+    /// Memory charged to all its sandboxes now, bytes, where it can tell. Blocking.
+    fn memory_charged(&self) -> Option<u64>;
     /// The refused connection attempts of its sandboxes, once (the node takes them at start).
     fn take_network_denials(&self) -> Option<tokio::sync::mpsc::Receiver<NetDenial>>;
 }

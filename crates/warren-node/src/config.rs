@@ -28,21 +28,54 @@ pub struct NodeConfig {
     pub cgroup_parent: String,
     /// The guest agent binary. Default: `warren-guest` beside the running executable.
     pub guest_binary: Option<PathBuf>,
-    /// Most sandboxes this node runs at once. Default 5000.
-    pub max_sandboxes: u32,
-    /// Sum of sandboxes' memory limits allowed, as a multiple of physical memory (sandboxes are
-    /// mostly idle, so promising more than there is pays). Default 4.0.
+    /// Most sandboxes this node runs at once. Default: derived at start from what the host
+    /// has (see `capacity.rs`: memory, `kernel.pid_max`, open files); a value here caps it.
+    pub max_sandboxes: Option<u32>,
+    /// Sum of sandboxes' memory requests allowed, as a multiple of physical memory (sandboxes
+    /// are mostly idle, and measured pressure is checked as well). Default 4.0.
     pub memory_overcommit: f64,
+    /// Sum of sandboxes' CPU requests allowed, as a multiple of the cores. Default 8.0.
+    pub cpu_overcommit: f64,
     /// Refuse new sandboxes when the kernel reports less memory available than this.
     /// Default 256Mi.
     pub min_free_memory: ByteSize,
+    /// Refuse new sandboxes while tasks stall waiting for memory more than this share of the
+    /// time (PSI `memory some avg10`, percent), where the kernel reports it: a node that is
+    /// already reclaiming hard takes no more. Default 10.
+    pub max_memory_pressure: f64,
+    /// Raise `kernel.pid_max` at start to `pid_max` when it is lower (each idle sandbox holds
+    /// two processes, and the kernel's default of 32768 stops a node near 16,000 of them).
+    /// Set false to leave the host's setting alone. Default true.
+    pub raise_pid_max: bool,
+    /// The `kernel.pid_max` the node raises to. Default 4194304 (the kernel's most on 64-bit).
+    pub pid_max: u32,
+    /// On pause, give back what the kernel can of the sandbox's memory (page cache, and
+    /// anonymous memory to swap where the host has swap); its pages come back as it touches
+    /// them after resume. Default true.
+    pub reclaim_on_pause: bool,
+    /// Best-effort sandboxes' cgroups are made idle (`cpu.idle`) where the kernel has the
+    /// knob; false (or without it): their processes run under `SCHED_IDLE` instead, the
+    /// weaker protection (`warren-bench qos` compares them). Default true.
+    pub qos_cpu_idle: bool,
+    /// Creates a node starts at once; more wait in a queue. Default: 4 per core.
+    pub max_concurrent_creates: Option<u32>,
+    /// Creates that may wait for a start slot; past this a create is refused at once (429,
+    /// `Retry-After`). Default 4096.
+    pub create_queue: u32,
+    /// The longest a create waits in the queue before it is refused (429), seconds. Default 30.
+    pub create_queue_timeout: u64,
     /// Refuse new sandboxes when fewer than this many pids are left below `kernel.pid_max`.
     /// Default 512.
     pub pid_headroom: u32,
-    /// CPU limit when a request gives none, millicores. Default 1000.
+    /// CPU request when a create gives none, millicores. Default 10 (RL sandboxes are mostly
+    /// idle while the model thinks).
     pub default_cpu: u32,
-    /// Memory limit when a request gives none. Default 512Mi.
+    /// CPU limit when a create gives none, millicores (at most the node's cores). Default 2000.
+    pub default_cpu_limit: u32,
+    /// Memory request when a create gives none. Default 64Mi.
     pub default_memory: ByteSize,
+    /// Memory limit when a create gives none (at most physical memory). Default 2Gi.
+    pub default_memory_limit: ByteSize,
     /// Process limit when a request gives none. Default 1024.
     pub default_pids: u32,
     /// Largest process limit a request may ask for. Default 32768.
@@ -201,12 +234,23 @@ impl Default for NodeConfig {
             state_dir: PathBuf::from("/var/lib/warren/node"),
             cgroup_parent: "warren".into(),
             guest_binary: None,
-            max_sandboxes: 5000,
+            max_sandboxes: None,
             memory_overcommit: 4.0,
+            cpu_overcommit: 8.0,
             min_free_memory: ByteSize(256 << 20),
+            max_memory_pressure: 10.0,
+            raise_pid_max: true,
+            pid_max: 4_194_304,
+            qos_cpu_idle: true,
+            reclaim_on_pause: true,
+            max_concurrent_creates: None,
+            create_queue: 4096,
+            create_queue_timeout: 30,
             pid_headroom: 512,
-            default_cpu: 1000,
-            default_memory: ByteSize(512 << 20),
+            default_cpu: 10,
+            default_cpu_limit: 2000,
+            default_memory: ByteSize(64 << 20),
+            default_memory_limit: ByteSize(2 << 30),
             default_pids: 1024,
             max_pids: 32768,
             open_files: 4096,

@@ -123,11 +123,10 @@ impl Node {
             }
         }
 
+        // Checked before waiting for a slot: a bad request is answered at once.
         let load = HostLoad::read().map_err(|e| NodeError::host("reading host load", e))?;
         let facts = HostFacts {
-            ncpu: std::thread::available_parallelism()
-                .map(|n| n.get() as u32)
-                .unwrap_or(1),
+            ncpu: load.cores,
             mem_total: load.mem_total,
             disk_pool: self.dirs.disk.as_ref().map(|p| p.capacity),
         };
@@ -148,9 +147,16 @@ impl Node {
                     .into(),
             ));
         }
+        let slot = self.create_gate.enter().await?;
+        // The host is read again once a slot is had: the wait may have been long.
+        let load = HostLoad::read().map_err(|e| NodeError::host("reading host load", e))?;
         let ask = crate::admission::Ask::of(&resources);
         let disk = self.dirs.disk.as_ref().map(|p| (p.capacity, p.free()));
-        self.admission.reserve(&self.cfg, &load, disk, ask)?;
+        let limits = crate::admission::Limits {
+            max_sandboxes: self.capacity.max_sandboxes,
+        };
+        self.admission
+            .reserve(&self.cfg, limits, &load, &self.sampler.get(), disk, ask)?;
         let mut reservation = Reservation {
             node: self,
             ask,
@@ -199,7 +205,9 @@ impl Node {
         reservation.kept = true;
         let node = self.clone();
         let launched = tokio::spawn(async move {
-            match node.launch(record).await {
+            let launch = node.launch(record).await;
+            drop(slot);
+            match launch {
                 Ok(sb) => {
                     node.sandboxes
                         .write()

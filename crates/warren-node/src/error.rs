@@ -117,6 +117,7 @@ impl NodeError {
                     code: ErrorCode::Unavailable,
                     message: message.clone(),
                     retry_after_secs: Some(*retry_after),
+                    fault: Some(warren_types::Fault::Infrastructure),
                 };
             }
             NodeError::Gone(_) => ErrorCode::SandboxGone,

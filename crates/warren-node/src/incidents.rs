@@ -7,9 +7,44 @@ use std::time::Duration;
 use crate::guest_client::GuestConn;
 use crate::node::{Node, Phase, Sandbox};
 
+/// API inactivity after which a sandbox's incident connection is let go.
+const IDLE_AFTER: Duration = Duration::from_secs(30);
+/// How often a held connection checks whether its sandbox went idle.
+const IDLE_CHECK: Duration = Duration::from_secs(10);
+/// How long a poll waits for records the guest has.
+const POLL_READ: Duration = Duration::from_millis(100);
+/// The least time between two polls of an idle sandbox.
+const MIN_POLL: Duration = Duration::from_secs(10);
+
+/// Whether the sandbox has had no API call in flight or ended for [`IDLE_AFTER`].
+fn idle_for(sb: &Sandbox) -> bool {
+    let a = *sb.activity.lock().unwrap_or_else(|p| p.into_inner());
+    a.busy == 0 && crate::state::now_ms().saturating_sub(a.last_ms) >= IDLE_AFTER.as_millis() as u64
+}
+
+/// Time between polls of an idle sandbox: 10 s, or longer on a node of many sandboxes, so the
+/// polls of all of them stay near 100 a second.
+fn poll_interval(node: &Node) -> Duration {
+    let n = node
+        .sandboxes
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .len() as u64;
+    MIN_POLL
+        .max(Duration::from_secs(n / 100))
+        .min(Duration::from_secs(300))
+}
+
 impl Node {
-    /// Follows a sandbox's incident records for its whole life (reconnecting when the
-    /// connection breaks), storing each as an event.
+    /// Follows a sandbox's incident records for its whole life, storing each as an event.
+    ///
+    /// While the sandbox is in use (API activity in the last [`IDLE_AFTER`]) the watcher
+    /// holds a connection the guest streams records on, reconnecting when it breaks. Once it
+    /// is idle the connection is let go — an idle node of 20,000 sandboxes would otherwise
+    /// hold 20,000 descriptors for it — and the records are fetched by a short poll every
+    /// [`poll_interval`] (longer as the node holds more sandboxes), or at once when the
+    /// sandbox is used again. The guest keeps what was not fetched, so nothing is lost; an
+    /// idle sandbox's incidents are only reported later.
     pub(crate) fn watch_incidents(self: &Arc<Self>, sb: &Arc<Sandbox>) -> tokio::task::AbortHandle {
         use std::sync::atomic::Ordering;
         use warren_types::guest::{Op, Reply};
@@ -19,39 +54,83 @@ impl Node {
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(200);
             loop {
-                let Some(after) = weak
+                let Some((after, idle)) = weak
                     .upgrade()
                     .filter(|sb| sb.phase() != Phase::Stopping)
-                    .map(|sb| sb.incident_seq.load(Ordering::Relaxed))
+                    .map(|sb| (sb.incident_seq.load(Ordering::Relaxed), idle_for(&sb)))
                 else {
                     return;
                 };
-                if let Ok(mut conn) = GuestConn::open(&socket, Op::Incidents { after }).await {
+                // Stores a batch; false when the watcher should end.
+                let store = |incidents: &[warren_types::guest::Incident], seq: u64| {
+                    let (Some(node), Some(sb)) = (node.upgrade(), weak.upgrade()) else {
+                        return false;
+                    };
+                    for i in incidents {
+                        node.events
+                            .from_guest(&sb.record.id, sb.record.task.as_deref(), i);
+                    }
+                    sb.incident_seq.store(seq, Ordering::Relaxed);
+                    true
+                };
+                let Ok(mut conn) = GuestConn::open(&socket, Op::Incidents { after }).await else {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    continue;
+                };
+                backoff = Duration::from_millis(200);
+                if idle {
+                    // A short poll: what is waiting comes at once.
                     loop {
-                        match conn.reply().await {
-                            Ok(Reply::Incidents { incidents, seq }) => {
-                                backoff = Duration::from_millis(200);
-                                let (Some(node), Some(sb)) = (node.upgrade(), weak.upgrade())
-                                else {
+                        match tokio::time::timeout(POLL_READ, conn.reply()).await {
+                            Ok(Ok(Reply::Incidents { incidents, seq })) => {
+                                if !store(&incidents, seq) {
                                     return;
-                                };
-                                for i in &incidents {
-                                    node.events.from_guest(
-                                        &sb.record.id,
-                                        sb.record.task.as_deref(),
-                                        i,
-                                    );
                                 }
-                                sb.incident_seq.store(seq, Ordering::Relaxed);
                             }
-                            // A guest too old to report incidents: nothing to follow.
-                            Ok(Reply::Error { .. }) => return,
-                            Ok(_) | Err(_) => break,
+                            Ok(Ok(Reply::Error { .. })) => return,
+                            _ => break,
                         }
                     }
+                    drop(conn);
+                    // Until the next poll, or until the sandbox is used again.
+                    // Spread out, so sandboxes that went idle together do not poll together.
+                    let wait = node
+                        .upgrade()
+                        .map_or(MIN_POLL, |n| poll_interval(&n))
+                        .mul_f64(0.5 + rand::random::<f64>());
+                    let until = tokio::time::Instant::now() + wait;
+                    while tokio::time::Instant::now() < until {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        match weak.upgrade() {
+                            Some(sb) if sb.phase() != Phase::Stopping => {
+                                if !idle_for(&sb) {
+                                    break;
+                                }
+                            }
+                            _ => return,
+                        }
+                    }
+                    continue;
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+                loop {
+                    match tokio::time::timeout(IDLE_CHECK, conn.reply()).await {
+                        Ok(Ok(Reply::Incidents { incidents, seq })) => {
+                            if !store(&incidents, seq) {
+                                return;
+                            }
+                        }
+                        // A guest too old to report incidents: nothing to follow.
+                        Ok(Ok(Reply::Error { .. })) => return,
+                        Ok(_) => break,
+                        // Quiet: let the connection go once the sandbox is idle.
+                        Err(_) => match weak.upgrade() {
+                            Some(sb) if idle_for(&sb) => break,
+                            Some(_) => {}
+                            None => return,
+                        },
+                    }
+                }
             }
         })
         .abort_handle()

@@ -30,6 +30,7 @@ pub mod backend;
 pub mod container;
 // Foundations: checks, accounting, stores, configuration.
 pub mod admission;
+pub mod capacity;
 pub mod config;
 pub mod disk;
 pub mod error;
@@ -178,6 +179,7 @@ impl Node {
                 warm_per_image: cfg.warm_per_image as usize,
                 warm_images: cfg.warm_images as usize,
                 warm_idle: std::time::Duration::from_secs(cfg.layer_idle_unmount),
+                cpu_idle: cfg.qos_cpu_idle,
             },
             dirs.disk.clone(),
             layers.clone(),
@@ -190,6 +192,20 @@ impl Node {
             }
             StartError::Backend(e)
         })?;
+        let pid_max = crate::capacity::raise_pid_max(&cfg).unwrap_or(32768);
+        let open_files = crate::capacity::raise_open_files();
+        let mem_total = crate::admission::HostLoad::read()
+            .map(|l| l.mem_total)
+            .unwrap_or(0);
+        let capacity = crate::capacity::derive_max_sandboxes(&cfg, mem_total, pid_max, open_files);
+        tracing::info!(
+            max_sandboxes = capacity.max_sandboxes,
+            bound_by = capacity.bound_by,
+            pid_max,
+            open_files,
+            "capacity"
+        );
+        let create_gate = crate::capacity::Gate::new(&cfg);
         let events = crate::events::EventStore::open(&root);
         let node = Arc::new(Node {
             id,
@@ -202,6 +218,9 @@ impl Node {
             guest,
             sandboxes: RwLock::new(HashMap::new()),
             admission: Admission::default(),
+            capacity,
+            sampler: Default::default(),
+            create_gate,
             idempotency: Mutex::new(HashMap::new()),
         });
         let report = node.adopt().await;

@@ -50,9 +50,23 @@ impl Node {
         }
         let frozen = action == Action::Pause;
         let s = sb.clone();
-        blocking(move || s.instance.set_frozen(frozen))
-            .await
-            .map_err(|e| NodeError::host(freeze_what(frozen), e))?;
+        let reclaim_on_pause = self.cfg.reclaim_on_pause;
+        let freed = blocking(move || {
+            if !frozen {
+                restore_limits(std::slice::from_ref(&s));
+            }
+            s.instance.set_frozen(frozen)?;
+            Ok(if frozen && reclaim_on_pause {
+                reclaim(std::slice::from_ref(&s))
+            } else {
+                0
+            })
+        })
+        .await
+        .map_err(|e| NodeError::host(freeze_what(frozen), e))?;
+        if frozen {
+            tracing::debug!(sandbox_id = %id, freed, "memory reclaimed on pause");
+        }
         if let Some(p) = after(action) {
             sb.set_phase(p);
         }
@@ -141,5 +155,28 @@ pub(crate) fn freeze_what(frozen: bool) -> &'static str {
         "freezing the sandbox"
     } else {
         "thawing the sandbox"
+    }
+}
+
+/// Reclaims the memory of frozen sandboxes; returns the bytes freed. Blocking.
+pub(crate) fn reclaim(sandboxes: &[Arc<Sandbox>]) -> u64 {
+    let mut freed = 0;
+    for sb in sandboxes {
+        let limit = sb.record.resources.memory_limit.bytes();
+        match sb.instance.reclaim(limit) {
+            Ok(n) => freed += n,
+            Err(e) => tracing::warn!(sandbox_id = %sb.record.id, "reclaim on pause: {e}"),
+        }
+    }
+    freed
+}
+
+/// Writes the memory limits of sandboxes about to be thawed again. Blocking.
+pub(crate) fn restore_limits(sandboxes: &[Arc<Sandbox>]) {
+    for sb in sandboxes {
+        let limit = sb.record.resources.memory_limit.bytes();
+        if let Err(e) = sb.instance.restore_memory_limit(limit) {
+            tracing::warn!(sandbox_id = %sb.record.id, "memory limit before resume: {e}");
+        }
     }
 }

@@ -57,6 +57,12 @@ pub struct Node {
     pub(crate) guest: crate::guest_bin::GuestBinary,
     pub(crate) sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
     pub(crate) admission: Admission,
+    /// The derived most sandboxes, and what sets it.
+    pub(crate) capacity: crate::capacity::Derived,
+    /// The host's load, sampled every second.
+    pub(crate) sampler: crate::capacity::Sampler,
+    /// Creates waiting for (or holding) a start slot.
+    pub(crate) create_gate: crate::capacity::Gate,
     pub(crate) idempotency: Mutex<HashMap<String, IdemSlot>>,
 }
 
@@ -307,8 +313,10 @@ impl Node {
             mem_available: 0,
             threads: 0,
             pid_max: 0,
+            cores: 1,
         });
         let usage = self.admission.usage();
+        let measured = self.sampler.get();
         NodeInfo {
             id: self.id.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -317,12 +325,20 @@ impl Node {
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
                 .len() as u32,
-            max_sandboxes: self.cfg.max_sandboxes,
+            max_sandboxes: self.capacity.max_sandboxes,
             memory_reserved: ByteSize(usage.memory),
             memory_allocatable: ByteSize(
                 (load.mem_total as f64 * self.cfg.memory_overcommit) as u64,
             ),
             memory_available: ByteSize(load.mem_available),
+            memory_total: ByteSize(load.mem_total),
+            memory_used: ByteSize(measured.memory_used.unwrap_or(0)),
+            cpu_requested: usage.cpu,
+            cpu_allocatable: (f64::from(load.cores) * 1000.0 * self.cfg.cpu_overcommit) as u64,
+            cpu_cores: load.cores,
+            cpu_used_pct: measured.cpu_used_pct,
+            pressure: measured.pressure,
+            qos: Some(self.backend.qos_support()),
             threads: load.threads,
             pid_max: load.pid_max,
             cgroups: self.backend.isolation(),

@@ -154,10 +154,14 @@ pub fn save(dir: &Path, record: &Record) -> io::Result<()> {
     }
 }
 
-/// Reads `dir/state.json`.
+/// Reads `dir/state.json`. A record from before requests and limits were separate gets its
+/// limits from its `cpu` and `memory` (which were the limits then).
 pub fn load(dir: &Path) -> io::Result<Record> {
     let raw = fs::read(dir.join("state.json"))?;
-    serde_json::from_slice(&raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    let mut r: Record =
+        serde_json::from_slice(&raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    r.resources = r.resources.normalized();
+    Ok(r)
 }
 
 pub use warren_images::{now_ms, rfc3339};
@@ -186,8 +190,11 @@ mod tests {
             labels: [("a".to_string(), "b".to_string())].into(),
             env: BTreeMap::new(),
             resources: Resources {
-                cpu: 1000,
-                memory: ByteSize(1 << 29),
+                cpu: 100,
+                cpu_limit: 1000,
+                memory: ByteSize(1 << 26),
+                memory_limit: ByteSize(1 << 29),
+                qos: warren_types::api::QosClass::Ls,
                 pids: 64,
                 disk: None,
             },
@@ -274,6 +281,10 @@ mod tests {
         fs::write(dir.path().join("state.json"), old.to_string()).unwrap();
         let r = load(dir.path()).unwrap();
         assert_eq!(r.guest, None);
+        // Its cpu and memory were its limits; it is best-effort.
+        assert_eq!(r.resources.cpu_limit, 1000);
+        assert_eq!(r.resources.memory_limit, ByteSize(536870912));
+        assert_eq!(r.resources.qos, warren_types::api::QosClass::Be);
         assert_eq!(r.backend, BackendKind::Container);
         // And saved again, it stays without one.
         save(dir.path(), &r).unwrap();

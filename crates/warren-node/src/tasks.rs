@@ -30,6 +30,7 @@ impl Node {
     /// Applies `action` to every sandbox of `task` on this node.
     pub async fn task_action(&self, task: &str, action: TaskAction) -> TaskResult {
         let sandboxes = self.of_task(task);
+        let mut freed = None;
         let failed = match action {
             TaskAction::Stop => {
                 let kills = sandboxes.iter().map(|sb| async move {
@@ -44,8 +45,12 @@ impl Node {
                     .flatten()
                     .collect()
             }
-            TaskAction::Pause => self.freeze_all(&sandboxes, true).await,
-            TaskAction::Resume => self.freeze_all(&sandboxes, false).await,
+            TaskAction::Pause => {
+                let (failed, f) = self.freeze_all(&sandboxes, true).await;
+                freed = Some(f);
+                failed
+            }
+            TaskAction::Resume => self.freeze_all(&sandboxes, false).await.0,
         };
         let failed: Vec<TaskFailure> = failed
             .into_iter()
@@ -59,15 +64,17 @@ impl Node {
             action,
             succeeded: (sandboxes.len() - failed.len()) as u32,
             failed,
+            memory_freed: freed,
         }
     }
 
-    /// Freezes (or thaws) sandboxes as one batch. Returns the ones that failed.
+    /// Freezes (or thaws) sandboxes as one batch. Returns the ones that failed, and the memory
+    /// a pause reclaimed (see [`Node::reclaim`]).
     async fn freeze_all(
         &self,
         sandboxes: &[Arc<Sandbox>],
         frozen: bool,
-    ) -> Vec<(SandboxId, NodeError)> {
+    ) -> (Vec<(SandboxId, NodeError)>, u64) {
         // In one order (by id), so two batches over the same sandboxes cannot deadlock.
         let mut ordered: Vec<&Arc<Sandbox>> = sandboxes.iter().collect();
         ordered.sort_by(|a, b| a.record.id.cmp(&b.record.id));
@@ -88,6 +95,9 @@ impl Node {
             .collect();
         let batch = todo.clone();
         let results = blocking(move || {
+            if !frozen {
+                crate::lifecycle::restore_limits(&batch);
+            }
             let refs: Vec<&dyn Instance> = batch.iter().map(|s| s.instance.as_ref()).collect();
             Ok(freeze_batch(&refs, frozen))
         })
@@ -101,8 +111,18 @@ impl Node {
                 sb.set_phase(p);
             }
         }
+        let mut freed = 0;
+        if frozen && self.cfg.reclaim_on_pause {
+            let paused: Vec<Arc<Sandbox>> = todo
+                .into_iter()
+                .filter(|s| done.contains(&s.record.id))
+                .collect();
+            freed = blocking(move || Ok(crate::lifecycle::reclaim(&paused)))
+                .await
+                .unwrap_or(0);
+        }
         drop(guards);
-        failed
+        (failed, freed)
     }
 
     /// Tasks with sandboxes on this node.

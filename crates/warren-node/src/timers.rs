@@ -53,6 +53,7 @@ impl Node {
                     // second).
                     let node = node.clone();
                     tokio::task::spawn_blocking(move || {
+                        node.sampler.sample(node.backend.memory_charged());
                         node.backend.housekeeping();
                         node.layers.sweep(false)
                     });

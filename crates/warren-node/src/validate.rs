@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use warren_types::ByteSize;
-use warren_types::api::{CreateSandbox, Resources};
+use warren_types::api::{CreateSandbox, QosClass, Resources};
 
 use crate::config::NodeConfig;
 use crate::error::NodeError;
@@ -35,18 +35,72 @@ pub fn validate(
 ) -> Result<(Resources, u64), NodeError> {
     let bad = |m: String| Err(NodeError::Invalid(m));
     let (ncpu, mem_total) = (host.ncpu, host.mem_total);
-    let cpu = req.cpu.unwrap_or(cfg.default_cpu);
-    if !(10..=ncpu * 1000).contains(&cpu) {
+    let qos = req.qos.unwrap_or_default();
+    let max_cpu = ncpu * 1000;
+    // A default request is at most the limit given.
+    let cpu = req.cpu.unwrap_or(
+        cfg.default_cpu
+            .min(max_cpu)
+            .min(req.cpu_limit.unwrap_or(u32::MAX)),
+    );
+    let least_cpu = if qos == QosClass::Ls { 10 } else { 0 };
+    if !(least_cpu..=max_cpu).contains(&cpu) {
         return bad(format!(
-            "cpu {cpu} millicores is out of range: give 10 to {} (this node has {ncpu} cores; 1000 = one core)",
-            ncpu * 1000
+            "cpu {cpu} millicores (the request) is out of range: give {least_cpu} to {max_cpu} \
+             (this node has {ncpu} cores; 1000 = one core{})",
+            if qos == QosClass::Ls {
+                "; a latency-sensitive sandbox's request is its weight, so at least 10"
+            } else {
+                ""
+            }
         ));
     }
-    let memory = req.memory.unwrap_or(cfg.default_memory);
-    if memory.bytes() < 16 << 20 || memory.bytes() > mem_total {
+    let cpu_limit = req
+        .cpu_limit
+        .unwrap_or(cfg.default_cpu_limit.min(max_cpu).max(cpu));
+    if !(10..=max_cpu).contains(&cpu_limit) {
         return bad(format!(
-            "memory {memory} is out of range: give 16Mi to {} (this node's physical memory)",
+            "cpu_limit {cpu_limit} millicores is out of range: give 10 to {max_cpu} (this node \
+             has {ncpu} cores; 1000 = one core)"
+        ));
+    }
+    if cpu > cpu_limit {
+        return bad(format!(
+            "cpu {cpu} (the request) is more than cpu_limit {cpu_limit}: a request is at most \
+             the limit; raise cpu_limit or lower cpu"
+        ));
+    }
+    let memory = req.memory.unwrap_or(ByteSize(
+        cfg.default_memory
+            .bytes()
+            .min(mem_total)
+            .min(req.memory_limit.map_or(u64::MAX, |l| l.bytes())),
+    ));
+    if memory.bytes() > mem_total {
+        return bad(format!(
+            "memory {memory} (the request) is out of range: give 0 to {} (this node's physical \
+             memory)",
             ByteSize(mem_total)
+        ));
+    }
+    let memory_limit = req.memory_limit.unwrap_or(ByteSize(
+        cfg.default_memory_limit
+            .bytes()
+            .min(mem_total)
+            .max(memory.bytes())
+            .max(16 << 20),
+    ));
+    if memory_limit.bytes() < 16 << 20 || memory_limit.bytes() > mem_total {
+        return bad(format!(
+            "memory_limit {memory_limit} is out of range: give 16Mi to {} (this node's physical \
+             memory)",
+            ByteSize(mem_total)
+        ));
+    }
+    if memory > memory_limit {
+        return bad(format!(
+            "memory {memory} (the request) is more than memory_limit {memory_limit}: a request \
+             is at most the limit; raise memory_limit or lower memory"
         ));
     }
     let pids = req.pids.unwrap_or(cfg.default_pids);
@@ -118,7 +172,10 @@ pub fn validate(
     Ok((
         Resources {
             cpu,
+            cpu_limit,
             memory,
+            memory_limit,
+            qos,
             pids,
             disk,
         },
@@ -232,13 +289,98 @@ mod tests {
             "out of range",
         );
 
+        // Requests, limits and classes.
+        assert_eq!(r.cpu_limit, cfg.default_cpu_limit);
+        assert_eq!(r.memory_limit, cfg.default_memory_limit);
+        assert_eq!(r.qos, QosClass::Be);
+        let ls = CreateSandbox {
+            cpu: Some(500),
+            cpu_limit: Some(3000),
+            memory: Some(ByteSize(256 << 20)),
+            memory_limit: Some(ByteSize(4 << 30)),
+            qos: Some(QosClass::Ls),
+            ..req()
+        };
+        let (r, _) = validate(&cfg, host(), &ls).unwrap();
+        assert_eq!(
+            (r.cpu, r.cpu_limit, r.memory, r.memory_limit, r.qos),
+            (
+                500,
+                3000,
+                ByteSize(256 << 20),
+                ByteSize(4 << 30),
+                QosClass::Ls
+            )
+        );
+        // A best-effort sandbox may request nothing; a limit below the default request takes
+        // the request down with it; a request above the default limit takes the limit up.
+        let (r, _) = validate(
+            &cfg,
+            host(),
+            &CreateSandbox {
+                cpu: Some(0),
+                memory: Some(ByteSize(0)),
+                ..req()
+            },
+        )
+        .unwrap();
+        assert_eq!((r.cpu, r.memory), (0, ByteSize(0)));
+        let (r, _) = validate(
+            &cfg,
+            host(),
+            &CreateSandbox {
+                cpu_limit: Some(10),
+                memory_limit: Some(ByteSize(32 << 20)),
+                ..req()
+            },
+        )
+        .unwrap();
+        assert_eq!((r.cpu, r.memory), (10, ByteSize(32 << 20)));
+        let (r, _) = validate(
+            &cfg,
+            host(),
+            &CreateSandbox {
+                cpu: Some(3000),
+                memory: Some(ByteSize(3 << 30)),
+                ..req()
+            },
+        )
+        .unwrap();
+        assert_eq!((r.cpu_limit, r.memory_limit), (3000, ByteSize(3 << 30)));
         refused(
             &CreateSandbox {
                 cpu: Some(5),
+                qos: Some(QosClass::Ls),
                 ..req()
             },
             host(),
             "cpu 5",
+        );
+        refused(
+            &CreateSandbox {
+                cpu: Some(2000),
+                cpu_limit: Some(1000),
+                ..req()
+            },
+            host(),
+            "more than cpu_limit",
+        );
+        refused(
+            &CreateSandbox {
+                memory: Some(ByteSize(1 << 30)),
+                memory_limit: Some(ByteSize(512 << 20)),
+                ..req()
+            },
+            host(),
+            "more than memory_limit",
+        );
+        refused(
+            &CreateSandbox {
+                memory_limit: Some(ByteSize(1 << 20)),
+                ..req()
+            },
+            host(),
+            "memory_limit 1Mi",
         );
         refused(
             &CreateSandbox {

@@ -1,7 +1,7 @@
 //! The SDK's one error type, and how a failed HTTP reply becomes one.
 
 use serde::Deserialize;
-use warren_types::error::ErrorCode;
+use warren_types::error::{ErrorCode, Fault};
 
 /// Everything that can go wrong talking to Warren.
 ///
@@ -21,6 +21,8 @@ pub enum Error {
         message: String,
         /// For [`ErrorCode::Capacity`]: seconds after which a retry may succeed.
         retry_after_secs: Option<u32>,
+        /// Whose fault it is (the server's `fault`, else what `code` implies).
+        fault: Fault,
     },
     /// Nothing answered at the configured address.
     #[error(
@@ -97,6 +99,19 @@ impl Error {
         }
     }
 
+    /// Whose fault the error is: `Infrastructure` (retry; an RL trainer masks the episode out
+    /// of the loss), `Agent` (the sandbox's own doing: score it) or `Request` (the call was
+    /// wrong). A connection that failed or an answer that could not be read is the
+    /// infrastructure's.
+    pub fn fault(&self) -> Fault {
+        match self {
+            Error::Api { fault, .. } => *fault,
+            Error::Connect { .. } | Error::Transport(_) | Error::Decode(_) => Fault::Infrastructure,
+            Error::Invalid(_) | Error::Local { .. } => Fault::Request,
+            Error::BuildStep { .. } => Fault::Request,
+        }
+    }
+
     /// Whether Warren said the thing asked about does not exist (sandbox, process, file, ...).
     pub fn is_not_found(&self) -> bool {
         self.code().is_some_and(|c| c.http_status() == 404)
@@ -131,15 +146,18 @@ pub(crate) fn from_reply(status: u16, retry_after: Option<u32>, body: &[u8]) -> 
         message: String,
         #[serde(default)]
         retry_after_secs: Option<u32>,
+        #[serde(default)]
+        fault: Option<Fault>,
     }
     if let Ok(Body { error }) = serde_json::from_slice::<Body>(body) {
-        let code = serde_json::from_value(serde_json::Value::String(error.code))
+        let code: ErrorCode = serde_json::from_value(serde_json::Value::String(error.code))
             .unwrap_or_else(|_| code_for_status(status));
         return Error::Api {
             status,
             code,
             message: error.message,
             retry_after_secs: error.retry_after_secs.or(retry_after),
+            fault: error.fault.unwrap_or(code.default_fault()),
         };
     }
     let text = String::from_utf8_lossy(body);
@@ -153,11 +171,13 @@ pub(crate) fn from_reply(status: u16, retry_after: Option<u32>, body: &[u8]) -> 
     } else {
         format!("the server answered HTTP {status}: {shown}{more}")
     };
+    let code = code_for_status(status);
     Error::Api {
         status,
-        code: code_for_status(status),
+        code,
         message,
         retry_after_secs: retry_after,
+        fault: code.default_fault(),
     }
 }
 
@@ -212,6 +232,11 @@ mod tests {
         let body = br#"{"error": {"code": "capacity", "message": "node full"}}"#;
         let err = from_reply(429, Some(9), body);
         assert!(err.is_retryable());
+        assert_eq!(err.fault(), Fault::Infrastructure);
+        let body = br#"{"error": {"code": "sandbox_gone", "message": "oom", "fault": "agent"}}"#;
+        assert_eq!(from_reply(410, None, body).fault(), Fault::Agent);
+        let body = br#"{"error": {"code": "invalid_argument", "message": "bad"}}"#;
+        assert_eq!(from_reply(400, None, body).fault(), Fault::Request);
         assert!(matches!(
             err,
             Error::Api {

@@ -63,6 +63,10 @@ pub trait ExecResultExt {
     fn stdout_data(&self) -> Result<Vec<u8>>;
     /// Standard error as bytes (decoding it when `stderr_encoding` is `base64`).
     fn stderr_data(&self) -> Result<Vec<u8>>;
+    /// `Some(Fault::Agent)` when the command failed (a non-zero exit, a signal, its timeout):
+    /// the agent's own doing, to be scored; `None` when it succeeded. Failures of the platform
+    /// are errors ([`crate::Error::fault`]), never results.
+    fn fault(&self) -> Option<warren_types::Fault>;
 }
 
 impl ExecResultExt for ExecResult {
@@ -72,6 +76,12 @@ impl ExecResultExt for ExecResult {
 
     fn stderr_data(&self) -> Result<Vec<u8>> {
         decode_output(&self.stderr, self.stderr_encoding)
+    }
+
+    fn fault(&self) -> Option<warren_types::Fault> {
+        let s = &self.status;
+        (s.exit_code != 0 || s.signal.is_some() || s.timed_out)
+            .then_some(warren_types::Fault::Agent)
     }
 }
 
@@ -194,7 +204,7 @@ impl Sandbox {
 #[cfg(test)]
 mod tests {
     use warren_types::api::ExitStatus;
-    use warren_types::error::{ApiError, ErrorCode};
+    use warren_types::error::ErrorCode;
 
     use super::*;
 
@@ -247,10 +257,17 @@ mod tests {
         .collect()
         .await;
         assert_eq!(evs.len(), 1);
-        assert_eq!(
-            evs[0].as_ref().unwrap(),
-            &ExecEvent::Error(ApiError::new(ErrorCode::SandboxGone, "it stopped"))
-        );
+        match evs[0].as_ref().unwrap() {
+            ExecEvent::Error(e) => {
+                assert_eq!(
+                    (e.code, e.message.as_str()),
+                    (ErrorCode::SandboxGone, "it stopped")
+                );
+                // A server that sent no fault: the code's.
+                assert_eq!(e.fault(), warren_types::Fault::Request);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]

@@ -56,16 +56,16 @@ pub use warren_types::api::Sandbox as SandboxInfo;
 pub use warren_types::api::{
     BackendKind, CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus,
     FileEntry, FileKind, FsEvent, FsEventKind, Gathered, Health, IdleAction, Image, ImageDetail,
-    ImageStats, Layer, LayerUse, NodeFailure, NodeInfo, ProcessInfo, PtySize, PullRequest,
-    Resources, Role, SandboxMetrics, SandboxState, TaskAction, TaskInfo, TaskNetworkResult,
-    TaskResult, TrajectoryEntry, WatchEvents, WatchRequest,
+    ImageStats, Layer, LayerUse, NodeFailure, NodeInfo, Pressure, ProcessInfo, PtySize,
+    PullRequest, QosClass, QosSupport, Resources, Role, SandboxMetrics, SandboxState, TaskAction,
+    TaskInfo, TaskNetworkResult, TaskResult, TrajectoryEntry, WatchEvents, WatchRequest,
 };
 pub use warren_types::events::NetEvent;
 pub use warren_types::events::{Event, EventKind};
 pub use warren_types::net::{
     ExposedPort, NetRule, NetworkMode, NetworkPolicy, NetworkStatus, Protocol,
 };
-pub use warren_types::{ApiError, ByteSize, ErrorCode, NodeId, SandboxId};
+pub use warren_types::{ApiError, ByteSize, ErrorCode, Fault, NodeId, SandboxId};
 
 #[cfg(test)]
 mod fake;

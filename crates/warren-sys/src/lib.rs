@@ -25,6 +25,7 @@ pub mod mount;
 pub mod net;
 pub mod process;
 pub mod pty;
+pub mod sched;
 pub mod seccomp;
 pub mod spawn;
 pub mod unix;

@@ -74,9 +74,10 @@ pub fn pidfd_reap(pidfd: impl AsFd) -> bool {
 
 /// Resolves when the process behind `pidfd` exits (the pidfd becomes readable). Needs a tokio
 /// runtime with I/O enabled.
-pub async fn exited(pidfd: OwnedFd) -> io::Result<()> {
-    // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open and refers to the same
-    // pidfd for the AsyncFd's whole life, which is what `register` requires.
+pub async fn exited<T: std::os::fd::AsRawFd>(pidfd: T) -> io::Result<()> {
+    // SAFETY: the AsyncFd owns `pidfd` (an OwnedFd, or an Arc of one that keeps it open), so
+    // the descriptor stays open and refers to the same pidfd for the AsyncFd's whole life,
+    // which is what `register` requires.
     let fd = unsafe { tokio::io::unix::AsyncFd::register(pidfd) }.map_err(|e| e.into_parts().1)?;
     let _ = fd.readable().await?;
     Ok(())

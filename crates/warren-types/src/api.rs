@@ -63,13 +63,32 @@ pub struct CreateSandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._:/-]{1,128}$"))]
     pub task: Option<String>,
-    /// CPU limit in millicores (1000 = one core): 10 to 1000 × the node's cores. Default 1000.
+    /// CPU request in millicores (1000 = one core): what the node's admission counts, and a
+    /// latency-sensitive sandbox's weight. 0 to 1000 × the node's cores (at least 10 for
+    /// `qos: ls`). Default: the node's `default_cpu` (10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<u32>,
+    /// CPU limit in millicores, enforced by the kernel (a CFS quota): 10 to 1000 × the node's
+    /// cores, at least `cpu`. Default: the node's `default_cpu_limit` (2000, at most its
+    /// cores), or `cpu` where that is more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 10))]
-    pub cpu: Option<u32>,
-    /// Memory limit, e.g. `512Mi` or a number of bytes. Default 512Mi.
+    pub cpu_limit: Option<u32>,
+    /// Memory request, e.g. `64Mi` or a number of bytes: what the node's admission counts.
+    /// At most the node's physical memory. Default: the node's `default_memory` (64Mi).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<ByteSize>,
+    /// Memory limit, enforced by the kernel (past it the sandbox's processes are OOM-killed):
+    /// 16Mi to the node's physical memory, at least `memory`. Default: the node's
+    /// `default_memory_limit` (2Gi, at most its physical memory), or `memory` where that is
+    /// more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<ByteSize>,
+    /// QoS class: `be` (best-effort, the default: runs at idle CPU priority, so it takes only
+    /// CPU no latency-sensitive sandbox wants) or `ls` (latency-sensitive: weighted by its CPU
+    /// request, and its memory request is protected from reclaim where the kernel can).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosClass>,
     /// Most processes and threads the sandbox may hold: 16 to the node's `max_pids`. Default
     /// 1024.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -182,19 +201,77 @@ impl SandboxState {
     }
 }
 
+/// A sandbox's QoS class: how its CPU is scheduled against its neighbours'.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum QosClass {
+    /// Latency-sensitive: CPU weighted by its request; best-effort sandboxes yield to it.
+    Ls,
+    /// Best-effort: idle CPU priority (`cpu.idle`, or `SCHED_IDLE` where the kernel lacks it).
+    #[default]
+    Be,
+}
+
+impl QosClass {
+    /// `ls` or `be`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QosClass::Ls => "ls",
+            QosClass::Be => "be",
+        }
+    }
+}
+
+impl std::str::FromStr for QosClass {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ls" => Ok(QosClass::Ls),
+            "be" => Ok(QosClass::Be),
+            _ => Err(format!(
+                "unknown QoS class {s:?}: give ls (latency-sensitive) or be (best-effort)"
+            )),
+        }
+    }
+}
+
 /// Resources a sandbox was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Resources {
-    /// CPU limit in millicores.
+    /// CPU request in millicores (what admission counts).
     pub cpu: u32,
-    /// Memory limit in bytes.
+    /// CPU limit in millicores (what the kernel enforces).
+    #[serde(default)]
+    pub cpu_limit: u32,
+    /// Memory request in bytes (what admission counts).
     pub memory: ByteSize,
+    /// Memory limit in bytes (what the kernel enforces).
+    #[serde(default)]
+    pub memory_limit: ByteSize,
+    /// QoS class.
+    #[serde(default)]
+    pub qos: QosClass,
     /// Process and thread limit.
     pub pids: u32,
     /// Disk quota of the writable layer; absent where the node enforces none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk: Option<ByteSize>,
+}
+
+impl Resources {
+    /// Fills the limits of a record written before requests and limits were separate (its
+    /// `cpu` and `memory` were the limits).
+    pub fn normalized(mut self) -> Resources {
+        if self.cpu_limit == 0 {
+            self.cpu_limit = self.cpu.max(10);
+        }
+        if self.memory_limit.bytes() == 0 {
+            self.memory_limit = self.memory;
+        }
+        self
+    }
 }
 
 /// `GET /v1/sandboxes/{id}/metrics`: what a sandbox uses, measured when asked.
@@ -799,6 +876,10 @@ pub struct TaskResult {
     /// The ones it failed on, with why.
     #[serde(default)]
     pub failed: Vec<TaskFailure>,
+    /// For `pause`: memory the paused sandboxes' cgroups gave back, bytes (page cache, and
+    /// anonymous memory where the node has swap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_freed: Option<u64>,
 }
 
 /// `PUT /v1/tasks/{task}/network`: how the task's sandboxes took a new network policy.
@@ -943,12 +1024,39 @@ pub struct NodeInfo {
     pub sandboxes: u32,
     /// Most sandboxes it admits.
     pub max_sandboxes: u32,
-    /// Memory promised to sandboxes (sum of their limits), bytes.
+    /// Memory requested by its sandboxes (the sum of their requests), bytes.
     pub memory_reserved: ByteSize,
-    /// Memory it may promise in all (physical memory × overcommit), bytes.
+    /// Memory requests it may admit in all (physical memory × `memory_overcommit`), bytes.
     pub memory_allocatable: ByteSize,
-    /// Memory the kernel reports available now, bytes.
+    /// Memory the kernel reports available now (`MemAvailable`: free memory plus what it can
+    /// reclaim), bytes.
     pub memory_available: ByteSize,
+    /// Physical memory, bytes.
+    #[serde(default)]
+    pub memory_total: ByteSize,
+    /// Memory charged to its sandboxes now (their cgroups' use, page cache included), bytes:
+    /// measured, not promised.
+    #[serde(default)]
+    pub memory_used: ByteSize,
+    /// CPU requested by its sandboxes, millicores.
+    #[serde(default)]
+    pub cpu_requested: u64,
+    /// CPU requests it may admit in all (cores × 1000 × `cpu_overcommit`), millicores.
+    #[serde(default)]
+    pub cpu_allocatable: u64,
+    /// CPU cores.
+    #[serde(default)]
+    pub cpu_cores: u32,
+    /// The host's CPU use between its two latest load samples (about a second apart), percent
+    /// of all cores.
+    #[serde(default)]
+    pub cpu_used_pct: f64,
+    /// Pressure stall information where the kernel has it (`/proc/pressure`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<Pressure>,
+    /// What the kernel supports for QoS, probed when the node started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos: Option<QosSupport>,
     /// Threads in use on the host, and the host's limit (`kernel.pid_max`).
     pub threads: u32,
     /// `kernel.pid_max`.
@@ -971,6 +1079,46 @@ pub struct NodeInfo {
     /// node's own copy of its `guest_binary`, made when it started).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<String>,
+}
+
+/// The share of the last 10 seconds in which some task stalled for a resource (PSI `some
+/// avg10`), percent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Pressure {
+    /// Waiting for CPU.
+    pub cpu: f64,
+    /// Waiting for memory (reclaim, swap-in, refaults).
+    pub memory: f64,
+    /// Waiting for I/O.
+    pub io: f64,
+}
+
+/// What a node's kernel supports for QoS, probed at start; every field says what is, never
+/// what was hoped for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct QosSupport {
+    /// The cgroup `cpu.idle` knob (kernel 5.15+; v2, and v1's cpu controller): best-effort
+    /// sandboxes' cgroups are made idle.
+    pub cpu_idle: bool,
+    /// Without `cpu.idle`, best-effort sandboxes' commands run under `SCHED_IDLE` instead.
+    pub sched_idle_fallback: bool,
+    /// Simultaneous multithreading: `on`, `off`, `forceoff`, `notsupported` or
+    /// `notimplemented` (`/sys/devices/system/cpu/smt/control`), or `unknown`.
+    pub smt: String,
+    /// Whether the kernel has core scheduling (`PR_SCHED_CORE`, `CONFIG_SCHED_CORE`).
+    pub core_scheduling: bool,
+    /// Whether latency-sensitive sandboxes get a core-scheduling cookie of their own: only
+    /// with core scheduling and SMT on (without SMT no two tasks share a core anyway).
+    pub core_scheduling_used: bool,
+    /// Whether pressure stall information is readable.
+    pub psi: bool,
+    /// How a paused sandbox's memory is reclaimed: `memory.reclaim` (cgroup v2) or
+    /// `limit` (cgroup v1: a temporary lower limit).
+    pub memory_reclaim: String,
+    /// Swap the node has, bytes: without it only page cache can be reclaimed.
+    pub swap_total: u64,
 }
 
 /// `GET /v1/nodes`.

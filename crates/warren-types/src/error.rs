@@ -92,6 +92,36 @@ impl ErrorCode {
     }
 }
 
+/// Whose fault an error is, so a trainer knows what to do with the episode that saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// The platform's: no room, a node that did not answer, a bug. Retry the call (after
+    /// `retry_after_secs` where given); a trainer masks such an episode out of the loss
+    /// instead of scoring it.
+    Infrastructure,
+    /// The agent's own doing inside its sandbox (it used up its memory and was killed, it
+    /// ended its own init): score the episode as the agent earned it.
+    Agent,
+    /// The caller's request: a bad argument, an unknown id, a conflict with the sandbox's
+    /// state. Retrying the same request gives the same answer.
+    Request,
+}
+
+impl ErrorCode {
+    /// Whose fault an error with this code is, unless the error says otherwise.
+    pub fn default_fault(self) -> Fault {
+        match self {
+            ErrorCode::Capacity
+            | ErrorCode::Unavailable
+            | ErrorCode::Internal
+            | ErrorCode::Timeout => Fault::Infrastructure,
+            _ => Fault::Request,
+        }
+    }
+}
+
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -110,6 +140,11 @@ pub struct ApiError {
     /// as `Retry-After`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_secs: Option<u32>,
+    /// Whose fault it is: `infrastructure` (retryable: mask the episode, retry the call),
+    /// `agent` (the sandbox's own doing) or `request` (the call itself was wrong). Absent in
+    /// answers of older servers: then it follows from `code`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<Fault>,
 }
 
 impl ApiError {
@@ -119,6 +154,7 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after_secs: None,
+            fault: Some(code.default_fault()),
         }
     }
 
@@ -138,11 +174,24 @@ impl ApiError {
             code: ErrorCode::Capacity,
             message: message.into(),
             retry_after_secs: Some(secs),
+            fault: Some(Fault::Infrastructure),
         }
     }
 
+    /// The same error, marked as the fault of `fault`.
+    pub fn with_fault(mut self, fault: Fault) -> Self {
+        self.fault = Some(fault);
+        self
+    }
+
+    /// Whose fault it is: as marked, else as its code implies.
+    pub fn fault(&self) -> Fault {
+        self.fault.unwrap_or(self.code.default_fault())
+    }
+
     /// The wire body `{"error": {...}}`.
-    pub fn into_body(self) -> ErrorBody {
+    pub fn into_body(mut self) -> ErrorBody {
+        self.fault = Some(self.fault());
         ErrorBody { error: self }
     }
 }
@@ -189,5 +238,8 @@ mod tests {
         let v: serde_json::Value = serde_json::to_value(&body).unwrap();
         assert_eq!(v["error"]["code"], "capacity");
         assert_eq!(v["error"]["retry_after_secs"], 2);
+        assert_eq!(v["error"]["fault"], "infrastructure");
+        let v = serde_json::to_value(ApiError::invalid("bad").into_body()).unwrap();
+        assert_eq!(v["error"]["fault"], "request");
     }
 }

@@ -24,6 +24,6 @@ pub mod owner;
 pub mod path;
 pub mod size;
 
-pub use error::{ApiError, ErrorCode};
+pub use error::{ApiError, ErrorCode, Fault};
 pub use id::{NodeId, SandboxId};
 pub use size::ByteSize;

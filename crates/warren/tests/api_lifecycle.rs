@@ -28,6 +28,7 @@ async fn create_list_pause_resume_kill() {
             labels: labels.clone(),
             cpu: Some(500),
             memory: Some(ByteSize(256 << 20)),
+            memory_limit: Some(ByteSize(256 << 20)),
             pids: Some(128),
             timeout: Some(600),
             ..host()

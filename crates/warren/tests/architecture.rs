@@ -242,6 +242,7 @@ fn node_modules_stand_in_layers_without_loops() {
     let group = |m: &str| -> u8 {
         const FOUNDATION: &[&str] = &[
             "admission",
+            "capacity",
             "config",
             "disk",
             "error",

@@ -993,7 +993,7 @@ async fn small_sandbox(p: &Platform, memory: u64, pids: u32) -> Sandbox {
     p.client()
         .create(&CreateSandbox {
             image: "host".into(),
-            memory: Some(warren_sdk::ByteSize(memory)),
+            memory_limit: Some(warren_sdk::ByteSize(memory)),
             pids: Some(pids),
             ..Default::default()
         })

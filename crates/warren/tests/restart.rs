@@ -118,7 +118,10 @@ async fn restart_removes_half_made_leftovers() {
     stray
         .create(Some(&warren_types::api::Resources {
             cpu: 100,
+            cpu_limit: 100,
             memory: warren_sdk::ByteSize(64 << 20),
+            memory_limit: warren_sdk::ByteSize(64 << 20),
+            qos: Default::default(),
             pids: 16,
             disk: None,
         }))

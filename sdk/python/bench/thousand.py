@@ -70,7 +70,8 @@ async def run(args: argparse.Namespace) -> List[Phase]:
         args.url, args.api_key, max_connections=args.connections, timeout=600
     ) as client:
         try:
-            create = Phase(f"create {args.n} (memory {args.memory})")
+            size = f"memory {args.memory}" if args.memory else "default sizes"
+            create = Phase(f"create {args.n} ({size})")
             phases.append(create)
             t0, c0 = time.perf_counter(), time.process_time()
             made = await asyncio.gather(
@@ -121,7 +122,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", type=int, default=1000, help="sandboxes (default 1000)")
     p.add_argument("--execs", type=int, default=10, help="commands per sandbox (default 10)")
-    p.add_argument("--memory", default="64Mi", help="memory limit per sandbox (default 64Mi)")
+    p.add_argument(
+        "--memory",
+        default=None,
+        help="memory request per sandbox (default: the node's, 64Mi; the limit stays the default)",
+    )
     p.add_argument("--connections", type=int, default=1000, help="connection pool size")
     p.add_argument("--url", default=None, help="default WARREN_URL or http://127.0.0.1:7700")
     p.add_argument("--api-key", default=None, help="default WARREN_API_KEY or the admin.key file")

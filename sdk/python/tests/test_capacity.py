@@ -49,6 +49,8 @@ def test_full_node_refuses_with_retry_after(small: Server, full):
     assert err.code == "capacity" and err.status == 429
     assert err.retry_after is not None and err.retry_after > 0
     assert "max_sandboxes" in err.message
+    # The platform's fault: retry, and mask the episode rather than score it.
+    assert err.fault == "infrastructure" and err.retryable
 
 
 def test_create_retries_until_room_is_made(small: Server, full):

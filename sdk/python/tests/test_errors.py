@@ -32,10 +32,12 @@ def test_not_found_kinds(client: warren.Client, sandbox: warren.Sandbox):
 def test_invalid_argument_from_the_server(client: warren.Client, sandbox: warren.Sandbox):
     # In range for the SDK, out of range for the node: the server's message names the range.
     with pytest.raises(warren.InvalidArgument) as e:
-        client.containers.create(image="host", cpu=5)
+        client.containers.create(image="host", cpu=5, qos="ls")
     assert e.value.code == "invalid_argument" and e.value.status == 400
     assert "out of range" in e.value.message
     assert isinstance(e.value, ValueError)
+    # The caller's fault: retrying the same call gives the same answer.
+    assert e.value.fault == "request" and not e.value.retryable
     with pytest.raises(warren.InvalidArgument, match="does not record its trajectory"):
         sandbox.trajectory()
     with pytest.raises(warren.InvalidArgument, match="not a signal"):

@@ -63,14 +63,13 @@ pub const MAX_TUNNELS: usize = 16_384;
 const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn too_many() -> Error {
-    Error(ApiError {
-        code: ErrorCode::Capacity,
-        message: format!(
+    Error(ApiError::capacity(
+        format!(
             "the control plane carries {MAX_TUNNELS} streams to sandboxes' ports already: retry \
              shortly"
         ),
-        retry_after_secs: Some(1),
-    })
+        1,
+    ))
 }
 
 /// Asks the node of sandbox `id` for a stream to its exposed `port` (`resume`: a paused

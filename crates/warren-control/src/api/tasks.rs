@@ -49,10 +49,14 @@ pub async fn act(
         action,
         succeeded: 0,
         failed: Vec::new(),
+        memory_freed: None,
     };
     for part in parts.answer {
         total.succeeded += part.succeeded;
         total.failed.extend(part.failed);
+        if let Some(f) = part.memory_freed {
+            total.memory_freed = Some(total.memory_freed.unwrap_or(0) + f);
+        }
     }
     Ok(Json(Gathered {
         answer: total,

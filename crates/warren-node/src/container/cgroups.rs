@@ -19,7 +19,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use warren_types::api::Resources;
+use warren_types::api::{QosClass, Resources};
 
 /// CFS period used for CPU limits, microseconds.
 const CPU_PERIOD_US: u64 = 100_000;
@@ -176,6 +176,24 @@ pub enum JoinFds {
     Dir(OwnedFd),
 }
 
+/// Makes a cgroup idle (or not) where the kernel has `cpu.idle`; without it, nothing.
+fn write_idle(dir: &Path, idle: bool) -> io::Result<()> {
+    let f = dir.join("cpu.idle");
+    match fs::OpenOptions::new().write(true).open(&f) {
+        Ok(mut file) => {
+            use std::io::Write;
+            file.write_all(if idle { b"1" } else { b"0" }).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("writing cpu.idle of {}: {e}", dir.display()),
+                )
+            })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 fn write(path: &Path, value: &str) -> io::Result<()> {
     fs::write(path, value).map_err(|e| {
         io::Error::new(
@@ -204,6 +222,32 @@ impl Cgroups {
             write(&p.join("cgroup.subtree_control"), "+cpu +memory +pids")?;
         }
         Ok(cg)
+    }
+
+    /// Whether the kernel has `cpu.idle` (probed on Warren's parent cgroup).
+    pub fn has_cpu_idle(&self) -> bool {
+        let dir = match &self.layout {
+            Layout::V2 { .. } => self.layout.parents(&self.parent)[0].clone(),
+            Layout::V1 { cpu, .. } => cpu.join(&self.parent),
+        };
+        dir.join("cpu.idle").exists()
+    }
+
+    /// Memory charged to every sandbox (Warren's parent cgroup), bytes.
+    pub fn memory_charged(&self) -> Option<u64> {
+        let file = match &self.layout {
+            Layout::V2 { .. } => self.layout.parents(&self.parent)[0].join("memory.current"),
+            Layout::V1 { memory, .. } => memory.join(&self.parent).join("memory.usage_in_bytes"),
+        };
+        fs::read_to_string(file).ok()?.trim().parse().ok()
+    }
+
+    /// How a paused sandbox's memory is reclaimed here.
+    pub fn reclaim_method(&self) -> &'static str {
+        match &self.layout {
+            Layout::V2 { .. } => "memory.reclaim",
+            Layout::V1 { .. } => "limit",
+        }
     }
 
     /// The cgroup of sandbox `name` (not created).
@@ -294,15 +338,34 @@ impl SandboxCgroup {
         }
     }
 
-    /// Writes CPU, memory and process limits.
+    /// Writes CPU, memory and process limits and the QoS class: the CFS quota is the CPU
+    /// limit; a latency-sensitive sandbox is weighted by its CPU request (`cpu.shares`,
+    /// `cpu.weight`) and keeps its memory request from reclaim (v2 `memory.low`); a
+    /// best-effort one's cgroup is made idle (`cpu.idle`, where the kernel has it; else its
+    /// weight is the least and its commands run under `SCHED_IDLE`). v1's soft limit is the
+    /// memory request: under host pressure, cgroups above theirs are reclaimed first.
     pub fn set_limits(&self, r: &Resources) -> io::Result<()> {
-        let quota = (r.cpu as u64 * CPU_PERIOD_US / 1000).max(1000);
-        let mem = r.memory.bytes();
+        let r = r.normalized();
+        let quota = (r.cpu_limit as u64 * CPU_PERIOD_US / 1000).max(1000);
+        let mem = r.memory_limit.bytes();
+        let ls = r.qos == QosClass::Ls;
+        // v1 shares: 1024 per core requested, 2 the least.
+        let shares = if ls {
+            (r.cpu as u64 * 1024 / 1000).clamp(2, 262_144)
+        } else {
+            2
+        };
         match &self.layout {
             Layout::V2 { .. } => {
                 let d = &self.dirs[0];
                 write(&d.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+                // The kernel's own shares-to-weight mapping.
+                let weight = 1 + (shares - 2) * 9999 / 262_142;
+                write(&d.join("cpu.weight"), &weight.to_string())?;
+                write_idle(d, !ls)?;
                 write(&d.join("memory.max"), &mem.to_string())?;
+                let low = if ls { r.memory.bytes() } else { 0 };
+                let _ = write(&d.join("memory.low"), &low.to_string());
                 let _ = write(&d.join("memory.swap.max"), "0");
                 write(&d.join("pids.max"), &r.pids.to_string())
             }
@@ -312,16 +375,71 @@ impl SandboxCgroup {
                 };
                 write(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
                 write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
-                let shares = (r.cpu as u64 * 1024 / 1000).max(2);
                 write(&cpu.join("cpu.shares"), &shares.to_string())?;
-                write(&memory.join("memory.limit_in_bytes"), &mem.to_string())?;
-                let memsw = memory.join("memory.memsw.limit_in_bytes");
-                if memsw.exists() {
-                    write(&memsw, &mem.to_string())?;
-                }
+                write_idle(cpu, !ls)?;
+                self.set_memory_limit(mem)?;
+                let _ = write(
+                    &memory.join("memory.soft_limit_in_bytes"),
+                    &r.memory.bytes().to_string(),
+                );
                 write(&pids.join("pids.max"), &r.pids.to_string())
             }
         }
+    }
+
+    /// Writes the memory limit (v1: with the memory+swap limit beside it, in the order the
+    /// kernel accepts: memsw is never below the limit).
+    fn set_memory_limit(&self, mem: u64) -> io::Result<()> {
+        match &self.layout {
+            Layout::V2 { .. } => write(&self.dirs[0].join("memory.max"), &mem.to_string()),
+            Layout::V1 { .. } => {
+                let memory = &self.dirs[1];
+                let limit = memory.join("memory.limit_in_bytes");
+                let memsw = memory.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    let now_memsw: u64 = fs::read_to_string(&memsw)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .unwrap_or(u64::MAX);
+                    if mem > now_memsw {
+                        write(&memsw, &mem.to_string())?;
+                        write(&limit, &mem.to_string())
+                    } else {
+                        write(&limit, &mem.to_string())?;
+                        write(&memsw, &mem.to_string())
+                    }
+                } else {
+                    write(&limit, &mem.to_string())
+                }
+            }
+        }
+    }
+
+    /// Reclaims what the kernel can of the (frozen) cgroup's memory: page cache, and
+    /// anonymous memory where the host has swap. v2: `memory.reclaim`; v1: the limit lowered
+    /// to nothing (the kernel reclaims until it cannot, then refuses the limit), then put back
+    /// to `limit`. Returns the bytes freed. Only for a frozen cgroup: on v1 a process that
+    /// allocated meanwhile would meet the lowered limit.
+    pub fn reclaim(&self, limit: u64) -> io::Result<u64> {
+        let before = self.memory_usage();
+        match &self.layout {
+            Layout::V2 { .. } => {
+                // Asks for all of it; the kernel answers EAGAIN when it got less.
+                let _ = fs::write(self.dirs[0].join("memory.reclaim"), before.to_string());
+            }
+            Layout::V1 { .. } => {
+                let file = self.dirs[1].join("memory.limit_in_bytes");
+                // EBUSY once nothing more can be reclaimed: expected.
+                let _ = fs::write(&file, "4096");
+                self.set_memory_limit(limit)?;
+            }
+        }
+        Ok(before.saturating_sub(self.memory_usage()))
+    }
+
+    /// Puts the memory limit back (after a reclaim a daemon may have been stopped in).
+    pub fn restore_memory_limit(&self, limit: u64) -> io::Result<()> {
+        self.set_memory_limit(limit)
     }
 
     /// Renames the cgroup (in every hierarchy) to `name`, processes and all.

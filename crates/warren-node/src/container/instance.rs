@@ -31,15 +31,21 @@ pub(crate) struct Held {
     pub(crate) dir: Option<PathBuf>,
     pub(crate) cgroup: Option<SandboxCgroup>,
     pub(crate) socket: Option<PathBuf>,
-    pub(crate) process: Option<OwnedFd>,
+    /// The init's pidfd, shared with the instance's exit watcher (one descriptor per sandbox).
+    pub(crate) process: Option<Arc<OwnedFd>>,
     /// Layer digests it holds a reference on, and as whom.
     pub(crate) layers: Vec<String>,
     pub(crate) layers_for: Holder,
     /// Its network interface and firewall elements.
     pub(crate) net: Option<Lease>,
-    /// The network namespace of its slot, where the node holds it (not for an adopted
-    /// sandbox): given back with the lease, to be recycled.
+    /// The network namespace a new init is to join (its slot's, or a loopback-only one),
+    /// until it has joined: then let go (the init holds it), so an idle sandbox costs the
+    /// node no descriptor for it.
     pub(crate) netns: Option<OwnedFd>,
+    /// The init that joined `netns` and the namespace's identity (device and inode): at
+    /// release the namespace is found again through the init, before it is killed, and
+    /// recycled only if it is still the same one. None for an adopted sandbox.
+    pub(crate) joined: Option<(i32, (u64, u64))>,
 }
 
 impl Held {
@@ -56,6 +62,7 @@ impl Held {
             layers_for: Holder::Sandbox,
             net: None,
             netns: None,
+            joined: None,
         }
     }
 
@@ -72,6 +79,14 @@ impl Held {
     /// Frees everything held, once. Blocking. Every step tolerates a resource already gone.
     pub(crate) fn release(&mut self) {
         let process = self.process.take();
+        // The init's namespace, found again while the init lives (it holds the only
+        // reference), to be recycled below.
+        if self.netns.is_none()
+            && let Some((pid, id)) = self.joined.take()
+            && let Some(fd) = &process
+        {
+            self.netns = netns_of(fd, pid, id);
+        }
         // Whether every process of the sandbox is known to be gone (its init reaped, its
         // cgroup removed): only then may its network namespace serve another sandbox.
         let mut emptied = process.is_some();
@@ -148,14 +163,38 @@ impl Drop for Held {
     }
 }
 
+/// The device and inode of a namespace descriptor.
+pub(crate) fn ns_identity(fd: &OwnedFd) -> Option<(u64, u64)> {
+    let st = rustix::fs::fstat(fd).ok()?;
+    Some((st.st_dev as u64, st.st_ino as u64))
+}
+
+/// The network namespace of the live process `pid` (whose pidfd is `process`), if it is still
+/// the namespace `id` (a sandbox's init cannot change its own: it has no capability left;
+/// checked anyway, so no other namespace is ever recycled as a sandbox's). Opened through
+/// `/proc/<pid>/ns/net`, a kernel link, only while the process is known alive before and
+/// after: then the pid named it throughout (a pid is reused only once its process is
+/// reaped). A process that has exited gives `None`: its namespace went with it.
+fn netns_of(process: &OwnedFd, pid: i32, id: (u64, u64)) -> Option<OwnedFd> {
+    if warren_sys::process::pidfd_exited(process) {
+        return None;
+    }
+    let f = std::fs::File::open(format!("/proc/{pid}/ns/net")).ok()?;
+    if warren_sys::process::pidfd_exited(process) {
+        return None;
+    }
+    let fd = OwnedFd::from(f);
+    (ns_identity(&fd) == Some(id)).then_some(fd)
+}
+
 /// A running container sandbox.
 pub(crate) struct ContainerInstance {
     transport: Transport,
     pid: i32,
     start_time: u64,
     cgroup: SandboxCgroup,
-    /// A duplicate of the init's pidfd, to watch it without the lock.
-    watch: OwnedFd,
+    /// The init's pidfd (the one `held` has), to watch it without the lock.
+    watch: Arc<OwnedFd>,
     dir: PathBuf,
     host: Arc<Host>,
     /// Its writable layer's volume in the disk pool (looked up once).
@@ -177,11 +216,7 @@ impl ContainerInstance {
         warm: bool,
     ) -> std::io::Result<ContainerInstance> {
         let missing = |what: &str| std::io::Error::other(format!("the instance has no {what}"));
-        let watch = held
-            .process
-            .as_ref()
-            .ok_or_else(|| missing("process"))?
-            .try_clone()?;
+        let watch = held.process.clone().ok_or_else(|| missing("process"))?;
         let cgroup = held.cgroup.clone().ok_or_else(|| missing("cgroup"))?;
         let socket = held.socket.clone().ok_or_else(|| missing("socket"))?;
         let dir = held.dir.clone().ok_or_else(|| missing("directory"))?;
@@ -225,22 +260,21 @@ impl Instance for ContainerInstance {
     }
 
     fn exited(&self) -> Exit {
-        let fd = self.watch.try_clone();
+        let fd = self.watch.clone();
         Box::pin(async move {
-            let Ok(fd) = fd else {
-                return std::future::pending().await;
-            };
-            let reap = fd.try_clone();
-            let _ = warren_sys::process::exited(fd).await;
-            // Reap it if it is our child (a no-op for adopted sandboxes).
-            if let Ok(r) = reap {
-                warren_sys::process::pidfd_reap(&r);
+            if warren_sys::process::exited(fd.clone()).await.is_err() {
+                // Not watchable on the reactor (it never should be): asked every second.
+                while !warren_sys::process::pidfd_exited(&*fd) {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
             }
+            // Reap it if it is our child (a no-op for adopted sandboxes).
+            warren_sys::process::pidfd_reap(&*fd);
         })
     }
 
     fn has_exited(&self) -> bool {
-        warren_sys::process::pidfd_exited(&self.watch)
+        warren_sys::process::pidfd_exited(&*self.watch)
     }
 
     fn counters(&self) -> LimitCounters {
@@ -262,6 +296,19 @@ impl Instance for ContainerInstance {
 
     fn read_bytes(&self) -> u64 {
         self.cgroup.pids().into_iter().map(proc_read_bytes).sum()
+    }
+
+    fn reclaim(&self, memory_limit: u64) -> std::io::Result<u64> {
+        if !self.cgroup.is_frozen() {
+            return Err(std::io::Error::other(
+                "reclaim of a sandbox that is not frozen",
+            ));
+        }
+        self.cgroup.reclaim(memory_limit)
+    }
+
+    fn restore_memory_limit(&self, memory_limit: u64) -> std::io::Result<()> {
+        self.cgroup.restore_memory_limit(memory_limit)
     }
 
     fn usage(&self) -> crate::backend::Usage {

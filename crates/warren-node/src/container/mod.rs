@@ -23,6 +23,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use warren_types::api::BackendKind;
+use warren_types::api::QosSupport;
 use warren_types::guest::{Activate, GraderSpec, GuestLimits};
 use warren_types::net::NetworkMode;
 
@@ -55,12 +56,81 @@ pub(crate) struct Host {
     /// ended, for the next ones: a namespace made and destroyed per sandbox costs the kernel
     /// more than the rest of a sandbox's network.
     lo_spare: std::sync::Mutex<Vec<std::os::fd::OwnedFd>>,
+    /// What the kernel offers for QoS, probed at start.
+    qos: QosSupport,
 }
 
 /// Loopback-only namespaces kept for the next sandboxes.
 const MAX_LO_SPARE: usize = 128;
 
+/// Probes what the kernel offers for QoS. `use_cpu_idle`: the node's `qos_cpu_idle`.
+fn probe_qos(cgroups: &Cgroups, use_cpu_idle: bool) -> QosSupport {
+    use warren_sys::sched::CoreSched;
+    let cpu_idle = use_cpu_idle && cgroups.has_cpu_idle();
+    let smt = crate::capacity::smt_state();
+    let core = warren_sys::sched::core_sched();
+    let q = QosSupport {
+        cpu_idle,
+        sched_idle_fallback: !cpu_idle,
+        core_scheduling: core != CoreSched::Unsupported,
+        core_scheduling_used: core == CoreSched::Available && smt == "on",
+        smt,
+        psi: crate::capacity::read_pressure().is_some(),
+        memory_reclaim: cgroups.reclaim_method().into(),
+        swap_total: crate::capacity::swap_total(),
+    };
+    tracing::info!(
+        cpu_idle = q.cpu_idle,
+        sched_idle_fallback = q.sched_idle_fallback,
+        smt = %q.smt,
+        core_scheduling = q.core_scheduling,
+        core_scheduling_used = q.core_scheduling_used,
+        psi = q.psi,
+        memory_reclaim = %q.memory_reclaim,
+        swap_total = q.swap_total,
+        "QoS support"
+    );
+    q
+}
+
 impl Host {
+    /// What `cpu.idle` cannot do for a new sandbox, done to its processes before it is
+    /// activated (its init and spawner: every command it starts later is forked from them
+    /// and inherits it): a best-effort sandbox's threads under `SCHED_IDLE` where its cgroup
+    /// cannot be made idle; a latency-sensitive one's processes a core-scheduling cookie of
+    /// their own where the kernel shares cores between SMT threads. Failures are logged: the
+    /// sandbox runs, less protected.
+    fn apply_qos(&self, held: &Held, r: &warren_types::api::Resources) {
+        let Some(cg) = &held.cgroup else { return };
+        let be = r.qos == warren_types::api::QosClass::Be;
+        if be && self.qos.sched_idle_fallback {
+            for pid in cg.pids() {
+                let tids: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .map(|rd| {
+                        rd.flatten()
+                            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for tid in tids {
+                    if let Err(e) = warren_sys::sched::set_sched_idle(tid) {
+                        tracing::warn!(pid, tid, "SCHED_IDLE for a best-effort sandbox: {e}");
+                    }
+                }
+            }
+        }
+        if !be && self.qos.core_scheduling_used {
+            for pid in cg.pids() {
+                if let Err(e) = warren_sys::sched::core_sched_create(pid) {
+                    tracing::warn!(
+                        pid,
+                        "core-scheduling cookie for a latency-sensitive sandbox: {e}"
+                    );
+                }
+            }
+        }
+    }
+
     /// A loopback-only network namespace for a new init: one an ended sandbox left, or a new
     /// one. Blocking.
     pub(crate) fn take_loopback(&self) -> std::io::Result<std::os::fd::OwnedFd> {
@@ -177,6 +247,8 @@ pub struct ContainerConfig {
     pub warm_images: usize,
     /// A layered image's warm inits go once it has had no create for this long.
     pub warm_idle: Duration,
+    /// Use `cpu.idle` for best-effort sandboxes where the kernel has it (else `SCHED_IDLE`).
+    pub cpu_idle: bool,
     /// The sandbox network; none: every sandbox is loopback only.
     pub network: Option<net::NetConfig>,
 }
@@ -203,6 +275,7 @@ impl ContainerBackend {
         };
         let cgroups = Cgroups::new(&cfg.cgroup_parent)?;
         let host_net = net.is_some();
+        let qos = probe_qos(&cgroups, cfg.cpu_idle);
         let host = Arc::new(Host {
             net,
             cgroups,
@@ -217,6 +290,7 @@ impl ContainerBackend {
             guest_limits: cfg.guest_limits,
             grader: cfg.grader,
             lo_spare: std::sync::Mutex::new(Vec::new()),
+            qos,
         });
         let pool = pool::Pool::new(pool::Targets {
             host: cfg.warm_host,
@@ -270,6 +344,7 @@ impl ContainerBackend {
                     if rules && let (Some(net), Some(lease)) = (&self.host.net, &held.net) {
                         net.set_policies(&[(lease.index, &policy)])?;
                     }
+                    self.host.apply_qos(&held, &record.resources);
                     spawned.activate(&activate)?;
                     return ContainerInstance::new(held, pid, start_time, true);
                 }
@@ -296,6 +371,7 @@ impl ContainerBackend {
         if rules && let (Some(net), Some(lease)) = (&self.host.net, &held.net) {
             net.set_policies(&[(lease.index, &policy)])?;
         }
+        self.host.apply_qos(&held, &record.resources);
         spawned.activate(&activate)?;
         ContainerInstance::new(held, pid, start_time, false)
     }
@@ -308,6 +384,14 @@ impl Backend for ContainerBackend {
 
     fn isolation(&self) -> String {
         self.host.cgroups.layout.name().to_string()
+    }
+
+    fn qos_support(&self) -> QosSupport {
+        self.host.qos.clone()
+    }
+
+    fn memory_charged(&self) -> Option<u64> {
+        self.host.cgroups.memory_charged()
     }
 
     fn start(&self, record: &Record, dir: &Path) -> std::io::Result<Box<dyn Instance>> {
@@ -335,7 +419,7 @@ impl Backend for ContainerBackend {
         held.dir = Some(dir.to_path_buf());
         held.cgroup = Some(self.host.cgroups.sandbox(name));
         held.socket = Some(socket);
-        held.process = Some(pidfd);
+        held.process = Some(Arc::new(pidfd));
         if let Some((index, generation)) = record.net_lease {
             let net = self.host.net.as_ref().ok_or_else(|| {
                 "it has a network interface and this node now has no network ([node.network] \

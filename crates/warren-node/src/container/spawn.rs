@@ -8,6 +8,7 @@ use std::io::Write;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use warren_types::api::Resources;
@@ -139,7 +140,15 @@ impl Host {
             fds: &fds,
             ..warren_sys::spawn::SpawnSpec::new(&program, &[], &[])
         })?;
-        held.process = Some(spawned.pidfd);
+        held.process = Some(Arc::new(spawned.pidfd));
+        // The init is in the namespace now and holds it: the node lets go of its descriptor
+        // and finds the namespace again through the init when the sandbox ends.
+        if let Some(ns) = held.netns.take() {
+            match super::instance::ns_identity(&ns) {
+                Some(id) => held.joined = Some((spawned.pid, id)),
+                None => held.netns = Some(ns),
+            }
+        }
         let start_time = warren_sys::process::start_time(spawned.pid).unwrap_or(0);
         let mut line = serde_json::to_vec(&config).map_err(std::io::Error::other)?;
         line.push(b'\n');

@@ -75,12 +75,23 @@ pub struct CreateArgs {
     /// Training task the sandbox belongs to (task-wide operations act on all of it).
     #[arg(long, value_name = "TASK")]
     task: Option<String>,
-    /// CPU limit in millicores (1000 = one core) [default: 1000].
+    /// CPU request in millicores (1000 = one core): what the node's admission counts
+    /// [default: 10].
     #[arg(long, value_name = "MILLICORES")]
     cpu: Option<u32>,
-    /// Memory limit, e.g. 512Mi, 2G or a number of bytes [default: 512Mi].
+    /// CPU limit in millicores, enforced by the kernel [default: 2000, at most the node's cores].
+    #[arg(long, value_name = "MILLICORES")]
+    cpu_limit: Option<u32>,
+    /// Memory request, e.g. 256Mi or a number of bytes: what admission counts [default: 64Mi].
     #[arg(long, value_name = "SIZE")]
     memory: Option<ByteSize>,
+    /// Memory limit, enforced by the kernel, e.g. 2Gi [default: 2Gi, at most physical memory].
+    #[arg(long, value_name = "SIZE")]
+    memory_limit: Option<ByteSize>,
+    /// QoS class: be (best-effort: idle CPU priority) or ls (latency-sensitive: weighted by
+    /// its CPU request; best-effort sandboxes yield to it) [default: be].
+    #[arg(long, value_name = "CLASS", value_parser = ["ls", "be"])]
+    qos: Option<String>,
     /// Most processes and threads it may hold [default: 1024].
     #[arg(long, value_name = "N")]
     pids: Option<u32>,
@@ -125,7 +136,15 @@ impl CreateArgs {
             backend: self.backend.map(|_| warren_sdk::BackendKind::Container),
             task: self.task,
             cpu: self.cpu,
+            cpu_limit: self.cpu_limit,
             memory: self.memory,
+            memory_limit: self.memory_limit,
+            qos: self
+                .qos
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .map_err(anyhow::Error::msg)?,
             pids: self.pids,
             disk: self.disk,
             timeout: self.timeout,
@@ -288,7 +307,7 @@ async fn remove(client: &Client, json: bool, ids: &[String]) -> anyhow::Result<E
 
 fn list_table(list: &[SandboxInfo]) -> comfy_table::Table {
     let mut t = output::table(&[
-        "ID", "IMAGE", "STATE", "TASK", "CPU", "MEMORY", "CREATED", "EXPIRES", "LABELS",
+        "ID", "IMAGE", "STATE", "TASK", "QOS", "CPU", "MEMORY", "CREATED", "EXPIRES", "LABELS",
     ]);
     for sb in list {
         t.add_row([
@@ -296,8 +315,13 @@ fn list_table(list: &[SandboxInfo]) -> comfy_table::Table {
             sb.image.clone(),
             sb.state.as_str().to_string(),
             output::or_dash(sb.task.as_deref()),
-            output::cpu(sb.resources.cpu),
-            sb.resources.memory.to_string(),
+            sb.resources.qos.as_str().to_string(),
+            format!(
+                "{}/{}",
+                output::cpu(sb.resources.cpu),
+                output::cpu(sb.resources.cpu_limit)
+            ),
+            format!("{}/{}", sb.resources.memory, sb.resources.memory_limit),
             sb.created_at.clone(),
             sb.expires_at.clone(),
             output::labels(&sb.labels),
@@ -318,8 +342,11 @@ fn show(json: bool, sb: &SandboxInfo) -> anyhow::Result<()> {
         ("task", output::or_dash(sb.task.as_deref())),
         ("node", sb.node.to_string()),
         ("backend", sb.backend.to_string()),
+        ("qos", sb.resources.qos.as_str().to_string()),
         ("cpu", output::cpu(sb.resources.cpu)),
+        ("cpu limit", output::cpu(sb.resources.cpu_limit)),
         ("memory", sb.resources.memory.to_string()),
+        ("memory limit", sb.resources.memory_limit.to_string()),
         ("pids", sb.resources.pids.to_string()),
         ("labels", output::labels(&sb.labels)),
         ("created", sb.created_at.clone()),

@@ -85,6 +85,9 @@ def create(
     cpu: Any = None,
     memory: Any = None,
     pids: Any = None,
+    cpu_limit: Any = None,
+    memory_limit: Any = None,
+    qos: Any = None,
     disk: Any = None,
     timeout: Any = None,
     idle_timeout: Any = None,
@@ -105,7 +108,8 @@ def create(
     if task is not None:
         body["task"] = v.string(task, "task")
     for name, val, minimum in (
-        ("cpu", cpu, 1),
+        ("cpu", cpu, 0),
+        ("cpu_limit", cpu_limit, 1),
         ("pids", pids, 1),
         ("timeout", timeout, 1),
         ("idle_timeout", idle_timeout, 1),
@@ -116,6 +120,11 @@ def create(
     mem = v.size(memory, "memory")
     if mem is not None:
         body["memory"] = mem
+    mem_limit = v.size(memory_limit, "memory_limit")
+    if mem_limit is not None:
+        body["memory_limit"] = mem_limit
+    if qos is not None:
+        body["qos"] = v.choice(qos, "qos", v.QOS)
     dsk = v.size(disk, "disk")
     if dsk is not None:
         body["disk"] = dsk

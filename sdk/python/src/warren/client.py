@@ -59,6 +59,9 @@ class Containers:
         cpu: Optional[int] = None,
         memory: Optional[Size] = None,
         pids: Optional[int] = None,
+        cpu_limit: Optional[int] = None,
+        memory_limit: Optional[Size] = None,
+        qos: Optional[str] = None,
         disk: Optional[Size] = None,
         timeout: Optional[int] = None,
         idle_timeout: Optional[int] = None,
@@ -77,9 +80,18 @@ class Containers:
                 one (``"base/python:3.12"``), or a list of names composed bottom first
                 (``["base/python:3.12", "ws/repo@4f2a1c", "tk/agent:v3"]``).
             task: The training task it belongs to (task-level operations act on all of one).
-            cpu: CPU limit in millicores (1000 = one core; server default 1000).
-            memory: Memory limit: bytes, or a string like ``"512Mi"`` (server default 512Mi).
+            cpu: CPU request in millicores (1000 = one core): what the node's admission
+                counts (server default 10).
+            memory: Memory request: bytes, or a string like ``"256Mi"``: what admission counts
+                (server default 64Mi).
             pids: Most processes and threads (server default 1024).
+            cpu_limit: CPU limit in millicores, enforced by the kernel (server default 2000,
+                at most the node's cores).
+            memory_limit: Memory limit, enforced by the kernel: past it the sandbox's
+                processes are OOM-killed (server default 2Gi).
+            qos: ``"be"`` (best-effort, the default: idle CPU priority) or ``"ls"``
+                (latency-sensitive: weighted by its CPU request; best-effort sandboxes yield
+                to it).
             disk: Disk quota of the writable layer: bytes or ``"10Gi"`` (server default 10Gi);
                 writes past it fail inside the sandbox with "Disk quota exceeded".
             timeout: Absolute lifetime in seconds, after which it is killed (default 3600).
@@ -115,6 +127,9 @@ class Containers:
             cpu=cpu,
             memory=memory,
             pids=pids,
+            cpu_limit=cpu_limit,
+            memory_limit=memory_limit,
+            qos=qos,
             disk=disk,
             timeout=timeout,
             idle_timeout=idle_timeout,

@@ -23,12 +23,20 @@ A server answer keeps the server's stable ``code`` (e.g. ``"sandbox_not_found"``
 
 ``conflict`` is not an :class:`InvalidArgument`: the request was well formed, the state of the
 sandbox was not what it needed. ``payload_too_large`` is one: the request itself was wrong.
+
+Every error also says whose fault it is (:attr:`WarrenError.fault`), so an RL trainer knows what
+to do with the episode that saw it: ``"infrastructure"`` (the platform's: retry, and mask the
+episode out of the loss rather than scoring it), ``"agent"`` (the sandbox's own doing: score it)
+or ``"request"`` (the call itself was wrong). :attr:`WarrenError.retryable` is
+``fault == "infrastructure"``.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any, Dict, Mapping, Optional, Type
+
+FAULTS = ("infrastructure", "agent", "request")
 
 
 class WarrenError(Exception):
@@ -39,15 +47,31 @@ class WarrenError(Exception):
         code: The server's stable error code (``"sandbox_not_found"``, ...); ``None`` when the
             error was found on the client's side.
         status: The HTTP status of the answer; ``None`` when there was no answer.
+        fault: Whose fault it is: ``"infrastructure"``, ``"agent"`` or ``"request"`` (the
+            server's word where it gave one, else what the error's kind implies).
     """
 
+    _fault = "request"
+
     def __init__(
-        self, message: str, *, code: Optional[str] = None, status: Optional[int] = None
+        self,
+        message: str,
+        *,
+        code: Optional[str] = None,
+        status: Optional[int] = None,
+        fault: Optional[str] = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
         self.status = status
+        self.fault = fault if fault in FAULTS else type(self)._fault
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the platform is at fault, so the same call may succeed later (and an RL
+        trainer should mask the episode out rather than score it)."""
+        return self.fault == "infrastructure"
 
     def __str__(self) -> str:
         if self.code and self.status:
@@ -110,6 +134,8 @@ class CapacityError(WarrenError):
             it did not say).
     """
 
+    _fault = "infrastructure"
+
     def __init__(
         self,
         message: str,
@@ -117,8 +143,9 @@ class CapacityError(WarrenError):
         code: Optional[str] = None,
         status: Optional[int] = None,
         retry_after: Optional[float] = None,
+        fault: Optional[str] = None,
     ) -> None:
-        super().__init__(message, code=code, status=status)
+        super().__init__(message, code=code, status=status, fault=fault)
         self.retry_after = retry_after
 
 
@@ -126,17 +153,25 @@ class Timeout(WarrenError, TimeoutError):
     """An operation did not finish in time: the server's ``timeout`` (504), or the client's own
     request timeout."""
 
+    _fault = "infrastructure"
+
 
 class Unavailable(WarrenError, ConnectionError):
     """Warren, or one of its nodes, cannot be reached (``unavailable``, 503, or no connection)."""
+
+    _fault = "infrastructure"
 
 
 class InternalError(WarrenError):
     """A bug or an unexpected failure of the host (``internal``, 500)."""
 
+    _fault = "infrastructure"
+
 
 class ProtocolError(WarrenError):
     """Warren's answer could not be understood (a version mismatch, or not Warren at all)."""
+
+    _fault = "infrastructure"
 
 
 _BY_CODE: Dict[str, Type[WarrenError]] = {
@@ -181,14 +216,21 @@ def _code_for_status(status: int) -> str:
 
 
 def error_for(
-    code: str, message: str, *, status: Optional[int], retry_after: Optional[float] = None
+    code: str,
+    message: str,
+    *,
+    status: Optional[int],
+    retry_after: Optional[float] = None,
+    fault: Optional[str] = None,
 ) -> WarrenError:
     """The exception for a server error ``code``; an unknown code (a newer server) is typed by
     its HTTP status so it still lands in the right branch."""
     cls = _BY_CODE.get(code) or _BY_CODE[_code_for_status(status or 500)]
     if cls is CapacityError:
-        return CapacityError(message, code=code, status=status, retry_after=retry_after)
-    return cls(message, code=code, status=status)
+        return CapacityError(
+            message, code=code, status=status, retry_after=retry_after, fault=fault
+        )
+    return cls(message, code=code, status=status, fault=fault)
 
 
 def from_error_object(obj: Any, *, status: Optional[int] = None) -> WarrenError:
@@ -197,8 +239,13 @@ def from_error_object(obj: Any, *, status: Optional[int] = None) -> WarrenError:
         return ProtocolError(f"could not understand Warren's error: {str(obj)[:200]}")
     ra = obj.get("retry_after_secs")
     retry_after = float(ra) if isinstance(ra, (int, float)) and not isinstance(ra, bool) else None
+    fault = obj.get("fault")
     return error_for(
-        obj["code"], str(obj.get("message", "")), status=status, retry_after=retry_after
+        obj["code"],
+        str(obj.get("message", "")),
+        status=status,
+        retry_after=retry_after,
+        fault=fault if isinstance(fault, str) else None,
     )
 
 

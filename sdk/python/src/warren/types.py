@@ -18,16 +18,23 @@ def _decode(text: str, encoding: str) -> bytes:
 
 @dataclass(frozen=True)
 class Resources:
-    """Resources a sandbox was given."""
+    """Resources a sandbox was given: requests (what the node's admission counts) and limits
+    (what the kernel enforces), and its QoS class."""
 
     cpu: int
-    """CPU limit in millicores (1000 = one core)."""
+    """CPU request in millicores (1000 = one core)."""
     memory: int
-    """Memory limit in bytes."""
+    """Memory request in bytes."""
     pids: int
     """Most processes and threads."""
     disk: Optional[int] = None
     """Disk quota of the writable layer in bytes; ``None`` where the node enforces none."""
+    cpu_limit: int = 0
+    """CPU limit in millicores."""
+    memory_limit: int = 0
+    """Memory limit in bytes."""
+    qos: str = "be"
+    """``"be"`` (best-effort: idle CPU priority) or ``"ls"`` (latency-sensitive)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Resources:
@@ -37,6 +44,9 @@ class Resources:
             memory=int(d["memory"]),
             pids=int(d["pids"]),
             disk=None if disk is None else int(disk),
+            cpu_limit=int(d.get("cpu_limit") or d["cpu"]),
+            memory_limit=int(d.get("memory_limit") or d["memory"]),
+            qos=d.get("qos", "be"),
         )
 
 
@@ -440,6 +450,15 @@ class ExecResult:
         return self.exit_code == 0
 
     @property
+    def fault(self) -> Optional[str]:
+        """``"agent"`` when the command failed (a non-zero exit, a signal, its timeout): the
+        agent's own doing, to be scored; ``None`` when it succeeded. Failures of the platform
+        are exceptions (:attr:`warren.WarrenError.fault`), never results."""
+        if self.exit_code == 0 and self.signal is None and not self.timed_out:
+            return None
+        return "agent"
+
+    @property
     def stdout_data(self) -> bytes:
         """Standard output as the exact bytes the command wrote (up to ``max_output``)."""
         return self._stdout_raw
@@ -698,6 +717,9 @@ class TaskResult:
     failed: List[TaskFailure] = field(default_factory=list)
     unreachable: List[NodeFailure] = field(default_factory=list)
     """Nodes that did not answer: their sandboxes of the task were not reached."""
+    memory_freed: Optional[int] = None
+    """For a pause: bytes of memory the paused sandboxes gave back (page cache, and anonymous
+    memory where the node has swap)."""
 
     @property
     def ok(self) -> bool:
@@ -706,12 +728,14 @@ class TaskResult:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TaskResult:
+        freed = d.get("memory_freed")
         return cls(
             task=d["task"],
             action=d["action"],
             succeeded=int(d["succeeded"]),
             failed=_task_failures(d),
             unreachable=unreachable_from_json(d),
+            memory_freed=None if freed is None else int(freed),
         )
 
 
@@ -788,21 +812,38 @@ class Health:
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """A node with its capacity and load (``GET /v1/nodes``)."""
+    """A node with its capacity and load (``GET /v1/nodes``): what its sandboxes requested
+    and what they use, measured."""
 
     id: str
     version: str
     sandboxes: int
     max_sandboxes: int
     memory_reserved: int
+    """Memory requested by its sandboxes."""
     memory_allocatable: int
+    """Memory requests it admits in all (physical memory × overcommit)."""
     memory_available: int
+    """What the kernel reports available now (free plus reclaimable)."""
     threads: int
     pid_max: int
     cgroups: str
     max_upload: int
     guest: Optional[str] = None
     """Digest (``sha256:...``) of the guest agent binary its new sandboxes run."""
+    memory_total: int = 0
+    memory_used: int = 0
+    """Memory charged to its sandboxes now, measured."""
+    cpu_requested: int = 0
+    """CPU requested by its sandboxes, millicores."""
+    cpu_allocatable: int = 0
+    cpu_cores: int = 0
+    cpu_used_pct: float = 0.0
+    """The host's CPU use over the last second, percent of all cores."""
+    pressure: Optional[Dict[str, float]] = None
+    """PSI ``some avg10`` of ``cpu``, ``memory`` and ``io``, percent, where the kernel has it."""
+    qos: Optional[Dict[str, Any]] = None
+    """What the kernel supports for QoS: ``cpu_idle``, ``smt``, ``core_scheduling``, ..."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NodeInfo:
@@ -819,6 +860,14 @@ class NodeInfo:
             cgroups=d["cgroups"],
             max_upload=int(d["max_upload"]),
             guest=d.get("guest"),
+            memory_total=int(d.get("memory_total", 0)),
+            memory_used=int(d.get("memory_used", 0)),
+            cpu_requested=int(d.get("cpu_requested", 0)),
+            cpu_allocatable=int(d.get("cpu_allocatable", 0)),
+            cpu_cores=int(d.get("cpu_cores", 0)),
+            cpu_used_pct=float(d.get("cpu_used_pct", 0.0)),
+            pressure=d.get("pressure"),
+            qos=d.get("qos"),
         )
 
 

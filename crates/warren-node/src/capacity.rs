@@ -1,0 +1,386 @@
+//! What this node can hold, and how loaded it is.
+//!
+//! - At start: `kernel.pid_max` raised where the node is allowed to (each idle sandbox holds
+//!   two processes; the kernel's default of 32768 stops a node near 16,000 sandboxes), the
+//!   daemon's own open-file limit raised, and `max_sandboxes` derived from what the host has —
+//!   memory, pids, open files — rather than fixed.
+//! - Every second: the host's CPU use and pressure stall information (PSI) sampled into a
+//!   [`Measured`], which admission and the node's report read without touching a file.
+
+use std::io;
+use std::sync::Mutex;
+
+use warren_types::api::Pressure;
+
+use crate::config::NodeConfig;
+
+/// Host memory an idle sandbox holds, bytes: its two processes' private pages, its kernel
+/// objects (namespaces, mounts, cgroups, a veth pair) and the daemon's bookkeeping. Measured
+/// by `warren-bench density` at ~0.7 MiB on the development VM; 1 MiB keeps a margin.
+pub const IDLE_SANDBOX_MEMORY: u64 = 1 << 20;
+/// Processes (pids) an idle sandbox holds: its init and the spawner.
+pub const IDLE_SANDBOX_PIDS: u32 = 2;
+/// Descriptors the daemon holds per sandbox (its pidfd, the guest connections of the incident
+/// watcher and of a call in flight, its cgroup and network handles), with a margin.
+pub const DAEMON_FDS_PER_SANDBOX: u64 = 4;
+/// Descriptors the daemon keeps for everything else.
+const DAEMON_FDS_RESERVED: u64 = 4096;
+
+/// The derived limit on sandboxes, and which resource sets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Derived {
+    /// Most sandboxes this node admits.
+    pub max_sandboxes: u32,
+    /// What binds: `memory`, `pids`, `open files` or `configured`.
+    pub bound_by: &'static str,
+}
+
+/// Derives `max_sandboxes` from the host: memory (total less the node's reserve, at
+/// [`IDLE_SANDBOX_MEMORY`] each), pids (`pid_max` less headroom, at [`IDLE_SANDBOX_PIDS`]
+/// each) and the daemon's open files; a configured value caps it.
+pub fn derive_max_sandboxes(
+    cfg: &NodeConfig,
+    mem_total: u64,
+    pid_max: u32,
+    open_files: u64,
+) -> Derived {
+    let by_memory = mem_total.saturating_sub(cfg.min_free_memory.bytes()) / IDLE_SANDBOX_MEMORY;
+    let by_pids = u64::from(pid_max.saturating_sub(cfg.pid_headroom) / IDLE_SANDBOX_PIDS);
+    let by_files = open_files.saturating_sub(DAEMON_FDS_RESERVED) / DAEMON_FDS_PER_SANDBOX;
+    let mut best = (by_memory, "memory");
+    for c in [(by_pids, "pids"), (by_files, "open files")] {
+        if c.0 < best.0 {
+            best = c;
+        }
+    }
+    if let Some(m) = cfg.max_sandboxes
+        && u64::from(m) < best.0
+    {
+        best = (u64::from(m), "configured");
+    }
+    Derived {
+        max_sandboxes: best.0.min(u64::from(u32::MAX)) as u32,
+        bound_by: best.1,
+    }
+}
+
+/// Raises `kernel.pid_max` to `cfg.pid_max` when it is lower and the node may. Returns the
+/// value in force.
+pub fn raise_pid_max(cfg: &NodeConfig) -> io::Result<u32> {
+    let path = "/proc/sys/kernel/pid_max";
+    let now: u32 = std::fs::read_to_string(path)?
+        .trim()
+        .parse()
+        .map_err(|_| io::Error::other("unexpected kernel.pid_max"))?;
+    if !cfg.raise_pid_max || now >= cfg.pid_max {
+        return Ok(now);
+    }
+    match std::fs::write(path, cfg.pid_max.to_string()) {
+        Ok(()) => {
+            tracing::info!(
+                from = now,
+                to = cfg.pid_max,
+                "raised kernel.pid_max (set raise_pid_max = false to leave it alone)"
+            );
+            Ok(cfg.pid_max)
+        }
+        Err(e) => {
+            tracing::warn!(
+                "could not raise kernel.pid_max from {now} to {} ({e}): this node holds at most \
+                 about {} idle sandboxes",
+                cfg.pid_max,
+                now / IDLE_SANDBOX_PIDS
+            );
+            Ok(now)
+        }
+    }
+}
+
+/// Raises the daemon's open-file limit to the kernel's most (`fs.nr_open`, at most 1Mi) where
+/// it is lower; returns the soft limit in force.
+pub fn raise_open_files() -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let want: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(65_536)
+        .min(1 << 20);
+    let now = getrlimit(Resource::Nofile);
+    let current = now.current.unwrap_or(u64::MAX);
+    if current >= want {
+        return current;
+    }
+    let max = now.maximum.map_or(want, |m| m.max(want));
+    let raise = |soft: u64, hard: Option<u64>| {
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(soft),
+                maximum: hard,
+            },
+        )
+    };
+    if raise(want, Some(max)).is_ok() {
+        return want;
+    }
+    // Raising the hard limit needs CAP_SYS_RESOURCE: without it, the soft limit up to the
+    // hard one.
+    let hard = now.maximum.unwrap_or(want).min(want);
+    match raise(hard, now.maximum) {
+        Ok(()) => {
+            tracing::warn!(
+                "the daemon's open-file limit is {hard} (its hard limit; raising it needs \
+                 CAP_SYS_RESOURCE or a higher LimitNOFILE): it bounds max_sandboxes"
+            );
+            hard
+        }
+        Err(e) => {
+            tracing::warn!("could not raise the daemon's open-file limit to {hard}: {e}");
+            current
+        }
+    }
+}
+
+/// Load measured on the host, refreshed every second by [`Sampler::sample`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Measured {
+    /// CPU use of all cores between the last two samples, percent.
+    pub cpu_used_pct: f64,
+    /// PSI `some avg10`, where the kernel has it.
+    pub pressure: Option<Pressure>,
+    /// Memory charged to sandboxes (Warren's parent cgroup), bytes.
+    pub memory_used: Option<u64>,
+}
+
+/// Samples the host's load.
+#[derive(Debug, Default)]
+pub struct Sampler {
+    last_cpu: Mutex<Option<(u64, u64)>>,
+    now: Mutex<Measured>,
+}
+
+impl Sampler {
+    /// The latest sample.
+    pub fn get(&self) -> Measured {
+        *self.now.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a sample (`memory_used` from the backend). Blocking (a few /proc files).
+    pub fn sample(&self, memory_used: Option<u64>) {
+        let cpu = read_cpu_times();
+        let mut pct = self.get().cpu_used_pct;
+        if let Some((busy, total)) = cpu {
+            let mut last = self.last_cpu.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((b0, t0)) = *last
+                && total > t0
+            {
+                pct = (busy.saturating_sub(b0)) as f64 * 100.0 / (total - t0) as f64;
+            }
+            *last = Some((busy, total));
+        }
+        let m = Measured {
+            cpu_used_pct: pct,
+            pressure: read_pressure(),
+            memory_used,
+        };
+        *self.now.lock().unwrap_or_else(|p| p.into_inner()) = m;
+    }
+}
+
+/// Busy and total jiffies of all CPUs (`/proc/stat`'s first line).
+fn read_cpu_times() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    if v.len() < 5 {
+        return None;
+    }
+    // user nice system idle iowait irq softirq steal (guest time is within user).
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v[3] + v[4];
+    Some((total - idle, total))
+}
+
+/// PSI `some avg10` of cpu, memory and io, where `/proc/pressure` is readable.
+pub fn read_pressure() -> Option<Pressure> {
+    let one = |name: &str| -> Option<f64> {
+        let s = std::fs::read_to_string(format!("/proc/pressure/{name}")).ok()?;
+        parse_some_avg10(&s)
+    };
+    Some(Pressure {
+        cpu: one("cpu")?,
+        memory: one("memory")?,
+        io: one("io")?,
+    })
+}
+
+/// `some avg10=1.23 avg60=... total=...` → 1.23.
+fn parse_some_avg10(s: &str) -> Option<f64> {
+    let line = s.lines().find(|l| l.starts_with("some "))?;
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("avg10="))
+        .and_then(|v| v.parse().ok())
+}
+
+/// SMT's state (`/sys/devices/system/cpu/smt/control`), or `unknown`.
+pub fn smt_state() -> String {
+    std::fs::read_to_string("/sys/devices/system/cpu/smt/control")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Swap the host has, bytes (`SwapTotal`).
+pub fn swap_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("SwapTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The start slots of creates: at most `max_concurrent_creates` start at once; up to
+/// `create_queue` more wait, each at most `create_queue_timeout`; past either, a create is
+/// refused with a retry hint (429) instead of hanging.
+pub struct Gate {
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
+    waiting: std::sync::atomic::AtomicU32,
+    queue: u32,
+    timeout: std::time::Duration,
+    concurrent: u32,
+}
+
+/// Counts a create as waiting while alive.
+struct Waiting<'a>(&'a std::sync::atomic::AtomicU32);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Gate {
+    /// The gate `cfg` asks for.
+    pub fn new(cfg: &crate::config::NodeConfig) -> Gate {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(1);
+        let concurrent = cfg.max_concurrent_creates.unwrap_or(4 * cores).max(1);
+        Gate {
+            slots: std::sync::Arc::new(tokio::sync::Semaphore::new(concurrent as usize)),
+            waiting: Default::default(),
+            queue: cfg.create_queue,
+            timeout: std::time::Duration::from_secs(cfg.create_queue_timeout.max(1)),
+            concurrent,
+        }
+    }
+
+    /// Creates waiting for a slot now.
+    pub fn waiting(&self) -> u32 {
+        self.waiting.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits for a start slot, or says why not.
+    pub async fn enter(
+        &self,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, crate::error::NodeError> {
+        use std::sync::atomic::Ordering;
+        if let Ok(p) = self.slots.clone().try_acquire_owned() {
+            return Ok(p);
+        }
+        if self.waiting.fetch_add(1, Ordering::Relaxed) >= self.queue {
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
+            return Err(crate::error::NodeError::Capacity {
+                message: format!(
+                    "this node is starting {} sandboxes and {} more wait (its create_queue); \
+                     retry shortly",
+                    self.concurrent, self.queue
+                ),
+                retry_after: 1,
+            });
+        }
+        let _waiting = Waiting(&self.waiting);
+        match tokio::time::timeout(self.timeout, self.slots.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(_)) => Err(crate::error::NodeError::host(
+                "waiting for a start slot",
+                std::io::Error::other("the create gate closed"),
+            )),
+            Err(_) => Err(crate::error::NodeError::Capacity {
+                message: format!(
+                    "this create waited {} s for one of the node's {} start slots \
+                     (create_queue_timeout); the node is overloaded: retry later or elsewhere",
+                    self.timeout.as_secs(),
+                    self.concurrent
+                ),
+                retry_after: 2,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_types::ByteSize;
+
+    #[test]
+    fn the_scarcest_resource_sets_max_sandboxes() {
+        let cfg = NodeConfig {
+            min_free_memory: ByteSize(256 << 20),
+            pid_headroom: 512,
+            ..NodeConfig::default()
+        };
+        // 24 GiB, pid_max 32768, plenty of files: pids bind (16,128).
+        let d = derive_max_sandboxes(&cfg, 24 << 30, 32768, 1 << 20);
+        assert_eq!(d.bound_by, "pids");
+        assert_eq!(d.max_sandboxes, (32768 - 512) / 2);
+        // pid_max raised: memory binds.
+        let d = derive_max_sandboxes(&cfg, 24 << 30, 4_194_304, 1 << 20);
+        assert_eq!(d.bound_by, "memory");
+        assert_eq!(
+            d.max_sandboxes,
+            (((24u64 << 30) - (256 << 20)) >> 20) as u32
+        );
+        // A daemon left at 65,536 descriptors.
+        let d = derive_max_sandboxes(&cfg, 24 << 30, 4_194_304, 65_536);
+        assert_eq!(d.bound_by, "open files");
+        assert_eq!(d.max_sandboxes, (65_536 - 4096) / 4);
+        // A configured value caps it.
+        let cfg = NodeConfig {
+            max_sandboxes: Some(100),
+            ..cfg
+        };
+        let d = derive_max_sandboxes(&cfg, 24 << 30, 4_194_304, 1 << 20);
+        assert_eq!((d.max_sandboxes, d.bound_by), (100, "configured"));
+    }
+
+    #[test]
+    fn psi_lines_parse() {
+        let s = "some avg10=12.50 avg60=3.00 avg300=1.00 total=123\n\
+                 full avg10=1.00 avg60=0.00 avg300=0.00 total=5\n";
+        assert_eq!(parse_some_avg10(s), Some(12.5));
+        assert_eq!(parse_some_avg10("garbage"), None);
+    }
+
+    #[test]
+    fn the_host_is_sampled() {
+        let s = Sampler::default();
+        s.sample(Some(5));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        s.sample(Some(7));
+        let m = s.get();
+        assert_eq!(m.memory_used, Some(7));
+        assert!((0.0..=100.0).contains(&m.cpu_used_pct), "{m:?}");
+        // Where the kernel has PSI, it is read.
+        if std::path::Path::new("/proc/pressure/memory").exists() {
+            assert!(m.pressure.is_some());
+        }
+    }
+}
