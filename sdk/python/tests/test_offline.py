@@ -53,7 +53,9 @@ def fake_sandbox(c: warren.Client) -> warren.Sandbox:
     [
         (dict(image=""), warren.InvalidArgument, "image is empty"),
         (dict(image=3), warren.ArgumentTypeError, "image must be a str"),
-        (dict(image="host", cpu=-1), warren.InvalidArgument, "cpu must be at least 1"),
+        (dict(image="host", cpu=-1), warren.InvalidArgument, "cpu must be at least 0"),
+        (dict(image="host", qos="gold"), warren.InvalidArgument, "qos 'gold' is not one of"),
+        (dict(image="host", cpu_limit=0), warren.InvalidArgument, "cpu_limit must be at least 1"),
         (dict(image="host", cpu="1000"), warren.ArgumentTypeError, "cpu must be an int"),
         (dict(image="host", cpu=True), warren.ArgumentTypeError, "cpu must be an int"),
         (dict(image="host", memory=-5), warren.InvalidArgument, "negative"),
@@ -336,7 +338,7 @@ def test_trajectory_files_round_trip(tmp_path: Path):
 async def test_async_create_checks_arguments_before_any_request():
     async with warren.AsyncClient(NOWHERE, "k", max_retries=0) as c:
         with pytest.raises(warren.InvalidArgument, match="cpu"):
-            await c.containers.create(image="host", cpu=0)
+            await c.containers.create(image="host", cpu=-1)
         # A task, as trainers make them: create is a coroutine.
         task = asyncio.create_task(c.containers.create(image="host", on_idle="stop"))
         with pytest.raises(warren.InvalidArgument, match="idle_timeout"):
