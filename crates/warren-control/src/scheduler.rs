@@ -52,7 +52,12 @@ fn fits(n: &NodeEntry, memory: u64) -> bool {
     let inflight = n.inflight.load(Ordering::Relaxed);
     let inflight_mem = n.inflight_memory.load(Ordering::Relaxed);
     info.sandboxes + inflight < info.max_sandboxes
-        && info.memory_reserved.bytes() + inflight_mem + memory <= info.memory_allocatable.bytes()
+        && info
+            .memory_reserved
+            .bytes()
+            .saturating_add(inflight_mem)
+            .saturating_add(memory)
+            <= info.memory_allocatable.bytes()
 }
 
 /// Fraction of the node's capacity in use, overlay included: the largest of sandboxes against

@@ -175,7 +175,7 @@ impl Admission {
                 p.memory, cfg.max_memory_pressure
             )));
         }
-        if load.threads + cfg.pid_headroom > load.pid_max {
+        if load.threads.saturating_add(cfg.pid_headroom) > load.pid_max {
             return Err(refuse(format!(
                 "pids: this node runs {} threads of kernel.pid_max {} (it keeps {} free); retry \
                  when sandboxes end, or raise kernel.pid_max",

@@ -20,10 +20,11 @@ use crate::config::NodeConfig;
 pub const IDLE_SANDBOX_MEMORY: u64 = 1 << 20;
 /// Processes (pids) an idle sandbox holds: its init and the spawner.
 pub const IDLE_SANDBOX_PIDS: u32 = 2;
-/// Descriptors the daemon holds per sandbox (its pidfd, the guest connections of the incident
-/// watcher and of a call in flight, its cgroup and network handles), with a margin.
-pub const DAEMON_FDS_PER_SANDBOX: u64 = 4;
-/// Descriptors the daemon keeps for everything else.
+/// Descriptors the daemon holds per idle sandbox: its init's pidfd (the incident stream and
+/// calls in flight hold more while it is in use: the reserve below covers them).
+pub const DAEMON_FDS_PER_SANDBOX: u64 = 1;
+/// Descriptors the daemon keeps for everything else: API connections, sandboxes in use, the
+/// DNS proxy's sockets.
 const DAEMON_FDS_RESERVED: u64 = 4096;
 
 /// The derived limit on sandboxes, and which resource sets it.
@@ -348,10 +349,10 @@ mod tests {
             d.max_sandboxes,
             (((24u64 << 30) - (256 << 20)) >> 20) as u32
         );
-        // A daemon left at 65,536 descriptors.
-        let d = derive_max_sandboxes(&cfg, 24 << 30, 4_194_304, 65_536);
+        // A daemon held to 20,000 descriptors (a hard limit it may not raise).
+        let d = derive_max_sandboxes(&cfg, 24 << 30, 4_194_304, 20_000);
         assert_eq!(d.bound_by, "open files");
-        assert_eq!(d.max_sandboxes, (65_536 - 4096) / 4);
+        assert_eq!(d.max_sandboxes, 20_000 - 4096);
         // A configured value caps it.
         let cfg = NodeConfig {
             max_sandboxes: Some(100),

@@ -10,9 +10,12 @@ use crate::node::{Node, Phase, Sandbox};
 /// API inactivity after which a sandbox's incident connection is let go.
 const IDLE_AFTER: Duration = Duration::from_secs(30);
 /// How often a held connection checks whether its sandbox went idle.
-const IDLE_CHECK: Duration = Duration::from_secs(10);
-/// How long a poll waits for records the guest has.
-const POLL_READ: Duration = Duration::from_millis(100);
+const IDLE_CHECK: Duration = Duration::from_secs(30);
+/// How long a poll waits for the guest's first answer (it answers at once with what it has;
+/// a guest at idle CPU priority on a busy host may take a while).
+const POLL_READ: Duration = Duration::from_secs(2);
+/// How often an idle watcher looks whether its sandbox is in use again (or paused).
+const LOOK: Duration = Duration::from_secs(5);
 /// The least time between two polls of an idle sandbox.
 const MIN_POLL: Duration = Duration::from_secs(10);
 
@@ -54,13 +57,25 @@ impl Node {
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(200);
             loop {
-                let Some((after, idle)) = weak
+                let Some((after, idle, paused)) = weak
                     .upgrade()
                     .filter(|sb| sb.phase() != Phase::Stopping)
-                    .map(|sb| (sb.incident_seq.load(Ordering::Relaxed), idle_for(&sb)))
+                    .map(|sb| {
+                        (
+                            sb.incident_seq.load(Ordering::Relaxed),
+                            idle_for(&sb),
+                            sb.phase() == Phase::Paused,
+                        )
+                    })
                 else {
                     return;
                 };
+                // A frozen guest records nothing and answers nothing: wait for the thaw (its
+                // pause fetched what it had; see `Node::last_incidents`).
+                if paused {
+                    tokio::time::sleep(LOOK).await;
+                    continue;
+                }
                 // Stores a batch; false when the watcher should end.
                 let store = |incidents: &[warren_types::guest::Incident], seq: u64| {
                     let (Some(node), Some(sb)) = (node.upgrade(), weak.upgrade()) else {
@@ -80,17 +95,13 @@ impl Node {
                 };
                 backoff = Duration::from_millis(200);
                 if idle {
-                    // A short poll: what is waiting comes at once.
-                    loop {
-                        match tokio::time::timeout(POLL_READ, conn.reply()).await {
-                            Ok(Ok(Reply::Incidents { incidents, seq })) => {
-                                if !store(&incidents, seq) {
-                                    return;
-                                }
-                            }
-                            Ok(Ok(Reply::Error { .. })) => return,
-                            _ => break,
+                    // A short poll: the guest answers at once with what it has.
+                    match tokio::time::timeout(POLL_READ, conn.reply()).await {
+                        Ok(Ok(Reply::Incidents { incidents, seq })) if !store(&incidents, seq) => {
+                            return;
                         }
+                        Ok(Ok(Reply::Error { .. })) => return,
+                        _ => {}
                     }
                     drop(conn);
                     // Until the next poll, or until the sandbox is used again.
@@ -101,7 +112,7 @@ impl Node {
                         .mul_f64(0.5 + rand::random::<f64>());
                     let until = tokio::time::Instant::now() + wait;
                     while tokio::time::Instant::now() < until {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        tokio::time::sleep(LOOK).await;
                         match weak.upgrade() {
                             Some(sb) if sb.phase() != Phase::Stopping => {
                                 if !idle_for(&sb) {
@@ -122,13 +133,16 @@ impl Node {
                         }
                         // A guest too old to report incidents: nothing to follow.
                         Ok(Ok(Reply::Error { .. })) => return,
-                        Ok(_) => break,
-                        // Quiet: let the connection go once the sandbox is idle.
-                        Err(_) => match weak.upgrade() {
-                            Some(sb) if idle_for(&sb) => break,
-                            Some(_) => {}
-                            None => return,
-                        },
+                        // The stream broke: again after a pause.
+                        Ok(_) => {
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(30));
+                            break;
+                        }
+                        // Quiet for a while: the connection goes (a reply cut off mid-frame
+                        // cannot be read on), and the next round decides between streaming
+                        // and polling.
+                        Err(_) => break,
                     }
                 }
             }
@@ -136,15 +150,15 @@ impl Node {
         .abort_handle()
     }
 
-    /// Reads what the guest has not reported yet, before the sandbox dies (a burst is
-    /// reported a few times a second; its last quarter second would be lost otherwise).
+    /// Reads what the guest has not reported yet, before the sandbox dies or is frozen (a
+    /// burst is reported a few times a second; its last quarter second would be lost
+    /// otherwise, and an idle sandbox's records are polled only now and then).
     pub(crate) async fn last_incidents(&self, sb: &Sandbox) {
         use std::sync::atomic::Ordering;
         use warren_types::guest::{Op, Reply};
+        // Also when nothing was reported yet: an idle sandbox's records are fetched only now
+        // and then.
         let after = sb.incident_seq.load(Ordering::Relaxed);
-        if after == 0 {
-            return; // nothing was ever reported: nothing to catch up on
-        }
         let read = async {
             let mut conn = GuestConn::open(sb.socket(), Op::Incidents { after })
                 .await

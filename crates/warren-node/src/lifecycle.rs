@@ -49,11 +49,18 @@ impl Node {
             return Ok(sb.view(&self.id));
         }
         let frozen = action == Action::Pause;
+        if frozen {
+            // A frozen guest answers nothing: what it recorded is fetched first.
+            self.last_incidents(&sb).await;
+        }
         let s = sb.clone();
         let reclaim_on_pause = self.cfg.reclaim_on_pause;
         let freed = blocking(move || {
-            if !frozen {
-                restore_limits(std::slice::from_ref(&s));
+            if !frozen && let Some((_, e)) = restore_limits(std::slice::from_ref(&s)).pop() {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("writing its memory limit back before the thaw: {e}"),
+                ));
             }
             s.instance.set_frozen(frozen)?;
             Ok(if frozen && reclaim_on_pause {
@@ -171,12 +178,17 @@ pub(crate) fn reclaim(sandboxes: &[Arc<Sandbox>]) -> u64 {
     freed
 }
 
-/// Writes the memory limits of sandboxes about to be thawed again. Blocking.
-pub(crate) fn restore_limits(sandboxes: &[Arc<Sandbox>]) {
+/// Writes the memory limits of sandboxes about to be thawed again (waiting for a reclaim in
+/// progress to finish). Returns those whose limit could not be written: they must not be
+/// thawed. Blocking.
+pub(crate) fn restore_limits(sandboxes: &[Arc<Sandbox>]) -> Vec<(SandboxId, std::io::Error)> {
+    let mut failed = Vec::new();
     for sb in sandboxes {
         let limit = sb.record.resources.memory_limit.bytes();
         if let Err(e) = sb.instance.restore_memory_limit(limit) {
-            tracing::warn!(sandbox_id = %sb.record.id, "memory limit before resume: {e}");
+            tracing::error!(sandbox_id = %sb.record.id, "memory limit before resume: {e}");
+            failed.push((sb.record.id.clone(), e));
         }
     }
+    failed
 }

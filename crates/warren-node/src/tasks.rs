@@ -93,17 +93,47 @@ impl Node {
             .filter(|s| verdict(s.phase(), action) == Verdict::Proceed)
             .cloned()
             .collect();
-        let batch = todo.clone();
+        if frozen {
+            // A frozen guest answers nothing: what each recorded is fetched first.
+            use futures_util::StreamExt;
+            futures_util::stream::iter(&todo)
+                .for_each_concurrent(64, |sb| self.last_incidents(sb))
+                .await;
+        }
+        let mut batch = todo.clone();
+        let mut unrestored = Vec::new();
+        if !frozen {
+            // A sandbox whose memory limit cannot be written back stays frozen.
+            let (b, failed) = blocking(move || {
+                let failed = crate::lifecycle::restore_limits(&batch);
+                batch.retain(|s| !failed.iter().any(|(id, _)| *id == s.record.id));
+                Ok((batch, failed))
+            })
+            .await
+            .unwrap_or_else(|e| {
+                let all = todo
+                    .iter()
+                    .map(|s| (s.record.id.clone(), std::io::Error::other(e.to_string())))
+                    .collect();
+                (Vec::new(), all)
+            });
+            batch = b;
+            unrestored = failed;
+        }
+        let todo: Vec<Arc<Sandbox>> = batch.clone();
         let results = blocking(move || {
-            if !frozen {
-                crate::lifecycle::restore_limits(&batch);
-            }
             let refs: Vec<&dyn Instance> = batch.iter().map(|s| s.instance.as_ref()).collect();
             Ok(freeze_batch(&refs, frozen))
         })
         .await;
         let ids: Vec<SandboxId> = todo.iter().map(|s| s.record.id.clone()).collect();
-        let (done, failed) = batch_outcome(&ids, results, freeze_what(frozen));
+        let (done, mut failed) = batch_outcome(&ids, results, freeze_what(frozen));
+        failed.extend(unrestored.into_iter().map(|(id, e)| {
+            (
+                id,
+                NodeError::host("writing the memory limit back before the thaw", e),
+            )
+        }));
         for sb in &todo {
             if done.contains(&sb.record.id)
                 && let Some(p) = after(action)

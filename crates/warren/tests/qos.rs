@@ -171,6 +171,11 @@ async fn without_cpu_idle_best_effort_commands_run_sched_idle() {
         .unwrap();
     assert_eq!(policy(&be).await, "5");
     assert_eq!(policy(&ls).await, "0");
+    // Only the processes: the cgroup is not made idle as well where the knob exists.
+    let idle = cgroup_dir(&p, "cpu", be.id().as_str()).join("cpu.idle");
+    if idle.exists() {
+        assert_eq!(read(&idle), "0");
+    }
     // The agent's way back out is refused (RLIMIT_NICE is 0), as root and as the user.
     for user in ["root", "user"] {
         let r = be

@@ -94,7 +94,10 @@ async def run(args: argparse.Namespace) -> List[Phase]:
                 for i in range(args.execs):
                     r = await timed(execs, sb.exec(f"echo {i}"))
                     if r is not None and r.stdout != f"{i}\n":
-                        execs.failures.append(f"{sb.id}: wrong output {r.stdout!r}")
+                        execs.failures.append(
+                            f"{sb.id}: wrong output {r.stdout!r} (exit {r.exit_code}, "
+                            f"signal {r.signal}, stderr {r.stderr[:200]!r})"
+                        )
 
             t0, c0 = time.perf_counter(), time.process_time()
             await asyncio.gather(*[episode(sb) for sb in sbs])

@@ -51,7 +51,11 @@ pub async fn create(
     };
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     // The request (a node's default is 64Mi), for the overlay and eligibility.
-    let memory = req.memory.map(|m| m.bytes()).unwrap_or(64 << 20);
+    let memory = req
+        .memory
+        .map(|m| m.bytes())
+        .unwrap_or(64 << 20)
+        .min(1 << 50);
     let nodes = c.nodes.all();
     if nodes.is_empty() {
         return Err(Error(ApiError::new(

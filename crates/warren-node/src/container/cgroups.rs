@@ -159,6 +159,9 @@ impl Layout {
 pub struct Cgroups {
     pub layout: Layout,
     parent: String,
+    /// Whether best-effort sandboxes' cgroups are made idle (the backend sets it from its
+    /// probe and the node's `qos_cpu_idle`). Default false.
+    pub use_idle: bool,
 }
 
 /// A sandbox's cgroup (one directory per hierarchy).
@@ -166,6 +169,8 @@ pub struct Cgroups {
 pub struct SandboxCgroup {
     layout: Layout,
     dirs: Vec<PathBuf>,
+    /// Whether best-effort cgroups are made idle (`cpu.idle`); else the knob is left at 0.
+    use_idle: bool,
 }
 
 /// What a new init needs to start inside its cgroup.
@@ -210,6 +215,7 @@ impl Cgroups {
         let cg = Cgroups {
             layout,
             parent: parent.to_string(),
+            use_idle: false,
         };
         for p in cg.layout.parents(parent) {
             fs::create_dir_all(&p)
@@ -255,6 +261,7 @@ impl Cgroups {
         SandboxCgroup {
             layout: self.layout.clone(),
             dirs: self.layout.dirs(&self.parent, name),
+            use_idle: self.use_idle,
         }
     }
 
@@ -362,11 +369,13 @@ impl SandboxCgroup {
                 // The kernel's own shares-to-weight mapping.
                 let weight = 1 + (shares - 2) * 9999 / 262_142;
                 write(&d.join("cpu.weight"), &weight.to_string())?;
-                write_idle(d, !ls)?;
+                write_idle(d, !ls && self.use_idle)?;
                 write(&d.join("memory.max"), &mem.to_string())?;
                 let low = if ls { r.memory.bytes() } else { 0 };
                 let _ = write(&d.join("memory.low"), &low.to_string());
-                let _ = write(&d.join("memory.swap.max"), "0");
+                // Swap is bounded like v1's memory+swap limit: at most the limit again (only
+                // where the host has swap; a pause's reclaim moves memory there).
+                let _ = write(&d.join("memory.swap.max"), &mem.to_string());
                 write(&d.join("pids.max"), &r.pids.to_string())
             }
             Layout::V1 { .. } => {
@@ -376,7 +385,7 @@ impl SandboxCgroup {
                 write(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
                 write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
                 write(&cpu.join("cpu.shares"), &shares.to_string())?;
-                write_idle(cpu, !ls)?;
+                write_idle(cpu, !ls && self.use_idle)?;
                 self.set_memory_limit(mem)?;
                 let _ = write(
                     &memory.join("memory.soft_limit_in_bytes"),
@@ -455,6 +464,7 @@ impl SandboxCgroup {
         Ok(SandboxCgroup {
             layout: self.layout.clone(),
             dirs,
+            use_idle: self.use_idle,
         })
     }
 

@@ -273,9 +273,10 @@ impl ContainerBackend {
             Some(n) => Some(net::NodeNet::new(n)?),
             None => None,
         };
-        let cgroups = Cgroups::new(&cfg.cgroup_parent)?;
+        let mut cgroups = Cgroups::new(&cfg.cgroup_parent)?;
         let host_net = net.is_some();
         let qos = probe_qos(&cgroups, cfg.cpu_idle);
+        cgroups.use_idle = qos.cpu_idle;
         let host = Arc::new(Host {
             net,
             cgroups,
