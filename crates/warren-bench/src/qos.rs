@@ -496,7 +496,19 @@ impl Drop for Zram {
     }
 }
 
+/// Waits (at most two minutes) until memory pressure (PSI `some avg10`) is under 2 %: the
+/// node's admission refuses creates under pressure, and a previous run's teardown leaves some.
+async fn settle_pressure() {
+    for _ in 0..120 {
+        match warren_node::capacity::read_pressure() {
+            Some(p) if p.memory >= 2.0 => tokio::time::sleep(Duration::from_secs(1)).await,
+            _ => return,
+        }
+    }
+}
+
 async fn reclaim_run(exe_dir: &Path, n: usize) -> anyhow::Result<String> {
+    settle_pressure().await;
     let work = tempfile::Builder::new()
         .prefix("warren-reclaim.")
         .tempdir()?;
