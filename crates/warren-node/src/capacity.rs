@@ -343,12 +343,12 @@ mod tests {
         let d = derive_max_sandboxes(&cfg, 24 << 30, 32768, 1 << 20);
         assert_eq!(d.bound_by, "pids");
         assert_eq!(d.max_sandboxes, (32768 - 512) / 2);
-        // pid_max raised: memory binds.
+        // pid_max raised: memory binds (1.5 MiB each).
         let d = derive_max_sandboxes(&cfg, 24 << 30, 4_194_304, 1 << 20);
         assert_eq!(d.bound_by, "memory");
         assert_eq!(
             d.max_sandboxes,
-            (((24u64 << 30) - (256 << 20)) >> 20) as u32
+            (((24u64 << 30) - (256 << 20)) / (3 << 19)) as u32
         );
         // A daemon held to 20,000 descriptors (a hard limit it may not raise).
         let d = derive_max_sandboxes(&cfg, 24 << 30, 4_194_304, 20_000);
