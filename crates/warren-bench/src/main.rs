@@ -417,23 +417,31 @@ fn soak_main(args: &[String]) -> std::process::ExitCode {
 }
 
 /// `warren-bench containment [N]`.
-fn qos_main(which: &str, n: Option<usize>) -> std::process::ExitCode {
+/// The directory of this executable (where `warren-guest` is) and a runtime, or why not.
+fn exe_dir_and_runtime() -> Result<(PathBuf, tokio::runtime::Runtime), std::process::ExitCode> {
     let Some(exe_dir) = std::env::current_exe()
         .ok()
         .and_then(|e| e.parent().map(PathBuf::from))
     else {
         eprintln!("warren-bench: cannot tell where its own executable is");
-        return std::process::ExitCode::FAILURE;
+        return Err(std::process::ExitCode::FAILURE);
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+    match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
-        Ok(rt) => rt,
+        Ok(rt) => Ok((exe_dir, rt)),
         Err(e) => {
             eprintln!("warren-bench: tokio runtime: {e}");
-            return std::process::ExitCode::FAILURE;
+            Err(std::process::ExitCode::FAILURE)
         }
+    }
+}
+
+fn qos_main(which: &str, n: Option<usize>) -> std::process::ExitCode {
+    let (exe_dir, rt) = match exe_dir_and_runtime() {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     let out = rt.block_on(async {
         match which {
@@ -447,22 +455,9 @@ fn qos_main(which: &str, n: Option<usize>) -> std::process::ExitCode {
 }
 
 fn containment_main(n: usize) -> std::process::ExitCode {
-    let Some(exe_dir) = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(PathBuf::from))
-    else {
-        eprintln!("warren-bench: cannot tell where its own executable is");
-        return std::process::ExitCode::FAILURE;
-    };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("warren-bench: tokio runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
+    let (exe_dir, rt) = match exe_dir_and_runtime() {
+        Ok(x) => x,
+        Err(code) => return code,
     };
     match rt.block_on(containment::run(&exe_dir, n.max(1))) {
         Ok(()) => std::process::ExitCode::SUCCESS,

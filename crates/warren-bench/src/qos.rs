@@ -29,7 +29,16 @@ use crate::stats::Samples;
 
 const CGROUP_PARENT: &str = "warren-bench-qos";
 
-async fn start(state: &Path, guest: &Path, extra: serde_json::Value) -> anyhow::Result<Arc<Node>> {
+/// A node on a state directory of its own (a temporary one, kept with it) with `extra`
+/// settings.
+async fn start(
+    prefix: &str,
+    exe_dir: &Path,
+    extra: serde_json::Value,
+) -> anyhow::Result<(tempfile::TempDir, Arc<Node>)> {
+    let work = tempfile::Builder::new().prefix(prefix).tempdir()?;
+    let state = work.path().join("node");
+    let guest = exe_dir.join("warren-guest");
     host::preflight_cgroup_parent(CGROUP_PARENT)?;
     let mut cfg = serde_json::json!({
         "state_dir": state,
@@ -45,7 +54,7 @@ async fn start(state: &Path, guest: &Path, extra: serde_json::Value) -> anyhow::
     }
     let cfg: NodeConfig = serde_json::from_value(cfg)?;
     let (node, _) = Node::start(cfg).await?;
-    Ok(node)
+    Ok((work, node))
 }
 
 async fn shut(node: Arc<Node>) {
@@ -186,10 +195,9 @@ async fn configuration(
     steps: usize,
     w: Option<u64>,
 ) -> anyhow::Result<(Rows, u64, serde_json::Value)> {
-    let work = tempfile::Builder::new().prefix("warren-qos.").tempdir()?;
-    let node = start(
-        &work.path().join("node"),
-        &exe_dir.join("warren-guest"),
+    let (_work, node) = start(
+        "warren-qos.",
+        exe_dir,
         serde_json::json!({"qos_cpu_idle": cpu_idle, "warm_pool": 4}),
     )
     .await?;
@@ -347,17 +355,7 @@ pub async fn density(exe_dir: &Path, target: usize) -> String {
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
     let mut out = String::new();
-    let work = match tempfile::Builder::new().prefix("warren-density.").tempdir() {
-        Ok(w) => w,
-        Err(e) => return format!("density: {e}\n"),
-    };
-    let node = match start(
-        &work.path().join("node"),
-        &exe_dir.join("warren-guest"),
-        serde_json::json!({}),
-    )
-    .await
-    {
+    let (_work, node) = match start("warren-density.", exe_dir, serde_json::json!({})).await {
         Ok(n) => n,
         Err(e) => return format!("density: the node did not start: {e}\n"),
     };
@@ -509,15 +507,7 @@ async fn settle_pressure() {
 
 async fn reclaim_run(exe_dir: &Path, n: usize) -> anyhow::Result<String> {
     settle_pressure().await;
-    let work = tempfile::Builder::new()
-        .prefix("warren-reclaim.")
-        .tempdir()?;
-    let node = start(
-        &work.path().join("node"),
-        &exe_dir.join("warren-guest"),
-        serde_json::json!({}),
-    )
-    .await?;
+    let (_work, node) = start("warren-reclaim.", exe_dir, serde_json::json!({})).await?;
     let result = async {
         let req = CreateSandbox {
             image: "host".into(),
@@ -606,15 +596,7 @@ async fn shared_pages(exe_dir: &Path, n: usize) -> anyhow::Result<String> {
         }
     }
     let (len, file) = best.ok_or_else(|| anyhow::anyhow!("no file under /usr/lib"))?;
-    let work = tempfile::Builder::new()
-        .prefix("warren-shared.")
-        .tempdir()?;
-    let node = start(
-        &work.path().join("node"),
-        &exe_dir.join("warren-guest"),
-        serde_json::json!({}),
-    )
-    .await?;
+    let (_work, node) = start("warren-shared.", exe_dir, serde_json::json!({})).await?;
     let result = async {
         let mut ids = Vec::new();
         for _ in 0..n {

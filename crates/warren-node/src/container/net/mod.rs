@@ -237,6 +237,11 @@ pub(crate) struct NodeNet {
     spare: Mutex<Vec<slots::Slot>>,
     /// Slots of ended sandboxes waiting for the flusher (`slots`).
     flushing: Mutex<Vec<slots::Slot>>,
+    /// Held by the flusher while a batch it took is being flushed, so the node's stop can
+    /// wait for it (the batch is in neither list meanwhile).
+    flush_busy: Mutex<()>,
+    /// Set when the node stops: slots given back later are destroyed, not kept.
+    closed: std::sync::atomic::AtomicBool,
     /// Wakes the flusher.
     flush_wanted: std::sync::Condvar,
     /// The transparent proxy (TLS SNI / HTTP Host checks), where the node runs it.
@@ -442,6 +447,8 @@ impl NodeNet {
             exposures: Mutex::new(Exposures::new(cfg.expose)),
             spare: Mutex::new(Vec::new()),
             flushing: Mutex::new(Vec::new()),
+            flush_busy: Mutex::new(()),
+            closed: std::sync::atomic::AtomicBool::new(false),
             flush_wanted: std::sync::Condvar::new(),
             proxy: Mutex::new(None),
             generations: Mutex::new(Generations::open(cfg.generation_file.clone(), 1)?),

@@ -117,7 +117,9 @@ impl NodeNet {
             o.generation = generation;
         }
         self.recheck_proxy();
-        if let Some(netns) = netns {
+        if let Some(netns) = netns
+            && !self.closed.load(std::sync::atomic::Ordering::SeqCst)
+        {
             let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).len();
             let mut q = self.flushing.lock().unwrap_or_else(|p| p.into_inner());
             if spare + q.len() < MAX_SPARE {
@@ -228,6 +230,9 @@ impl NodeNet {
 
     /// Destroys the spare slots and those waiting to be flushed (the node stops).
     pub(crate) fn drain_spare(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        // A batch the flusher holds goes back to `spare` before this lock is free.
+        let _busy = self.flush_busy.lock().unwrap_or_else(|p| p.into_inner());
         let mut all = std::mem::take(&mut *self.spare.lock().unwrap_or_else(|p| p.into_inner()));
         all.extend(std::mem::take(
             &mut *self.flushing.lock().unwrap_or_else(|p| p.into_inner()),
@@ -263,6 +268,7 @@ impl NodeNet {
                     }
                     // A moment for a burst of kills to join the batch.
                     std::thread::sleep(FLUSH_GATHER);
+                    let _busy = net.flush_busy.lock().unwrap_or_else(|p| p.into_inner());
                     let batch = std::mem::take(
                         &mut *net.flushing.lock().unwrap_or_else(|p| p.into_inner()),
                     );
