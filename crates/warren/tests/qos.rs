@@ -321,7 +321,10 @@ async fn admission_refuses_under_measured_memory_pressure() {
     let m = refusal.to_string();
     assert_eq!(refusal.code(), Some(ErrorCode::Capacity), "{m}");
     // (It names the memory charged to sandboxes too once the node has sampled it.)
-    assert!(m.contains("measured memory") && m.contains("available"), "{m}");
+    assert!(
+        m.contains("measured memory") && m.contains("available"),
+        "{m}"
+    );
     // The node's report shows the memory charged to its sandboxes (sampled every second).
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
