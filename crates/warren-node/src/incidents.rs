@@ -93,12 +93,14 @@ impl Node {
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                     continue;
                 };
-                backoff = Duration::from_millis(200);
                 if idle {
                     // A short poll: the guest answers at once with what it has.
                     match tokio::time::timeout(POLL_READ, conn.reply()).await {
-                        Ok(Ok(Reply::Incidents { incidents, seq })) if !store(&incidents, seq) => {
-                            return;
+                        Ok(Ok(Reply::Incidents { incidents, seq })) => {
+                            backoff = Duration::from_millis(200);
+                            if !store(&incidents, seq) {
+                                return;
+                            }
                         }
                         Ok(Ok(Reply::Error { .. })) => return,
                         _ => {}
@@ -127,6 +129,8 @@ impl Node {
                 loop {
                     match tokio::time::timeout(IDLE_CHECK, conn.reply()).await {
                         Ok(Ok(Reply::Incidents { incidents, seq })) => {
+                            // The backoff starts again only once the guest has answered.
+                            backoff = Duration::from_millis(200);
                             if !store(&incidents, seq) {
                                 return;
                             }
