@@ -37,6 +37,8 @@ use crate::wire::OpError;
 /// write to the inherited pipes before the status is final (and the pipes are drained by
 /// [`Lingering`]).
 const DRAIN_GRACE: Duration = Duration::from_millis(100);
+/// The most graces the status waits for output already in a pipe (5 s in all).
+const MAX_DRAIN_WAITS: u32 = 50;
 
 /// Finished processes kept for collection; the oldest are forgotten past this.
 const KEEP_FINISHED: usize = 256;
@@ -90,6 +92,11 @@ struct State {
     truncated: [bool; 2],
     max: u64,
     eof: [bool; 2],
+    /// A duplicate of each output pipe's read end while its pump follows it: after the exit,
+    /// the status waits while bytes are still in a pipe (its pump not yet run: a busy host,
+    /// an idle-priority sandbox), so no output written before the exit is lost. Dropped at
+    /// end of file and when the status is final (it must not keep a pipe open).
+    readers: [Option<OwnedFd>; 2],
     exited: Option<Exit>,
     ended_at: Option<Instant>,
     timed_out: bool,
@@ -256,9 +263,21 @@ impl Proc {
         self.changed.send_replace(());
     }
 
+    /// Whether an output pipe still holds bytes its pump has not read.
+    fn output_pending(&self) -> bool {
+        let st = lock(&self.state);
+        st.status.is_none()
+            && st
+                .readers
+                .iter()
+                .flatten()
+                .any(|fd| rustix::io::ioctl_fionread(fd).is_ok_and(|n| n > 0))
+    }
+
     fn stream_ended(&self, kind: FrameKind) {
         let mut st = lock(&self.state);
         st.eof[stream_index(kind)] = true;
+        st.readers[stream_index(kind)] = None;
         let done = st.exited.is_some() && st.eof[0] && st.eof[1];
         drop(st);
         if done {
@@ -277,7 +296,14 @@ impl Proc {
         } else {
             let me = self.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(DRAIN_GRACE).await;
+                // Longer while output written before the exit is still in a pipe, up to
+                // MAX_DRAIN_WAITS graces (a background child that never stops writing).
+                for _ in 0..MAX_DRAIN_WAITS {
+                    tokio::time::sleep(DRAIN_GRACE).await;
+                    if !me.output_pending() {
+                        break;
+                    }
+                }
                 me.finish();
             });
         }
@@ -295,6 +321,7 @@ impl Proc {
             Exit::Signal(s) => (128 + s, Some(s)),
         };
         let ended = st.ended_at.unwrap_or_else(Instant::now);
+        st.readers = [None, None];
         st.status = Some(ExitStatus {
             exit_code,
             signal,
@@ -565,8 +592,10 @@ impl Table {
                             (st.stdout, FrameKind::Stdout),
                             (st.stderr, FrameKind::Stderr),
                         ] {
+                            let dup = fd.as_ref().and_then(|f| f.try_clone().ok());
                             match fd.map(pipe::Receiver::from_owned_fd) {
                                 Some(Ok(rx)) => {
+                                    lock(&proc.state).readers[stream_index(kind)] = dup;
                                     tokio::spawn(pump(
                                         proc.clone(),
                                         rx,
