@@ -164,6 +164,8 @@ impl Node {
         } else {
             None
         };
+        // Before the backend: its DNS proxy holds a socket per query in flight.
+        let open_files = crate::capacity::raise_open_files();
         let backend = ContainerBackend::new(
             ContainerConfig {
                 network,
@@ -193,7 +195,6 @@ impl Node {
             StartError::Backend(e)
         })?;
         let pid_max = crate::capacity::raise_pid_max(&cfg).unwrap_or(32768);
-        let open_files = crate::capacity::raise_open_files();
         let mem_total = crate::admission::HostLoad::read()
             .map(|l| l.mem_total)
             .unwrap_or(0);

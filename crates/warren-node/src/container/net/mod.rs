@@ -300,28 +300,6 @@ impl dns::Policy for DnsRules {
     }
 }
 
-/// Raises this process's open-file limit to `n` (soft and hard) where it is lower.
-fn raise_open_files(n: u64) {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let now = getrlimit(Resource::Nofile);
-    if now.current.is_some_and(|c| c < n) {
-        let max = now.maximum.map_or(n, |m| m.max(n));
-        if setrlimit(
-            Resource::Nofile,
-            Rlimit {
-                current: Some(n),
-                maximum: Some(max),
-            },
-        )
-        .is_err()
-        {
-            tracing::warn!(
-                "could not raise the open-file limit to {n}: the DNS proxy may refuse queries under load"
-            );
-        }
-    }
-}
-
 /// Takes the lock of the calling thread's network namespace: two nodes in one namespace would
 /// replace each other's firewall table and share interface names and routes. The lock is an
 /// abstract unix socket name, which exists per network namespace and goes with the process
@@ -413,8 +391,8 @@ impl NodeNet {
         std::fs::rename(&tmp, &cfg.resolv_conf)?;
         let (reader, mut raw) = Reader::start(cfg.firewall.log_group, 4096)?;
         let (tx, rx) = mpsc::channel(4096);
-        // The DNS proxy holds a socket per query in flight, up to a thousand or so.
-        raise_open_files(65_536);
+        // The DNS proxy holds a socket per query in flight, up to a thousand or so: the node
+        // raised its open-file limit before making its backend (`capacity::raise_open_files`).
         let mut never: Vec<Cidr> = warren_net::nft::default_internal(&addressing);
         never.extend(cfg.firewall.internal.iter().copied());
         never.retain(|c| !cfg.firewall.exempt.iter().any(|e| e.covers(c)));
