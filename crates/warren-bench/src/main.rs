@@ -107,6 +107,7 @@ usage: warren-bench [--quick]
        warren-bench qos [STEPS]
        warren-bench density [N]
        warren-bench reclaim [N]
+       warren-bench prefetch [N]
 
 Benchmarks Warren (through `warren up`'s REST API, and its node library in-process) against
 bubblewrap and runc on this machine and prints Markdown tables. Run as root, after
@@ -125,7 +126,8 @@ a latency-sensitive sandbox's step latency beside best-effort load at 0, 50 and 
 unprotected, with SCHED_IDLE and with cpu.idle. `density` creates idle sandboxes up to N
 (default 20000) and reports creates/s, exec latency and memory at every 2000. `reclaim`
 pauses a task of N sandboxes (default 500) holding 20 MiB each, without swap and with a zram
-device made for the run.
+device made for the run. `prefetch` pauses N sandboxes (default 200) whose processes hold
+20 MiB each to swap and resumes them, with prefetch_on_resume off and on.
 
 `containment` measures what the defences cost (N creates per variant, default 50): create and
 exec with and without the disk quota and the system-call filter, and the disk-quota
@@ -229,7 +231,9 @@ fn main() -> std::process::ExitCode {
     if args.first().map(String::as_str) == Some("soak") {
         return soak_main(&args[1..]);
     }
-    if let Some(which @ ("qos" | "density" | "reclaim")) = args.first().map(String::as_str) {
+    if let Some(which @ ("qos" | "density" | "reclaim" | "prefetch")) =
+        args.first().map(String::as_str)
+    {
         let n = args.get(1).and_then(|v| v.parse::<usize>().ok());
         return qos_main(which, n);
     }
@@ -447,6 +451,7 @@ fn qos_main(which: &str, n: Option<usize>) -> std::process::ExitCode {
         match which {
             "qos" => qos::interference(&exe_dir, n.unwrap_or(300).max(20)).await,
             "density" => qos::density(&exe_dir, n.unwrap_or(20_000).max(1)).await,
+            "prefetch" => qos::prefetch(&exe_dir, n.unwrap_or(200).max(1)).await,
             _ => qos::reclaim(&exe_dir, n.unwrap_or(500).max(1)).await,
         }
     });

@@ -1,4 +1,4 @@
-//! `warren-bench qos | density | reclaim`: plan-by-use measured on this machine, with the node
+//! `warren-bench qos | density | reclaim | prefetch`: plan-by-use measured on this machine, with the node
 //! library in this process (each run in a network namespace of its own).
 //!
 //! - `qos`: the DSec paper's interference experiment. A latency-sensitive sandbox runs a
@@ -14,6 +14,10 @@
 //! - `reclaim [N]`: N sandboxes (default 500) each holding 20 MiB of swap-backed memory
 //!   (`/dev/shm`, compressible text); their task paused and resumed, without swap and with a
 //!   zram swap device made for the run (removed after).
+//! - `prefetch [N]`: N sandboxes (default 200) each with a process holding 20 MiB of
+//!   anonymous memory, paused to swap and resumed, with `prefetch_on_resume` off and on: how
+//!   much memory is back before the agent's next step, and how long that step's first touch
+//!   of every page takes.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -658,6 +662,166 @@ async fn shared_pages(exe_dir: &Path, n: usize) -> anyhow::Result<String> {
     .await;
     shut(node).await;
     result
+}
+
+/// The holder of 20 MiB of anonymous memory (text: compressible as real heaps are) that sums
+/// it all when told to (SIGUSR1) and writes `/tmp/check`.
+const HOLDER: &str = "python3 -c '
+import os, signal, time
+b = bytearray(b\"warren \" * (3 << 20))
+def check(*_):
+    open(\"/tmp/check\", \"w\").write(str(sum(b[::4096])))
+signal.signal(signal.SIGUSR1, check)
+open(\"/tmp/ready\", \"w\").write(str(os.getpid()))
+while True: time.sleep(1)
+' >/dev/null 2>&1 & while [ ! -s /tmp/ready ]; do sleep 0.05; done; cat /tmp/ready";
+
+/// Sum of the sandboxes' memory charge now.
+fn charged(node: &Node, ids: &[SandboxId]) -> u64 {
+    ids.iter()
+        .filter_map(|id| node.metrics(id).ok())
+        .map(|m| m.memory_used)
+        .sum()
+}
+
+/// `n` sandboxes each holding 20 MiB of anonymous memory in a process; their task paused
+/// (with swap) and resumed; then, `wait` later, every process touches every page.
+async fn prefetch_run(exe_dir: &Path, n: usize, prefetch: bool) -> anyhow::Result<String> {
+    settle_pressure().await;
+    let (_work, node) = start(
+        "warren-prefetch.",
+        exe_dir,
+        serde_json::json!({"prefetch_on_resume": prefetch}),
+    )
+    .await?;
+    let result = async {
+        let req = CreateSandbox {
+            image: "host".into(),
+            task: Some("bench-prefetch".into()),
+            cpu: Some(0),
+            memory: Some(ByteSize(32 << 20)),
+            ..Default::default()
+        };
+        let mut ids = Vec::new();
+        while ids.len() < n {
+            let k = 32.min(n - ids.len());
+            let creates = (0..k).map(|_| node.create(req.clone(), None));
+            for r in futures_util::future::join_all(creates).await {
+                ids.push(r?.0.id);
+            }
+        }
+        let mut pids = Vec::new();
+        for chunk in ids.chunks(16) {
+            let holds = chunk.iter().map(|id| sh(&node, id, HOLDER));
+            for r in futures_util::future::join_all(holds).await {
+                pids.push(r?.trim().to_string());
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let held = charged(&node, &ids);
+        let t = Instant::now();
+        let paused = node.task_action("bench-prefetch", TaskAction::Pause).await;
+        let pause_time = t.elapsed();
+        let t = Instant::now();
+        let resumed = node.task_action("bench-prefetch", TaskAction::Resume).await;
+        let resume_time = t.elapsed();
+        anyhow::ensure!(
+            paused.failed.is_empty() && resumed.failed.is_empty(),
+            "pause/resume failed: {:?} {:?}",
+            paused.failed.first(),
+            resumed.failed.first()
+        );
+        // The model thinks: nothing runs in the sandboxes for a while.
+        let low = paused.memory_freed.unwrap_or(0);
+        let mut back_in = None;
+        let wait = Duration::from_secs(10);
+        while t.elapsed() < wait {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if back_in.is_none() && charged(&node, &ids) + low / 10 >= held {
+                back_in = Some(t.elapsed());
+            }
+        }
+        let back = charged(&node, &ids);
+        // The agent's next step touches all of its memory.
+        let mut lat = Vec::new();
+        let touch = Instant::now();
+        let node_ref: &Node = &node;
+        for chunk in ids.iter().zip(&pids).collect::<Vec<_>>().chunks(16) {
+            let touches = chunk.iter().map(|(id, pid)| async move {
+                let t = Instant::now();
+                let r = sh(
+                    node_ref,
+                    id,
+                    &format!("rm -f /tmp/check; kill -USR1 {pid}; while [ ! -s /tmp/check ]; do sleep 0.01; done"),
+                )
+                .await;
+                r.map(|_| t.elapsed())
+            });
+            for r in futures_util::future::join_all(touches).await {
+                lat.push(r?.as_secs_f64() * 1000.0);
+            }
+        }
+        let touch_time = touch.elapsed();
+        lat.sort_by(f64::total_cmp);
+        let pct = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+        Ok(format!(
+            "| {} | {} MiB | {} MiB | {:.2} s | {:.2} s | {} MiB ({}) | {:.2} s | {:.0} ms | {:.0} ms |",
+            if prefetch { "on" } else { "off" },
+            held >> 20,
+            low >> 20,
+            pause_time.as_secs_f64(),
+            resume_time.as_secs_f64(),
+            back >> 20,
+            back_in
+                .map(|d| format!("90 % in {:.1} s", d.as_secs_f64()))
+                .unwrap_or_else(|| "not back in 10 s".into()),
+            touch_time.as_secs_f64(),
+            pct(0.5),
+            pct(0.99),
+        ))
+    }
+    .await;
+    shut(node).await;
+    result
+}
+
+/// Prefetch after resume, off and on, with swap (the host's, or zram made for the run).
+pub async fn prefetch(exe_dir: &Path, n: usize) -> String {
+    let mut out = format!(
+        "## Prefetch after resume: {n} sandboxes × a process holding 20 MiB of anonymous memory\n\n\
+         Paused (reclaimed to swap), resumed, left alone 10 s (the model thinking), then every \
+         process reads every page (an exec that signals it and waits: p50/p99 per sandbox, 16 \
+         at a time).\n\n\
+         | prefetch | charged before | freed by pause | pause | resume | charged 10 s after resume | first touch, all | touch p50 | touch p99 |\n\
+         |---|---|---|---|---|---|---|---|---|\n"
+    );
+    let _zram = if host::meminfo_field("SwapTotal:").unwrap_or(0) == 0 {
+        match Zram::make(&format!("{}", (n as u64 * 40) << 20)) {
+            Ok(z) => Some(z),
+            Err(e) => {
+                out.push_str(&format!(
+                    "| no swap, and zram could not be set up: {e} |
+"
+                ));
+                return out;
+            }
+        }
+    } else {
+        None
+    };
+    for on in [false, true] {
+        match prefetch_run(exe_dir, n, on).await {
+            Ok(row) => out.push_str(&format!(
+                "{row}
+"
+            )),
+            Err(e) => out.push_str(&format!(
+                "| {on} | failed: {e} |
+"
+            )),
+        }
+    }
+    out
 }
 
 pub async fn reclaim(exe_dir: &Path, n: usize) -> String {

@@ -158,6 +158,11 @@ pub trait Instance: Send + Sync {
         let _ = memory_limit;
         Ok(0)
     }
+    /// Asks the kernel to read back what of its processes' memory a reclaim moved to swap
+    /// (after a thaw). Returns the bytes of the ranges advised. Blocking.
+    fn prefetch(&self) -> io::Result<u64> {
+        Ok(0)
+    }
     /// Writes its memory limit again (before a thaw: a reclaim a stopped daemon did not
     /// finish may have left it lower). Blocking.
     fn restore_memory_limit(&self, memory_limit: u64) -> io::Result<()> {

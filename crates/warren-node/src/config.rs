@@ -50,9 +50,12 @@ pub struct NodeConfig {
     /// The `kernel.pid_max` the node raises to. Default 4194304 (the kernel's most on 64-bit).
     pub pid_max: u32,
     /// On pause, give back what the kernel can of the sandbox's memory (page cache, and
-    /// anonymous memory to swap where the host has swap); its pages come back as it touches
-    /// them after resume. Default true.
+    /// anonymous memory to swap where the host has swap). Default true.
     pub reclaim_on_pause: bool,
+    /// After a resume of a sandbox whose memory a pause reclaimed, ask the kernel to read its
+    /// processes' swapped-out memory back in the background (`process_madvise(MADV_WILLNEED)`),
+    /// so its first steps after resume do not fault page by page. Default true.
+    pub prefetch_on_resume: bool,
     /// Best-effort sandboxes' cgroups are made idle (`cpu.idle`) where the kernel has the
     /// knob; false (or without it): their processes run under `SCHED_IDLE` instead, the
     /// weaker protection (`warren-bench qos` compares them). Default true.
@@ -243,6 +246,7 @@ impl Default for NodeConfig {
             pid_max: 4_194_304,
             qos_cpu_idle: true,
             reclaim_on_pause: true,
+            prefetch_on_resume: true,
             max_concurrent_creates: None,
             create_queue: 4096,
             create_queue_timeout: 30,

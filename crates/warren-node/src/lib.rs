@@ -222,6 +222,7 @@ impl Node {
             capacity,
             sampler: Default::default(),
             create_gate,
+            prefetch_gate: Arc::new(tokio::sync::Semaphore::new(1)),
             idempotency: Mutex::new(HashMap::new()),
         });
         let report = node.adopt().await;

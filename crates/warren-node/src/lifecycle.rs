@@ -77,6 +77,9 @@ impl Node {
         if let Some(p) = after(action) {
             sb.set_phase(p);
         }
+        if !frozen {
+            self.prefetch(vec![sb.clone()]);
+        }
         tracing::debug!(sandbox_id = %id, ?action, "done");
         Ok(sb.view(&self.id))
     }
@@ -153,6 +156,46 @@ impl Node {
         ];
         tasks.push(self.watch_incidents(sb));
         *sb.tasks.lock().unwrap_or_else(|p| p.into_inner()) = tasks;
+    }
+}
+
+impl Node {
+    /// Reads back, in the background and one batch at a time, what of just-resumed
+    /// sandboxes' memory their pause moved to swap (when pauses reclaim and
+    /// `prefetch_on_resume` is on). The resume has answered already: the sandboxes run
+    /// meanwhile, and a page they touch first comes in on its own.
+    pub(crate) fn prefetch(&self, sandboxes: Vec<Arc<Sandbox>>) {
+        if sandboxes.is_empty() || !(self.cfg.reclaim_on_pause && self.cfg.prefetch_on_resume) {
+            return;
+        }
+        let gate = self.prefetch_gate.clone();
+        tokio::spawn(async move {
+            let Ok(_permit) = gate.acquire_owned().await else {
+                return;
+            };
+            let t = std::time::Instant::now();
+            let n = sandboxes.len();
+            let advised = blocking(move || {
+                let mut advised = 0;
+                for sb in &sandboxes {
+                    match sb.instance.prefetch() {
+                        Ok(a) => advised += a,
+                        Err(e) => {
+                            tracing::warn!(sandbox_id = %sb.record.id, "prefetch after resume: {e}")
+                        }
+                    }
+                }
+                Ok(advised)
+            })
+            .await
+            .unwrap_or(0);
+            tracing::debug!(
+                sandboxes = n,
+                advised,
+                ms = t.elapsed().as_millis() as u64,
+                "prefetched after resume"
+            );
+        });
     }
 }
 

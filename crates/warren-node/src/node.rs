@@ -63,6 +63,8 @@ pub struct Node {
     pub(crate) sampler: crate::capacity::Sampler,
     /// Creates waiting for (or holding) a start slot.
     pub(crate) create_gate: crate::capacity::Gate,
+    /// One resume's prefetch at a time (they read from swap: several at once only compete).
+    pub(crate) prefetch_gate: Arc<tokio::sync::Semaphore>,
     pub(crate) idempotency: Mutex<HashMap<String, IdemSlot>>,
 }
 

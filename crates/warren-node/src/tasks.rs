@@ -141,6 +141,14 @@ impl Node {
                 sb.set_phase(p);
             }
         }
+        if !frozen {
+            self.prefetch(
+                todo.iter()
+                    .filter(|s| done.contains(&s.record.id))
+                    .cloned()
+                    .collect(),
+            );
+        }
         let mut freed = 0;
         if frozen && self.cfg.reclaim_on_pause {
             let paused: Vec<Arc<Sandbox>> = todo

@@ -205,6 +205,145 @@ pub fn cpu_time_ns(pid: i32) -> Option<u64> {
     Some(ticks.saturating_mul(1_000_000_000) / hz)
 }
 
+/// The most of a process's `/proc/<pid>/maps` read (a process may hold ~65,000 mappings,
+/// ~100 bytes each).
+const MAPS_MAX: u64 = 8 << 20;
+
+/// Ranges of a process's memory worth reading back after a reclaim: its writable mappings
+/// (anonymous memory, heap, stacks, shared memory), not the kernel's special ones.
+fn prefetch_ranges(maps: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for line in maps.split(|b| *b == b'\n') {
+        // `start-end perms offset dev inode [name]`; the name may hold anything, so only the
+        // first five fields are split off and the rest is the name.
+        let Ok(line) = std::str::from_utf8(line) else {
+            // A name that is not UTF-8: the fields before it are ASCII.
+            let mut f = line.splitn(6, |b| *b == b' ');
+            let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+                continue;
+            };
+            if let (Ok(r), Ok(p)) = (std::str::from_utf8(range), std::str::from_utf8(perms))
+                && let Some(x) = parse_range(r, p, "")
+            {
+                out.push(x);
+            }
+            continue;
+        };
+        let mut f = line.splitn(6, ' ');
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let name = f.nth(3).unwrap_or("").trim_start();
+        if let Some(x) = parse_range(range, perms, name) {
+            out.push(x);
+        }
+    }
+    out
+}
+
+fn parse_range(range: &str, perms: &str, name: &str) -> Option<(usize, usize)> {
+    if perms.as_bytes().get(1) != Some(&b'w') {
+        return None;
+    }
+    if name.starts_with('[')
+        && !(name == "[heap]" || name.starts_with("[stack") || name.starts_with("[anon"))
+    {
+        return None;
+    }
+    let (a, b) = range.split_once('-')?;
+    let a = usize::from_str_radix(a, 16).ok()?;
+    let b = usize::from_str_radix(b, 16).ok()?;
+    (b > a).then_some((a, b - a))
+}
+
+/// Asks the kernel to read back what of process `pid`'s writable memory was swapped out
+/// (`process_madvise(MADV_WILLNEED)` over its writable mappings), so that it does not fault
+/// page by page when it next runs. Returns the bytes of the ranges advised (not what was
+/// read: most of it may never have left); 0 for a process that is gone. Blocking: on zram
+/// the reads decompress at once.
+///
+/// The mappings are read from `/proc/<pid>/maps` after a pidfd is taken, and the pidfd is
+/// checked to be alive after: so the mappings are that process's, and the advice goes to it
+/// alone whatever they say (`MADV_WILLNEED` changes no contents).
+pub fn prefetch_swapped(pid: i32) -> io::Result<u64> {
+    use std::io::Read;
+    use std::os::fd::AsRawFd;
+    let gone = |e: &io::Error| {
+        e.raw_os_error() == Some(libc::ESRCH) || e.kind() == io::ErrorKind::NotFound
+    };
+    let pidfd = match pidfd_open(pid) {
+        Ok(fd) => fd,
+        Err(e) if gone(&e) => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut maps = Vec::new();
+    let read = std::fs::File::open(format!("/proc/{pid}/maps"))
+        .and_then(|f| f.take(MAPS_MAX).read_to_end(&mut maps));
+    match read {
+        Ok(_) => {}
+        // A process that exited between the two reads maps nothing any more.
+        Err(e) if gone(&e) || pidfd_exited(&pidfd) => return Ok(0),
+        Err(e) => return Err(e),
+    }
+    if pidfd_exited(&pidfd) {
+        return Ok(0);
+    }
+    let ranges = prefetch_ranges(&maps);
+    let mut advised = 0u64;
+    // At most UIO_MAXIOV (1024) ranges per call; the kernel stops at the first range it
+    // refuses and returns what it advised before it, so that range is stepped over.
+    let mut rest = &ranges[..];
+    while !rest.is_empty() {
+        let batch = &rest[..rest.len().min(1024)];
+        let iov: Vec<libc::iovec> = batch
+            .iter()
+            .map(|&(start, len)| libc::iovec {
+                iov_base: start as *mut libc::c_void,
+                iov_len: len,
+            })
+            .collect();
+        // SAFETY: `iov` points at `iov.len()` initialised iovecs that outlive the call; the
+        // addresses in them are the other process's and are never dereferenced here.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                pidfd.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len(),
+                libc::MADV_WILLNEED,
+                0u32,
+            )
+        };
+        let mut skip = 0usize;
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::ESRCH) => return Ok(advised),
+                // This kernel has no process_madvise, or it is not allowed here.
+                Some(libc::ENOSYS) | Some(libc::EPERM) => return Err(e),
+                // The first range was refused (gone, special): step over it.
+                _ => skip = 1,
+            }
+        } else {
+            let mut done = n as usize;
+            advised += done as u64;
+            for &(_, len) in batch {
+                if done < len {
+                    break;
+                }
+                done -= len;
+                skip += 1;
+            }
+            if skip < batch.len() {
+                // The range it stopped in was refused (or advised in part): step over it.
+                skip += 1;
+            }
+        }
+        rest = &rest[skip.min(rest.len())..];
+    }
+    Ok(advised)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,5 +375,38 @@ mod tests {
         let ns = super::cpu_time_ns(std::process::id() as i32).unwrap();
         assert!(ns >= 10_000_000, "{ns}");
         assert!(super::cpu_time_ns(i32::MAX).is_none());
+    }
+
+    #[test]
+    fn prefetch_ranges_take_writable_memory_only() {
+        let maps = b"5555-6666 r-xp 00000000 08:01 123 /usr/bin/x\n\
+7000-8000 rw-p 00000000 00:00 0 [heap]\n\
+9000-a000 rw-p 00000000 00:00 0 \n\
+b000-c000 rw-s 00000000 00:05 77 /dev/shm/a b [heap]\n\
+c000-d000 r--p 00000000 00:00 0 [vvar]\n\
+d000-e000 rw-p 00000000 00:00 0 [vsyscall]\n\
+e000-f000 rw-p 00000000 00:00 0 [stack]\n\
+f000-f000 rw-p 00000000 00:00 0\n\
+garbage\n\
+10000-11000 rw-p 00000000 08:01 9 /odd\xff\n";
+        assert_eq!(
+            prefetch_ranges(maps),
+            vec![
+                (0x7000, 0x1000),
+                (0x9000, 0x1000),
+                (0xb000, 0x1000),
+                (0xe000, 0x1000),
+                (0x10000, 0x1000)
+            ]
+        );
+    }
+
+    #[test]
+    fn prefetch_advises_this_process() {
+        let v = vec![1u8; 4 << 20];
+        let n = super::prefetch_swapped(std::process::id() as i32).unwrap();
+        assert!(n >= 4 << 20, "{n}");
+        std::hint::black_box(v);
+        assert_eq!(super::prefetch_swapped(i32::MAX).unwrap(), 0);
     }
 }

@@ -449,7 +449,7 @@ impl Drop for Zram {
 }
 
 /// With swap (a zram device made for the test), pausing pushes a sandbox's anonymous memory
-/// out; the process is whole after resume.
+/// out; resuming reads it back without the process touching it; the process is whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_swap_pause_reclaims_anonymous_memory() {
     require_root!();
@@ -497,7 +497,21 @@ while True: time.sleep(1)
     let t = c.task_action("swap", TaskAction::Pause).await.unwrap();
     let freed = t.memory_freed.unwrap();
     assert!(freed >= 96 << 20, "freed {freed} of {before:?}");
+    let low = sb.metrics().await.unwrap().memory_used;
     c.task_action("swap", TaskAction::Resume).await.unwrap();
+    // The resume reads the swapped-out memory back in the background (prefetch_on_resume),
+    // though the process, asleep, touches none of it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut now = low;
+    while now < low + (96 << 20) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        now = sb.metrics().await.unwrap().memory_used;
+    }
+    assert!(
+        now >= low + (96 << 20),
+        "prefetch after resume brought back {} of {freed} bytes",
+        now.saturating_sub(low)
+    );
     let r = sb
         .exec(&shell(format!(
             "kill -USR1 {pid}; while [ ! -s /tmp/check ]; do sleep 0.1; done; cat /tmp/check"

@@ -307,6 +307,20 @@ impl Instance for ContainerInstance {
         self.cgroup.reclaim(memory_limit)
     }
 
+    fn prefetch(&self) -> std::io::Result<u64> {
+        if self.cgroup.is_frozen() {
+            return Ok(0);
+        }
+        let mut advised = 0;
+        // The pids are read from the cgroup the node made; one that exits (or whose number
+        // is reused) meanwhile is skipped or advised harmlessly: the advice reads, never
+        // writes, and goes through a pidfd to the process the mappings were read from.
+        for pid in self.cgroup.pids() {
+            advised += warren_sys::process::prefetch_swapped(pid)?;
+        }
+        Ok(advised)
+    }
+
     fn restore_memory_limit(&self, memory_limit: u64) -> std::io::Result<()> {
         self.cgroup.restore_memory_limit(memory_limit)
     }
