@@ -19,6 +19,8 @@ const FILE_CHUNK: usize = 256 * 1024;
 
 /// How long one input may wait for its process to read it (and for its turn).
 const INPUT_WAIT: Duration = Duration::from_secs(30);
+/// How long input already being written may still finish once its process has ended.
+const ENDED_GRACE: Duration = Duration::from_millis(500);
 
 /// The guest's state, shared by all connections.
 pub struct Guest {
@@ -180,24 +182,32 @@ async fn dispatch(
             };
             // A process that does not read its input (or a client that sends none) holds the
             // input for at most INPUT_WAIT, and never past the process's end.
+            let work = tokio::time::timeout(INPUT_WAIT, work);
+            tokio::pin!(work);
+            let timed_out = || {
+                OpError::new(
+                    ErrorCode::Conflict,
+                    format!(
+                        "process {process} did not take its input within {}s (it is not \
+                         reading its stdin); what it read was delivered",
+                        INPUT_WAIT.as_secs()
+                    ),
+                )
+            };
             tokio::select! {
-                r = tokio::time::timeout(INPUT_WAIT, work) => match r {
-                    Ok(r) => r?,
-                    Err(_) => {
-                        return Err(OpError::new(
-                            ErrorCode::Conflict,
-                            format!(
-                                "process {process} did not take its input within {}s (it is not \
-                                 reading its stdin); what it read was delivered",
-                                INPUT_WAIT.as_secs()
-                            ),
-                        ));
+                r = &mut work => r.map_err(|_| timed_out())??,
+                _ = async { ended.wait_for(|e| *e).await.is_ok() } => {
+                    // Input it was given before it ended counts as taken (a Ctrl-C that ends
+                    // it): the client's closing frame may still be on its way, so the write
+                    // is given a moment to finish. Anything written after its end fails.
+                    if !matches!(
+                        tokio::time::timeout(ENDED_GRACE, &mut work).await,
+                        Ok(Ok(Ok(())))
+                    ) {
+                        return Err(OpError::invalid(format!(
+                            "process {process} ended before it took all its input"
+                        )));
                     }
-                },
-                _ = ended.wait_for(|e| *e) => {
-                    return Err(OpError::invalid(format!(
-                        "process {process} ended before it took all its input"
-                    )));
                 }
             }
             write_msg(w, &Reply::Done).await.map_err(io)
