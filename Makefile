@@ -22,13 +22,15 @@ build: deps
 up: build
 	target/release/warren up
 
-test: deps
+test:
+	@scripts/install-deps.sh test
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace
 	sdk/python/run-tests.sh
 	sdk/e2b/run-tests.sh
+	deploy/check.sh
 	scripts/contract/run.sh
 
 bench: build

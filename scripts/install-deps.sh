@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Warren needs that are missing (when run as root), or says which
-# to install. Used by `make up`, `make test` and `make bench`.
+# to install. Used by `make up`, `make test` (as `install-deps.sh test`) and `make bench`.
 #   procps, python3      tools the tests run inside sandboxes of the built-in `host` image
 #   bubblewrap, runc     peers the benchmark compares against
 #   nftables             networking (a later capability)
@@ -9,8 +9,13 @@
 #   btrfs-progs          disk quotas: mkfs.btrfs makes the node's disk pool (once)
 #   curl, git            what the E2B gateway's `base` template (the `host` image) offers, as
 #                        E2B's base has them (installed only where no such command exists)
+#   postgresql           (tests only) the control plane's shared database: the tests start
+#                        their own servers in their own data directories, never the system's
 set -euo pipefail
 want=(procps python3 bubblewrap runc nftables erofs-utils btrfs-progs)
+if [ "${1:-}" = test ]; then
+  want+=(postgresql)
+fi
 missing=()
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in "${want[@]}"; do
@@ -29,5 +34,16 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# No package's service is started by the install (PostgreSQL's system cluster, nftables'
+# ruleset): Warren runs what it needs itself. policy-rc.d says so to invoke-rc.d, and goes
+# again after (unless it was there before).
+made=
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+  chmod +x /usr/sbin/policy-rc.d
+  made=1
+fi
+rc=0
+{ apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } || rc=$?
+[ -z "$made" ] || rm -f /usr/sbin/policy-rc.d
+exit $rc

@@ -11,6 +11,7 @@
 //! them. It reports; it never fails because a number is bad. Every sandbox, container,
 //! process, cgroup and temp dir it makes is removed before it exits.
 
+mod cluster;
 mod containment;
 mod host;
 mod names;
@@ -18,6 +19,7 @@ mod network;
 mod peers;
 mod qos;
 mod report;
+mod simnode;
 mod soak;
 mod stats;
 mod warren_lib;
@@ -108,6 +110,7 @@ usage: warren-bench [--quick]
        warren-bench density [N]
        warren-bench reclaim [N]
        warren-bench prefetch [N]
+       warren-bench cluster [SANDBOXES]
 
 Benchmarks Warren (through `warren up`'s REST API, and its node library in-process) against
 bubblewrap and runc on this machine and prints Markdown tables. Run as root, after
@@ -128,6 +131,11 @@ unprotected, with SCHED_IDLE and with cpu.idle. `density` creates idle sandboxes
 pauses a task of N sandboxes (default 500) holding 20 MiB each, without swap and with a zram
 device made for the run. `prefetch` pauses N sandboxes (default 200) whose processes hold
 20 MiB each to swap and resumes them, with prefetch_on_resume off and on.
+
+`cluster` runs the real control plane (`warren server`) against 160 simulated nodes in this
+process (SANDBOXES creates, default 100000): creates/s through one and two replicas,
+placement latency, imbalance, a 32K burst and its task pause, a replica restarted to a
+complete view, and k = 1, 2, 3 and least-loaded-of-all with and without the overlay.
 
 `containment` measures what the defences cost (N creates per variant, default 50): create and
 exec with and without the disk quota and the system-call filter, and the disk-quota
@@ -236,6 +244,23 @@ fn main() -> std::process::ExitCode {
     {
         let n = args.get(1).and_then(|v| v.parse::<usize>().ok());
         return qos_main(which, n);
+    }
+    if args.first().map(String::as_str) == Some("cluster") {
+        let n = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(100_000);
+        let (exe_dir, rt) = match exe_dir_and_runtime() {
+            Ok(x) => x,
+            Err(code) => return code,
+        };
+        return match rt.block_on(cluster::run(&exe_dir, n)) {
+            Ok(out) => {
+                print!("{out}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("warren-bench cluster: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
     }
     if args.first().map(String::as_str) == Some("containment") {
         let n = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(50);

@@ -9,12 +9,12 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::RwLock;
 
+use crate::db::Db;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
-use sqlx::SqlitePool;
 use warren_types::error::{ApiError, ErrorCode};
 
 const ALPHABET: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
@@ -60,7 +60,7 @@ pub struct Keys {
 
 impl Keys {
     /// Loads every key hash.
-    pub async fn load(db: &SqlitePool) -> Result<Keys, AuthError> {
+    pub async fn load(db: &Db) -> Result<Keys, AuthError> {
         let rows: Vec<(String,)> = sqlx::query_as("SELECT key_hash FROM api_keys")
             .fetch_all(db)
             .await?;
@@ -80,10 +80,7 @@ impl Keys {
 
 /// Makes sure an admin key exists: on first start, creates one, stores its hash and writes it
 /// to `<data_dir>/admin.key` (mode 0600). Returns the key when it was just made.
-pub async fn bootstrap_admin(
-    db: &SqlitePool,
-    data_dir: &Path,
-) -> Result<Option<String>, AuthError> {
+pub async fn bootstrap_admin(db: &Db, data_dir: &Path) -> Result<Option<String>, AuthError> {
     let path = data_dir.join("admin.key");
     let file_err = |source| AuthError::KeyFile {
         path: path.display().to_string(),
@@ -92,7 +89,7 @@ pub async fn bootstrap_admin(
     if let Ok(existing) = std::fs::read_to_string(&path) {
         let key = existing.trim().to_string();
         // The database may be new (e.g. deleted); make sure the file's key still works.
-        sqlx::query("INSERT OR IGNORE INTO api_keys (id, name, key_hash, role, created_ms) VALUES (?, 'admin', ?, 'admin', ?)")
+        sqlx::query("INSERT INTO api_keys (id, name, key_hash, role, created_ms) VALUES ($1, 'admin', $2, 'admin', $3) ON CONFLICT DO NOTHING")
             .bind(format!("key_{}", &hash(&key)[..12]))
             .bind(hash(&key))
             .bind(now_ms())
@@ -101,7 +98,7 @@ pub async fn bootstrap_admin(
         return Ok(None);
     }
     let key = new_key();
-    sqlx::query("INSERT INTO api_keys (id, name, key_hash, role, created_ms) VALUES (?, 'admin', ?, 'admin', ?)")
+    sqlx::query("INSERT INTO api_keys (id, name, key_hash, role, created_ms) VALUES ($1, 'admin', $2, 'admin', $3)")
         .bind(format!("key_{}", &hash(&key)[..12]))
         .bind(hash(&key))
         .bind(now_ms())
@@ -174,5 +171,23 @@ mod tests {
         assert!(a.starts_with("wrn_") && a.len() == 36);
         assert_eq!(hash("x"), hash("x"));
         assert_eq!(hash("x").len(), 64);
+    }
+
+    #[tokio::test]
+    async fn the_admin_key_is_made_once_and_kept_on_each_database() {
+        for t in crate::db::testing::each().await {
+            let db = &t.db;
+            let dir = tempfile::tempdir().unwrap();
+            let key = bootstrap_admin(db, dir.path()).await.unwrap().unwrap();
+            assert!(Keys::load(db).await.unwrap().check(&key));
+            // Again: the file's key is kept (and inserted once, not twice).
+            assert_eq!(bootstrap_admin(db, dir.path()).await.unwrap(), None);
+            let n: (i64,) = sqlx::query_as("SELECT COUNT(*) FROM api_keys")
+                .fetch_one(db)
+                .await
+                .unwrap();
+            assert_eq!(n.0, 1);
+            assert!(!Keys::load(db).await.unwrap().check("wrn_not-a-key"));
+        }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use sqlx::SqlitePool;
+use crate::db::Db;
 use warren_images::{ImageError, Store};
 use warren_types::api::{Image, ResolvedImage};
 
@@ -37,7 +37,7 @@ const MAX_LAYERS: usize = 128;
 /// The catalog.
 #[derive(Debug, Clone)]
 pub struct Catalog {
-    db: SqlitePool,
+    db: Db,
     /// Held shared by whatever writes layers it will name (an import, a pull, a commit) until
     /// they are named, and exclusively by whatever deletes layers no name uses: a layer
     /// written but not yet named is never taken for an orphan. (One control plane process;
@@ -87,7 +87,7 @@ macro_rules! columns {
 
 impl Catalog {
     /// The catalog in `db` (migrated by [`crate::Control::start`]).
-    pub fn new(db: SqlitePool) -> Catalog {
+    pub fn new(db: Db) -> Catalog {
         Catalog {
             db,
             gate: Default::default(),
@@ -119,9 +119,13 @@ impl Catalog {
             size += store.layer(d)?.size;
         }
         sqlx::query(concat!(
-            "INSERT OR REPLACE INTO images (",
+            "INSERT INTO images (",
             columns!(),
-            ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ",
+            "ON CONFLICT (name) DO UPDATE SET layers = excluded.layers, size = excluded.size, ",
+            "created_ms = excluded.created_ms, creator = excluded.creator, ",
+            "parents = excluded.parents, source = excluded.source, env = excluded.env, ",
+            "user_name = excluded.user_name, workdir = excluded.workdir"
         ))
         .bind(&new.name)
         .bind(json(&new.layers))
@@ -145,7 +149,7 @@ impl Catalog {
         let row: Option<Row> = sqlx::query_as(concat!(
             "SELECT ",
             columns!(),
-            " FROM images WHERE name = ?"
+            " FROM images WHERE name = $1"
         ))
         .bind(name)
         .fetch_optional(&self.db)
@@ -172,7 +176,7 @@ impl Catalog {
     /// Removes a name (not its layers).
     pub async fn remove(&self, name: &str) -> Result<(), ImageError> {
         self.get(name).await?;
-        sqlx::query("DELETE FROM images WHERE name = ?")
+        sqlx::query("DELETE FROM images WHERE name = $1")
             .bind(name)
             .execute(&self.db)
             .await
@@ -233,18 +237,17 @@ fn json<T: serde::Serialize>(v: &T) -> String {
 mod tests {
     use super::*;
 
-    async fn catalog() -> (tempfile::TempDir, Store, Catalog) {
-        let d = tempfile::tempdir().unwrap();
-        let store = Store::open(&d.path().join("store")).unwrap();
-        let db = sqlx::sqlite::SqlitePoolOptions::new()
-            .connect("sqlite::memory:")
-            .await
-            .unwrap();
-        sqlx::migrate!("./migrations/sqlite")
-            .run(&db)
-            .await
-            .unwrap();
-        (d, store, Catalog::new(db))
+    /// A catalog on each database this machine has (SQLite, and PostgreSQL where installed),
+    /// with what keeps it alive.
+    async fn catalogs() -> Vec<(impl Sized, Store, Catalog)> {
+        let mut out = Vec::new();
+        for keep in crate::db::testing::each().await {
+            let d = tempfile::tempdir().unwrap();
+            let store = Store::open(&d.path().join("store")).unwrap();
+            let c = Catalog::new(keep.db.clone());
+            out.push(((keep, d), store, c));
+        }
+        out
     }
 
     fn layer(store: &Store, marker: &str) -> String {
@@ -259,7 +262,12 @@ mod tests {
 
     #[tokio::test]
     async fn names_resolve_bottom_first_with_upper_defaults_winning() {
-        let (_d, store, c) = catalog().await;
+        for (_keep, store, c) in catalogs().await {
+            names_resolve_on(store, c).await;
+        }
+    }
+
+    async fn names_resolve_on(store: Store, c: Catalog) {
         let (a, b) = (layer(&store, "a"), layer(&store, "b"));
         let mut env = BTreeMap::new();
         env.insert("A".to_string(), "1".to_string());
@@ -324,5 +332,21 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(e, ImageError::NotFound(_)), "{e:?}");
+        // Naming again replaces (one row, the new layers).
+        let img = c
+            .put(
+                &store,
+                NewImage {
+                    name: "t/b".into(),
+                    layers: vec![a.clone()],
+                    source: "directory".into(),
+                    ..NewImage::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(img.layers, vec![a.clone()]);
+        assert_eq!(img.user, None);
+        assert_eq!(c.list().await.unwrap().len(), 1);
     }
 }

@@ -12,8 +12,16 @@ pub struct ControlConfig {
     pub data_dir: PathBuf,
     /// Database URL. Default `sqlite://<data_dir>/warren.db`.
     pub database_url: Option<String>,
-    /// Candidates drawn per placement (power-of-k choice). Default 2.
+    /// Candidates drawn per placement (power-of-k choice); the number of nodes or more means
+    /// the least loaded of all. Default 2.
     pub schedule_k: usize,
+    /// Count placements in flight, and those no report counts yet, in a node's load (the
+    /// in-flight overlay). Off only to measure what it is for (`warren-bench cluster`).
+    /// Default true.
+    pub schedule_overlay: bool,
+    /// Nodes a create is sent to at most, one after another, while they refuse (full, or too
+    /// busy); then 429 with Retry-After. Default 4.
+    pub schedule_attempts: usize,
     /// How often node load is polled, milliseconds. Default 2000.
     pub collect_interval_ms: u64,
     /// The image layer store (shared with the nodes). Default `<data_dir>/images`.
@@ -30,6 +38,10 @@ pub struct ControlConfig {
     /// a name goes to that exposed port of that sandbox (point a wildcard DNS record
     /// `*.<domain>` at the control plane). Default none: no such route.
     pub sandbox_domain: Option<String>,
+    /// The cluster token's file: nodes present the token to join, and the control plane to
+    /// their APIs. Made (mode 0600) when missing. Every replica of a cluster needs the same
+    /// one. Default `<data_dir>/cluster.token`.
+    pub cluster_token_file: Option<PathBuf>,
 }
 
 impl Default for ControlConfig {
@@ -38,12 +50,15 @@ impl Default for ControlConfig {
             data_dir: PathBuf::from("/var/lib/warren"),
             database_url: None,
             schedule_k: 2,
+            schedule_overlay: true,
+            schedule_attempts: 4,
             collect_interval_ms: 2000,
             image_store: None,
             max_image_upload: warren_types::ByteSize(64 << 30),
             node_timeout_ms: 30_000,
             node_task_timeout_ms: 600_000,
             sandbox_domain: None,
+            cluster_token_file: None,
         }
     }
 }
@@ -55,6 +70,18 @@ impl ControlConfig {
             read: std::time::Duration::from_millis(self.node_timeout_ms.max(1)),
             task: std::time::Duration::from_millis(self.node_task_timeout_ms.max(1)),
         }
+    }
+
+    /// How often a joined node says it is still there: the poll interval, at least a second.
+    pub fn heartbeat_ms(&self) -> u64 {
+        self.collect_interval_ms.max(1000)
+    }
+
+    /// The cluster token's file in effect.
+    pub fn cluster_token_file(&self) -> PathBuf {
+        self.cluster_token_file
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("cluster.token"))
     }
 
     /// The image store in effect.

@@ -7,8 +7,12 @@
 pub mod api;
 pub mod auth;
 pub mod catalog;
+pub mod cluster;
 pub mod config;
+pub mod create_keys;
+pub mod db;
 pub mod fanout;
+pub mod local_pg;
 pub mod node_api;
 pub mod nodes;
 pub mod openapi;
@@ -16,9 +20,6 @@ pub mod scheduler;
 
 use std::sync::Arc;
 use std::time::Duration;
-
-use sqlx::SqlitePool;
-use sqlx::sqlite::SqliteConnectOptions;
 
 pub use config::ControlConfig;
 pub use nodes::Endpoint;
@@ -32,13 +33,15 @@ pub struct Control {
     /// Known API keys.
     pub keys: Arc<auth::Keys>,
     /// Its database.
-    pub db: SqlitePool,
+    pub db: db::Db,
     /// The image layer store (None when it cannot be opened: image routes then answer 503).
     pub store: Option<warren_images::Store>,
     /// The image catalog (names → layers), in the database.
     pub catalog: catalog::Catalog,
     /// Places for streams to sandboxes' exposed ports (`api::ports`).
     pub tunnels: Arc<tokio::sync::Semaphore>,
+    /// The cluster token (nodes join with it; the control plane calls their APIs with it).
+    pub cluster_token: String,
 }
 
 /// Why the control plane could not start.
@@ -62,6 +65,15 @@ pub enum StartError {
     /// A node.
     #[error(transparent)]
     Node(#[from] nodes::Unreachable),
+    /// The cluster token's file.
+    #[error("cluster token {path}: {source}")]
+    Token {
+        /// The file.
+        path: String,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// What [`Control::start`] made.
@@ -76,26 +88,55 @@ impl Control {
     /// Opens the database, makes sure an admin key exists, and registers `nodes`.
     pub async fn start(cfg: ControlConfig, endpoints: &[Endpoint]) -> Result<Started, StartError> {
         let url = cfg.database_url();
-        let opts: SqliteConnectOptions = url.parse().map_err(|source| StartError::Db {
-            url: url.clone(),
-            source,
-        })?;
-        let db = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(4)
-            .connect_with(opts.create_if_missing(true))
-            .await
-            .map_err(|source| StartError::Db {
-                url: url.clone(),
+        // Shown without its password, should it hold one.
+        let shown = match url.split_once('@') {
+            Some((scheme_user, host)) => format!(
+                "{}@{host}",
+                scheme_user.split(':').take(2).collect::<Vec<_>>().join(":")
+            ),
+            None => url.clone(),
+        };
+        let db = db::open(&url).await.map_err(|e| match e {
+            sqlx::Error::Migrate(m) => StartError::Migrate(*m),
+            source => StartError::Db {
+                url: shown.clone(),
                 source,
-            })?;
-        sqlx::migrate!("./migrations/sqlite").run(&db).await?;
+            },
+        })?;
         let new_admin_key = auth::bootstrap_admin(&db, &cfg.data_dir).await?;
         let keys = Arc::new(auth::Keys::load(&db).await?);
+        let token_file = cfg.cluster_token_file();
+        let cluster_token =
+            cluster::load_or_make_token(&token_file).map_err(|source| StartError::Token {
+                path: token_file.display().to_string(),
+                source,
+            })?;
         let nodes = Arc::new(nodes::Nodes::new(cfg.node_timeouts()));
         for e in endpoints {
-            nodes.add(e).await?;
+            let n = nodes.add(e).await?;
+            if let Endpoint::Unix(path) = e {
+                let cordoned =
+                    cluster::record_local_in(&db, &n.id, path)
+                        .await
+                        .map_err(|source| StartError::Db {
+                            url: shown.clone(),
+                            source,
+                        })?;
+                n.set_cordoned(cordoned);
+            }
         }
-        nodes.spawn_collector(Duration::from_millis(cfg.collect_interval_ms));
+        // Every node that joined before (through this replica or another) is known before the
+        // first request: a restarted replica's view is complete once the first polls answer.
+        cluster::sync(&nodes, &db, &cluster_token)
+            .await
+            .map_err(|source| StartError::Db {
+                url: shown.clone(),
+                source,
+            })?;
+        let interval = Duration::from_millis(cfg.collect_interval_ms);
+        nodes.collect().await;
+        nodes.spawn_collector(interval);
+        cluster::spawn_sync(&nodes, db.clone(), cluster_token.clone(), interval);
         let store = match warren_images::Store::open(&cfg.image_store()) {
             Ok(s) => Some(s),
             Err(e) => {
@@ -111,6 +152,7 @@ impl Control {
             db,
             store,
             tunnels: Arc::new(tokio::sync::Semaphore::new(api::ports::MAX_TUNNELS)),
+            cluster_token,
         });
         Ok(Started {
             control,

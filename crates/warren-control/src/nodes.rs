@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use warren_types::api::NodeInfo;
 use warren_types::id::NodeId;
@@ -56,6 +56,9 @@ impl NodeClient {
         let builder = reqwest::Client::builder()
             .pool_max_idle_per_host(256)
             .pool_idle_timeout(warren_http::serve::HEADER_READ_TIMEOUT / 2)
+            // A node's answers are its own: a redirect would send the control plane (and, to
+            // the same host, the cluster token) somewhere else.
+            .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true);
         let (builder, base, token, shown) = match endpoint {
             Endpoint::Unix(path) => (
@@ -104,6 +107,10 @@ impl NodeClient {
     }
 }
 
+/// How long a placement the node has answered stays in its overlay when no report reflects
+/// it (a node whose polls fail).
+pub const PLACED_TTL: Duration = Duration::from_secs(10);
+
 /// A node and what the control plane knows of its load.
 #[derive(Debug)]
 pub struct NodeEntry {
@@ -111,29 +118,146 @@ pub struct NodeEntry {
     pub id: NodeId,
     /// Its client.
     pub client: NodeClient,
+    /// The URL it joined with (none for `warren up`'s own node on a unix socket).
+    pub address: Option<String>,
     last: RwLock<NodeInfo>,
     up: AtomicBool,
+    cordoned: AtomicBool,
     /// Placements sent to it and not yet answered (the in-flight overlay).
     pub inflight: AtomicU32,
     /// Memory of those placements.
     pub inflight_memory: AtomicU64,
+    /// CPU of those placements, millicores.
+    pub inflight_cpu: AtomicU64,
+    /// Placements it has answered that no report of its has counted yet: (when answered,
+    /// memory, CPU). They leave when a report asked for after them arrives, or after
+    /// [`PLACED_TTL`].
+    placed: Mutex<Vec<(Instant, u64, u64)>>,
     timeouts: Timeouts,
 }
 
+/// The overlay a node carries on top of its last report: placements in flight and placed
+/// but not yet reported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overlay {
+    /// Sandboxes.
+    pub sandboxes: u32,
+    /// Memory requests, bytes.
+    pub memory: u64,
+    /// CPU requests, millicores.
+    pub cpu: u64,
+}
+
 impl NodeEntry {
+    fn new(
+        id: NodeId,
+        client: NodeClient,
+        address: Option<String>,
+        info: NodeInfo,
+        up: bool,
+        timeouts: Timeouts,
+    ) -> NodeEntry {
+        NodeEntry {
+            id,
+            client,
+            address,
+            last: RwLock::new(info),
+            up: AtomicBool::new(up),
+            cordoned: AtomicBool::new(false),
+            inflight: AtomicU32::new(0),
+            inflight_memory: AtomicU64::new(0),
+            inflight_cpu: AtomicU64::new(0),
+            placed: Mutex::new(Vec::new()),
+            timeouts,
+        }
+    }
+
+    /// A node with a report given outright, for tests of placement (its client points
+    /// nowhere).
+    pub fn simulated(info: NodeInfo, up: bool) -> NodeEntry {
+        let client = NodeClient::new(&Endpoint::Http {
+            url: "http://127.0.0.1:9".into(),
+            token: None,
+        })
+        .expect("a client");
+        NodeEntry::new(info.id.clone(), client, None, info, up, Timeouts::default())
+    }
+
     /// Its typed API, for the control plane's own calls.
     pub fn api(&self) -> NodeApi<'_> {
         NodeApi::new(&self.client, self.timeouts)
     }
 
-    /// Its last reported state.
+    /// `f` of its last report, borrowed (placement reads a few numbers of every node per
+    /// create; a copy of the whole report each time would cost more than the choice).
+    pub fn with_report<R>(&self, f: impl FnOnce(&NodeInfo) -> R) -> R {
+        f(&self.last.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Its last reported state, with what the control plane knows of it: cordoned, reachable,
+    /// where it is.
     pub fn info(&self) -> NodeInfo {
-        self.last.read().unwrap_or_else(|p| p.into_inner()).clone()
+        let mut i = self.last.read().unwrap_or_else(|p| p.into_inner()).clone();
+        i.cordoned = self.is_cordoned();
+        i.reachable = self.is_up();
+        i.address = self.address.clone();
+        i
     }
 
     /// Whether it answered the last poll.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
+    }
+
+    /// Whether new sandboxes are kept off it.
+    pub fn is_cordoned(&self) -> bool {
+        self.cordoned.load(Ordering::Relaxed)
+    }
+
+    /// Keeps new sandboxes off it, or lets them on again.
+    pub fn set_cordoned(&self, on: bool) {
+        self.cordoned.store(on, Ordering::Relaxed);
+    }
+
+    /// Marks it answering or not (tests of placement; the collector does it for real nodes).
+    pub fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Relaxed);
+    }
+
+    /// Records a report asked for at `asked`: placements answered before then are in it.
+    pub fn record(&self, info: NodeInfo, asked: Instant) {
+        *self.last.write().unwrap_or_else(|p| p.into_inner()) = info;
+        self.placed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(at, _, _)| *at >= asked && asked.saturating_duration_since(*at) < PLACED_TTL);
+    }
+
+    /// A placement it answered (made the sandbox): counted until its report shows it.
+    pub fn placed(&self, memory: u64, cpu: u64) {
+        let now = Instant::now();
+        let mut p = self.placed.lock().unwrap_or_else(|p| p.into_inner());
+        p.retain(|(at, _, _)| now.saturating_duration_since(*at) < PLACED_TTL);
+        p.push((now, memory, cpu));
+    }
+
+    /// What it carries on top of its last report.
+    pub fn overlay(&self) -> Overlay {
+        let mut o = Overlay {
+            sandboxes: self.inflight.load(Ordering::Relaxed),
+            memory: self.inflight_memory.load(Ordering::Relaxed),
+            cpu: self.inflight_cpu.load(Ordering::Relaxed),
+        };
+        // One clock read (in a VM it may be a system call), not one per placement.
+        let now = Instant::now();
+        for (at, m, c) in self.placed.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if now.saturating_duration_since(*at) < PLACED_TTL {
+                o.sandboxes += 1;
+                o.memory = o.memory.saturating_add(*m);
+                o.cpu = o.cpu.saturating_add(*c);
+            }
+        }
+        o
     }
 }
 
@@ -163,20 +287,79 @@ impl Nodes {
                 endpoint: client.endpoint().to_string(),
                 reason: e.to_string(),
             })?;
-        let entry = Arc::new(NodeEntry {
-            id: info.id.clone(),
+        let address = match endpoint {
+            Endpoint::Http { url, .. } => Some(url.clone()),
+            Endpoint::Unix(_) => None,
+        };
+        let entry = Arc::new(NodeEntry::new(
+            info.id.clone(),
             client,
-            last: RwLock::new(info),
-            up: AtomicBool::new(true),
-            inflight: AtomicU32::new(0),
-            inflight_memory: AtomicU64::new(0),
-            timeouts: self.timeouts,
-        });
+            address,
+            info,
+            true,
+            self.timeouts,
+        ));
+        self.insert(entry.clone());
+        Ok(entry)
+    }
+
+    /// Knows node `id` at `endpoint` from now on, before hearing from it (it is listed as not
+    /// reachable until a poll answers). Replaces what was known of it, keeping its cordon.
+    pub fn add_unheard(
+        &self,
+        id: NodeId,
+        endpoint: &Endpoint,
+        cordoned: bool,
+    ) -> Result<Arc<NodeEntry>, Unreachable> {
+        let client = NodeClient::new(endpoint)?;
+        let address = match endpoint {
+            Endpoint::Http { url, .. } => Some(url.clone()),
+            Endpoint::Unix(_) => None,
+        };
+        let info = self
+            .get(&id)
+            .map(|e| e.last.read().unwrap_or_else(|p| p.into_inner()).clone())
+            .unwrap_or_else(|| NodeInfo::unknown(id.clone()));
+        let entry = Arc::new(NodeEntry::new(
+            id,
+            client,
+            address,
+            info,
+            false,
+            self.timeouts,
+        ));
+        entry.set_cordoned(cordoned);
+        self.insert(entry.clone());
+        Ok(entry)
+    }
+
+    /// Forgets node `id` (removed from the membership). Returns whether it was known.
+    pub fn remove(&self, id: &NodeId) -> bool {
         self.map
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(entry.id.clone(), entry.clone());
-        Ok(entry)
+            .remove(id)
+            .is_some()
+    }
+
+    /// Forgets `entry` if it is still the one known for its id (not replaced since by a new
+    /// join). Returns whether it was.
+    pub fn remove_entry(&self, entry: &Arc<NodeEntry>) -> bool {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        if map.get(&entry.id).is_some_and(|e| Arc::ptr_eq(e, entry)) {
+            map.remove(&entry.id);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Adds (or replaces) an entry.
+    pub fn insert(&self, entry: Arc<NodeEntry>) {
+        self.map
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(entry.id.clone(), entry);
     }
 
     /// The node `id`.
@@ -204,10 +387,29 @@ impl Nodes {
     /// Polls every node once and records what it says; the answers say which did not.
     pub async fn collect(&self) -> Answers<()> {
         fanout::ask(self.all(), |n| async move {
+            let asked = Instant::now();
             match n.api().info().await {
+                Ok(info) if info.id != n.id => {
+                    // Another node answers at this address now: not this one.
+                    if n.up.swap(false, Ordering::Relaxed) {
+                        tracing::warn!(
+                            node_id = %n.id,
+                            "node {} answers at {} now, not node {}",
+                            info.id,
+                            n.client.endpoint(),
+                            n.id
+                        );
+                    }
+                    Err(crate::node_api::CallError::Unreachable(format!(
+                        "node {} answers at its address",
+                        info.id
+                    )))
+                }
                 Ok(info) => {
-                    *n.last.write().unwrap_or_else(|p| p.into_inner()) = info;
-                    n.up.store(true, Ordering::Relaxed);
+                    n.record(info, asked);
+                    if !n.up.swap(true, Ordering::Relaxed) {
+                        tracing::info!(node_id = %n.id, "node answers");
+                    }
                     Ok(())
                 }
                 Err(e) => {

@@ -16,6 +16,7 @@ use crate::api;
     info(title = "Warren API", description = "Sandboxes for agentic reinforcement learning. Authenticate with `Authorization: Bearer <key>` (or `X-API-Key`). Errors are `{\"error\": {\"code\", \"message\"}}` with a stable code."),
     paths(
         api::system::health, api::system::nodes, api::system::openapi,
+        api::cluster::register, api::cluster::cordon, api::cluster::uncordon, api::cluster::remove,
         api::sandboxes::create, api::sandboxes::list, api::sandboxes::get, api::sandboxes::kill,
         api::sandboxes::pause, api::sandboxes::resume, api::sandboxes::set_timeout,
         api::sandboxes::trajectory, api::sandboxes::metrics, api::sandboxes::get_network, api::sandboxes::set_network,
@@ -74,6 +75,9 @@ struct Contract;
 
 /// What a sandbox id looks like (`warren_types::id`): its node's 6 characters, then 14.
 const SANDBOX_ID_PATTERN: &str = "^[a-z][a-z0-9]{19}$";
+
+/// What a node id looks like (`warren_types::id::NodeId`).
+const NODE_ID_PATTERN: &str = "^[a-z][a-z0-9]{5}$";
 
 /// A path in a sandbox (`warren_types::path::check_user_path`): no NUL and no `..` component
 /// (a component is empty, `.`, or does not start with `..` unless longer than two).
@@ -248,6 +252,14 @@ fn complete(path: &str, op: &mut Operation) {
                 ObjectBuilder::new()
                     .schema_type(Type::String)
                     .pattern(Some(SANDBOX_ID_PATTERN))
+                    .into(),
+            );
+        }
+        if p.parameter_in == ParameterIn::Path && p.name == "node" {
+            p.schema = Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(NODE_ID_PATTERN))
                     .into(),
             );
         }

@@ -28,6 +28,12 @@ pub struct NodeConfig {
     pub cgroup_parent: String,
     /// The guest agent binary. Default: `warren-guest` beside the running executable.
     pub guest_binary: Option<PathBuf>,
+    /// Labels the node reports, for placement and for `warren node ls` (at most 64; keys of
+    /// letters, digits and `. _ - : /`). Default none.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The pool the node is in: `default`, or `burst` for nodes used only when the others are
+    /// busy. Default `default`.
+    pub pool: String,
     /// Most sandboxes this node runs at once. Default: derived at start from what the host
     /// has (see `capacity.rs`: memory, `kernel.pid_max`, open files); a value here caps it.
     pub max_sandboxes: Option<u32>,
@@ -237,6 +243,8 @@ impl Default for NodeConfig {
             state_dir: PathBuf::from("/var/lib/warren/node"),
             cgroup_parent: "warren".into(),
             guest_binary: None,
+            labels: Default::default(),
+            pool: warren_types::api::DEFAULT_POOL.to_string(),
             max_sandboxes: None,
             memory_overcommit: 4.0,
             cpu_overcommit: 8.0,

@@ -94,6 +94,14 @@ impl Node {
                 warren_types::guest::SPAWNER_UID
             )));
         }
+        crate::validate::check_labels(&cfg.labels)
+            .map_err(|e| StartError::Config(format!("labels: {e}")))?;
+        if !matches!(cfg.pool.as_str(), "default" | "burst") {
+            return Err(StartError::Config(format!(
+                "pool = {:?}: give \"default\" or \"burst\"",
+                cfg.pool
+            )));
+        }
         let root = cfg.state_dir.clone();
         let state_err = |path: PathBuf| move |source| StartError::State { path, source };
         let dirs = Dirs {
@@ -118,6 +126,7 @@ impl Node {
                 .create(d)
                 .map_err(state_err(d.clone()))?;
         }
+        let state_lock = lock_state_dir(&root)?;
         let id = node_id(&root).map_err(state_err(root.join("node.id")))?;
         let mut dirs = dirs;
         dirs.disk = match crate::disk::DiskPool::open(&root, &cfg) {
@@ -223,6 +232,7 @@ impl Node {
             sampler: Default::default(),
             create_gate,
             prefetch_gate: Arc::new(tokio::sync::Semaphore::new(1)),
+            _state_lock: state_lock,
             idempotency: Mutex::new(HashMap::new()),
         });
         let report = node.adopt().await;
@@ -408,6 +418,38 @@ fn host_resolver() -> Option<std::net::SocketAddr> {
         .next()
 }
 
+/// Takes the state directory for this daemon alone (an exclusive `flock` on
+/// `<state_dir>/daemon.lock`, held while the node lives): two daemons on one state directory
+/// would share a node id and fight over its sandboxes.
+fn lock_state_dir(root: &std::path::Path) -> Result<std::fs::File, StartError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = root.join("daemon.lock");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+        .open(&path)
+        .map_err(|source| StartError::State {
+            path: path.clone(),
+            source,
+        })?;
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(f),
+        Err(rustix::io::Errno::WOULDBLOCK) => Err(StartError::Config(format!(
+            "another node daemon (warren up or warren node) runs on the state directory {}: \
+             stop it, or give this one a --data-dir of its own",
+            root.display()
+        ))),
+        Err(e) => Err(StartError::State {
+            path,
+            source: e.into(),
+        }),
+    }
+}
+
 /// Reads this node's id, making one on first start.
 fn node_id(root: &std::path::Path) -> std::io::Result<NodeId> {
     let path = root.join("node.id");
@@ -428,6 +470,22 @@ fn node_id(root: &std::path::Path) -> std::io::Result<NodeId> {
 #[cfg(test)]
 mod start_tests {
     use super::*;
+
+    #[test]
+    fn one_daemon_per_state_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = lock_state_dir(dir.path()).unwrap();
+        match lock_state_dir(dir.path()) {
+            Err(StartError::Config(m)) => assert!(m.contains("another node daemon"), "{m}"),
+            other => panic!("a second lock was taken: {other:?}"),
+        }
+        drop(first);
+        lock_state_dir(dir.path()).unwrap();
+        // A link planted in the lock's place is not followed.
+        let d2 = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", d2.path().join("daemon.lock")).unwrap();
+        assert!(lock_state_dir(d2.path()).is_err());
+    }
 
     #[tokio::test]
     async fn a_taken_grader_uid_is_refused_before_anything_is_touched() {

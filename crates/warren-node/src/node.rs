@@ -65,6 +65,8 @@ pub struct Node {
     pub(crate) create_gate: crate::capacity::Gate,
     /// One resume's prefetch at a time (they read from swap: several at once only compete).
     pub(crate) prefetch_gate: Arc<tokio::sync::Semaphore>,
+    /// The state directory's lock, held while the node lives.
+    pub(crate) _state_lock: std::fs::File,
     pub(crate) idempotency: Mutex<HashMap<String, IdemSlot>>,
 }
 
@@ -349,6 +351,12 @@ impl Node {
             disk_reserved: ByteSize(usage.disk),
             backends: self.backends(),
             guest: Some(self.guest.digest.clone()),
+            labels: self.cfg.labels.clone(),
+            pool: self.cfg.pool.clone(),
+            // The control plane's to say.
+            cordoned: false,
+            reachable: true,
+            address: None,
         }
     }
 }

@@ -120,20 +120,7 @@ pub fn validate(
     if let Some(task) = &req.task {
         check_name("task", task, 128)?;
     }
-    if req.labels.len() > MAX_LABELS {
-        return bad(format!(
-            "{} labels; at most {MAX_LABELS} are allowed",
-            req.labels.len()
-        ));
-    }
-    for (k, v) in &req.labels {
-        check_name("label key", k, 63)?;
-        if v.len() > 256 || v.contains('\0') {
-            return bad(format!(
-                "label {k:?}: the value must be at most 256 bytes without NUL"
-            ));
-        }
-    }
+    check_labels(&req.labels)?;
     check_env(&req.env)?;
     if let Some(idle) = req.idle_timeout
         && (idle == 0 || idle > cfg.max_timeout)
@@ -181,6 +168,27 @@ pub fn validate(
         },
         timeout,
     ))
+}
+
+/// Labels (a sandbox's, or a node's): at most 64, keys of 1 to 63 letters, digits and
+/// `. _ - : /`, values of at most 256 bytes without NUL.
+pub fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result<(), NodeError> {
+    let bad = |m: String| Err(NodeError::Invalid(m));
+    if labels.len() > MAX_LABELS {
+        return bad(format!(
+            "{} labels; at most {MAX_LABELS} are allowed",
+            labels.len()
+        ));
+    }
+    for (k, v) in labels {
+        check_name("label key", k, 63)?;
+        if v.len() > 256 || v.contains('\0') {
+            return bad(format!(
+                "label {k:?}: the value must be at most 256 bytes without NUL"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_name(what: &str, s: &str, max: usize) -> Result<(), NodeError> {

@@ -226,6 +226,33 @@ impl Client {
         })
     }
 
+    /// Keeps new sandboxes off node `node` (`true`, `POST /v1/nodes/{node}/cordon`), or lets
+    /// them on again (`false`, `.../uncordon`). Its sandboxes run on either way.
+    pub async fn cordon(&self, node: &str, on: bool) -> Result<NodeInfo> {
+        if node.is_empty() {
+            return Err(Error::Invalid("node id is empty".into()));
+        }
+        let mut url = self.endpoint("/v1/nodes", &[])?;
+        url.path_segments_mut()
+            .map_err(|_| Error::Invalid("the base URL cannot take a path".into()))?
+            .push(node)
+            .push(if on { "cordon" } else { "uncordon" });
+        self.json(self.request(Method::POST, url)).await
+    }
+
+    /// Removes node `node` from the cluster for good (`DELETE /v1/nodes/{node}`); refused
+    /// while it answers.
+    pub async fn remove_node(&self, node: &str) -> Result<()> {
+        if node.is_empty() {
+            return Err(Error::Invalid("node id is empty".into()));
+        }
+        let mut url = self.endpoint("/v1/nodes", &[])?;
+        url.path_segments_mut()
+            .map_err(|_| Error::Invalid("the base URL cannot take a path".into()))?
+            .push(node);
+        self.empty(self.request(Method::DELETE, url)).await
+    }
+
     /// Pauses, resumes or stops every sandbox of `task` (`POST /v1/tasks/{task}/{action}`).
     /// The sandboxes of a node that did not answer were not reached; the answer names it
     /// ([`Gathered::unreachable`]).

@@ -1079,6 +1079,90 @@ pub struct NodeInfo {
     /// node's own copy of its `guest_binary`, made when it started).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<String>,
+    /// The node's labels (its configuration's `labels`), for placement.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// The pool it belongs to (`default`, or e.g. `burst`), from its configuration.
+    #[serde(default = "default_pool")]
+    pub pool: String,
+    /// Whether new sandboxes are kept off it (`warren node cordon`); set by the control plane.
+    #[serde(default)]
+    pub cordoned: bool,
+    /// Whether it answered the control plane's last poll; set by the control plane. A node
+    /// that does not is listed with its last report.
+    #[serde(default = "yes")]
+    pub reachable: bool,
+    /// Where the control plane reaches it (the URL it registered with), when it joined over
+    /// the network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+}
+
+fn default_pool() -> String {
+    DEFAULT_POOL.to_string()
+}
+
+impl NodeInfo {
+    /// What the control plane knows of a node it has not heard from yet: its id, and
+    /// nothing else (zeros, not reachable).
+    pub fn unknown(id: NodeId) -> NodeInfo {
+        NodeInfo {
+            id,
+            version: String::new(),
+            sandboxes: 0,
+            max_sandboxes: 0,
+            memory_reserved: ByteSize(0),
+            memory_allocatable: ByteSize(0),
+            memory_available: ByteSize(0),
+            memory_total: ByteSize(0),
+            memory_used: ByteSize(0),
+            cpu_requested: 0,
+            cpu_allocatable: 0,
+            cpu_cores: 0,
+            cpu_used_pct: 0.0,
+            pressure: None,
+            qos: None,
+            threads: 0,
+            pid_max: 0,
+            cgroups: String::new(),
+            max_upload: ByteSize(0),
+            disk_pool: None,
+            disk_reserved: ByteSize(0),
+            backends: Vec::new(),
+            guest: None,
+            labels: BTreeMap::new(),
+            pool: default_pool(),
+            cordoned: false,
+            reachable: false,
+            address: None,
+        }
+    }
+}
+
+/// The pool a node is in unless its configuration says otherwise.
+pub const DEFAULT_POOL: &str = "default";
+
+/// `POST /v1/cluster/nodes`: a node joins the cluster, or says it is still there (its
+/// heartbeat). Authenticated by the cluster token, not an API key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeRegistration {
+    /// The node's id (made once, kept in its state directory).
+    #[cfg_attr(feature = "openapi", schema(value_type = String, pattern = "^[a-z][a-z0-9]{5}$"))]
+    pub id: NodeId,
+    /// Where the control plane reaches its API: `http://HOST:PORT`.
+    pub url: String,
+    /// Warren version it runs.
+    pub version: String,
+}
+
+/// The answer to a node's registration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NodeRegistered {
+    /// How often to say it is still there, milliseconds.
+    pub heartbeat_ms: u64,
 }
 
 /// The share of the last 10 seconds in which some task stalled for a resource (PSI `some

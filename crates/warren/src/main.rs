@@ -1,6 +1,7 @@
 //! `warren`: the command-line interface to Warren, and `warren up`.
 
 mod cli;
+mod daemons;
 mod up;
 
 fn main() -> std::process::ExitCode {

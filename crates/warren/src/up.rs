@@ -54,12 +54,12 @@ pub struct UpArgs {
 /// The config file of `warren up`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-struct FileConfig {
-    data_dir: Option<PathBuf>,
-    listen: Option<String>,
-    e2b_listen: Option<String>,
-    node: Option<NodeConfig>,
-    control: Option<ControlConfig>,
+pub(crate) struct FileConfig {
+    pub(crate) data_dir: Option<PathBuf>,
+    pub(crate) listen: Option<String>,
+    pub(crate) e2b_listen: Option<String>,
+    pub(crate) node: Option<NodeConfig>,
+    pub(crate) control: Option<ControlConfig>,
 }
 
 /// Runs the all-in-one platform until Ctrl-C or SIGTERM.
@@ -130,7 +130,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
 
 /// Listens on `addr` with `SO_REUSEADDR`, so a restart right after a crash is not refused
 /// while the old process's connections sit in TIME_WAIT.
-async fn listen_tcp(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+pub(crate) async fn listen_tcp(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
     let mut last = None;
     for a in tokio::net::lookup_host(addr).await? {
         let socket = if a.is_ipv4() {
@@ -150,11 +150,11 @@ async fn listen_tcp(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
 /// Sends each write at once (`TCP_NODELAY`): a streamed answer (exec events, a process's
 /// output, the E2B gateway's Connect streams) is written in small pieces, and with Nagle's
 /// algorithm each piece after the first waited for the client's delayed ACK, ~40 ms.
-fn no_delay(tcp: &mut tokio::net::TcpStream) {
+pub(crate) fn no_delay(tcp: &mut tokio::net::TcpStream) {
     let _ = tcp.set_nodelay(true);
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -165,11 +165,11 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-fn file_sets_no_state_dir(cfg: &NodeConfig) -> bool {
+pub(crate) fn file_sets_no_state_dir(cfg: &NodeConfig) -> bool {
     cfg.state_dir == NodeConfig::default().state_dir
 }
 
-fn init_logging() {
+pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("WARREN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let _ = tracing_subscriber::fmt()
@@ -280,6 +280,13 @@ async fn serve(
     drop(started);
     node_server.abort();
     let _ = std::fs::remove_file(&sock);
+    stop_node(&node, kill_on_exit).await;
+    Ok(())
+}
+
+/// Stops a node daemon: its sandboxes are left running (and their layers mounted, their
+/// firewall kept) for the next start, or all killed and everything removed.
+pub(crate) async fn stop_node(node: &std::sync::Arc<Node>, kill_on_exit: bool) {
     node.shutdown().await;
     if kill_on_exit {
         let n = node.kill_all().await;
@@ -298,11 +305,10 @@ async fn serve(
         node.remove_network_if_unused();
         eprintln!("warren: stopped; sandboxes keep running and are re-adopted on the next start");
     }
-    Ok(())
 }
 
 /// The E2B gateway's key: `<data-dir>/e2b.key`, made at the first start (mode 0600).
-fn e2b_key(data_dir: &std::path::Path) -> anyhow::Result<String> {
+pub(crate) fn e2b_key(data_dir: &std::path::Path) -> anyhow::Result<String> {
     let key_file = data_dir.join("e2b.key");
     let key = match std::fs::read_to_string(&key_file) {
         Ok(k) => k.trim().to_string(),
@@ -330,7 +336,7 @@ fn e2b_key(data_dir: &std::path::Path) -> anyhow::Result<String> {
 }
 
 /// The E2B gateway, acting on the REST API at `listen` with the admin key.
-fn e2b_gateway(
+pub(crate) fn e2b_gateway(
     data_dir: &std::path::Path,
     listen: &str,
     key: String,
@@ -347,7 +353,7 @@ fn e2b_gateway(
     })
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(_) => return std::future::pending().await,

@@ -237,3 +237,25 @@ def test_health_and_nodes(client: warren.Client):
     (node,) = client.nodes()
     assert node.max_sandboxes > 0 and node.cgroups in ("v1", "v2", "hybrid")
     assert node.guest and node.guest.startswith("sha256:")
+
+
+def test_cordon_keeps_new_sandboxes_off_until_uncordoned(server, client: warren.Client):
+    (node,) = client.nodes()
+    assert not node.cordoned and node.reachable and node.pool == "default"
+    c = client.cordon(node.id)
+    assert c.cordoned and c.id == node.id
+    try:
+        assert client.nodes()[0].cordoned
+        # The only node is cordoned: a create is refused at once, not retried into a hang.
+        with server.client(max_retries=0) as quick:
+            with pytest.raises(warren.Unavailable) as e:
+                quick.containers.create(image="host")
+            assert "cordoned" in str(e.value)
+    finally:
+        assert not client.uncordon(node.id).cordoned
+    sb = client.containers.create(image="host")
+    sb.kill()
+    with pytest.raises(warren.NotFound):
+        client.cordon("zzzzzz")
+    with pytest.raises(warren.InvalidArgument):
+        client.cordon("not a node")

@@ -4,6 +4,7 @@
 //! sandbox go to the node its id names; bodies are checked here first, so a malformed request
 //! is refused without a round trip.
 
+pub(crate) mod cluster;
 pub(crate) mod commands;
 pub(crate) mod events;
 pub(crate) mod files;
@@ -31,6 +32,9 @@ type S = axum::extract::State<Arc<Control>>;
 pub fn router(c: Arc<Control>) -> Router {
     let authed = Router::new()
         .route("/v1/nodes", get(system::nodes))
+        .route("/v1/nodes/{node}", axum::routing::delete(cluster::remove))
+        .route("/v1/nodes/{node}/cordon", post(cluster::cordon))
+        .route("/v1/nodes/{node}/uncordon", post(cluster::uncordon))
         .route(
             "/v1/sandboxes",
             post(sandboxes::create).get(sandboxes::list),
@@ -134,6 +138,11 @@ pub fn router(c: Arc<Control>) -> Router {
     Router::new()
         .route("/v1/health", get(system::health))
         .route("/v1/openapi.json", get(system::openapi))
+        // Nodes join with the cluster token, not an API key.
+        .route(
+            "/v1/cluster/nodes",
+            post(cluster::register).layer(DefaultBodyLimit::max(64 << 10)),
+        )
         .merge(uploads)
         .merge(authed)
         .fallback(warren_http::not_found)

@@ -1,5 +1,7 @@
 //! Sandbox lifecycle: create, list, get, pause, resume, kill.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
@@ -13,6 +15,7 @@ use warren_types::net::{NetworkPolicy, NetworkStatus};
 
 use super::forward::forward_json;
 use super::{S, pass};
+use crate::create_keys::{self, Claim};
 use crate::fanout::{self, Policy};
 use crate::node_api::SandboxFilter;
 use crate::scheduler::{self, InFlight};
@@ -50,53 +53,129 @@ pub async fn create(
         )
     };
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
-    // The request (a node's default is 64Mi), for the overlay and eligibility.
-    let memory = req
-        .memory
-        .map(|m| m.bytes())
-        .unwrap_or(64 << 20)
-        .min(1 << 50);
+    // The requests (a node's defaults are 64Mi and 10m), for the overlay and eligibility.
+    let ask = scheduler::Ask {
+        memory: req
+            .memory
+            .map(|m| m.bytes())
+            .unwrap_or(64 << 20)
+            .min(1 << 50),
+        cpu: u64::from(req.cpu.unwrap_or(10)),
+        backend: req.backend.unwrap_or_default(),
+    };
     let nodes = c.nodes.all();
     if nodes.is_empty() {
         return Err(Error(ApiError::new(
             ErrorCode::Unavailable,
-            "no nodes are registered: start a node daemon",
+            "no nodes are registered: start a node daemon (warren node --join URL)",
         )));
     }
     // Only nodes that have the backend asked for (a node from before backends were reported
     // runs containers).
-    let backend = req.backend.unwrap_or_default();
-    let nodes: Vec<_> = nodes
-        .into_iter()
-        .filter(|n| {
-            let b = n.info().backends;
-            b.contains(&backend) || (b.is_empty() && backend == BackendKind::Container)
+    let backend = ask.backend;
+    if !nodes.iter().any(|n| {
+        n.with_report(|i| {
+            i.backends.contains(&backend)
+                || (i.backends.is_empty() && backend == BackendKind::Container)
         })
-        .collect();
-    if nodes.is_empty() {
+    }) {
         return Err(Error(ApiError::invalid(format!(
             "no node of this cluster has the {backend} backend: leave backend out for containers"
         ))));
     }
-    let order = scheduler::candidates(&nodes, c.cfg.schedule_k, memory, key);
+    let mut order = scheduler::candidates(
+        &nodes,
+        c.cfg.schedule_k,
+        c.cfg.schedule_attempts,
+        &ask,
+        None,
+        &mut rand::rng(),
+    );
+    // A keyed create on several nodes: placed by load, its node recorded in the database, so
+    // a retry through any replica goes where the first went (see `create_keys`).
+    let mut recorded = None;
+    if let Some(k) = key
+        && nodes.len() > 1
+        && let Some(first) = order.first()
+    {
+        match create_keys::claim(&c.db, k, &first.id).await {
+            Claim::Ours => recorded = Some(k),
+            Claim::Theirs(id) => match c.nodes.get(&id) {
+                Some(n) => order = vec![n],
+                None => recorded = None,
+            },
+            Claim::Unavailable => {
+                // Without the database: an order fixed by the key, idempotent across replicas.
+                order = scheduler::candidates(
+                    &nodes,
+                    c.cfg.schedule_k,
+                    c.cfg.schedule_attempts,
+                    &ask,
+                    Some(k),
+                    &mut rand::rng(),
+                );
+            }
+        }
+    } else if key.is_some() {
+        order = scheduler::candidates(
+            &nodes,
+            c.cfg.schedule_k,
+            c.cfg.schedule_attempts,
+            &ask,
+            key,
+            &mut rand::rng(),
+        );
+    }
     if order.is_empty() {
+        let cordoned = nodes.iter().filter(|n| n.is_cordoned()).count();
         return Err(Error(ApiError::new(
             ErrorCode::Unavailable,
-            "no node answers: check the node daemons",
+            format!(
+                "no node takes new sandboxes: of {} nodes, {} do not answer and {cordoned} are \
+                 cordoned; check the node daemons (warren node ls)",
+                nodes.len(),
+                nodes.iter().filter(|n| !n.is_up()).count()
+            ),
         )));
     }
     let mut last = None;
-    for node in order {
-        let _inflight = InFlight::new(node.clone(), memory);
-        match forward_json(&node, Method::POST, "/v1/sandboxes", &headers, &req).await {
+    let mut all_full = true;
+    let mut prev: Option<&Arc<crate::nodes::NodeEntry>> = None;
+    for node in &order {
+        if let (Some(k), Some(p)) = (recorded, prev) {
+            create_keys::moved(&c.db, k, &p.id, &node.id).await;
+        }
+        prev = Some(node);
+        let inflight = c
+            .cfg
+            .schedule_overlay
+            .then(|| InFlight::new(node.clone(), &ask));
+        match forward_json(node, Method::POST, "/v1/sandboxes", &headers, &req).await {
             // Full (429) or too busy to finish now (503): the next candidate may do it.
-            Ok(resp) if matches!(resp.status().as_u16(), 429 | 503) => last = Some(Ok(resp)),
-            Ok(resp) => return Ok(resp),
+            Ok(resp) if matches!(resp.status().as_u16(), 429 | 503) => {
+                all_full &= resp.status().as_u16() == 429;
+                last = Some(Ok(resp));
+            }
+            Ok(resp) => {
+                if resp.status() == axum::http::StatusCode::CREATED
+                    && let Some(f) = inflight
+                {
+                    f.placed();
+                }
+                return Ok(resp);
+            }
             Err(e) => {
                 tracing::warn!(node_id = %node.id, "create: {}", e.0.message);
+                all_full = false;
                 last = Some(Err(e));
             }
         }
+    }
+    // Every node said it is full (none made the sandbox): a retry with this key is placed
+    // afresh. (A node too busy to finish, or one that did not answer, may still make it: its
+    // record stays.)
+    if let (Some(k), Some(p), true) = (key.filter(|_| nodes.len() > 1), prev, all_full) {
+        create_keys::refused(&c.db, k, &p.id).await;
     }
     last.unwrap_or_else(|| Err(Error(ApiError::capacity("no node accepted the sandbox", 2))))
 }

@@ -146,9 +146,10 @@ enum Command {
     Cp(cp::CpArgs),
     /// List the background processes of a sandbox.
     Ps(ps::PsArgs),
-    /// Look at the nodes that run sandboxes.
-    #[command(subcommand, after_help = "Examples:\n  warren node ls")]
-    Node(node::NodeCommand),
+    /// Run a node daemon that joins a control plane, or look at and cordon the nodes.
+    Node(node::NodeArgs),
+    /// Run the control plane alone (nodes join it with `warren node --join`).
+    Server(crate::daemons::ServerArgs),
     /// Incident events: denied system calls, attempts on the guest agent, limits reached.
     #[command(
         after_help = "Examples:\n  warren events\n  warren events --sandbox $id\n  \
@@ -177,9 +178,20 @@ pub fn main() -> ExitCode {
     {
         b.order = image::build_order(m);
     }
-    if let Command::Up(args) = cli.command {
-        // `warren up` runs its own runtime.
-        return match crate::up::run(args) {
+    // The daemons run their own runtimes.
+    let daemon = match std::mem::replace(&mut cli.command, Command::Health) {
+        Command::Up(args) => Some(crate::up::run(args)),
+        Command::Server(args) => Some(crate::daemons::run_server(args)),
+        Command::Node(node::NodeArgs { cmd: None, daemon }) => {
+            Some(crate::daemons::run_node(daemon))
+        }
+        other => {
+            cli.command = other;
+            None
+        }
+    };
+    if let Some(r) = daemon {
+        return match r {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&e, 1),
         };
@@ -205,7 +217,9 @@ async fn run(global: Global, command: Command) -> anyhow::Result<ExitCode> {
     let client = global.client()?;
     let json = global.json;
     match command {
-        Command::Up(_) => unreachable!("handled before the runtime starts"),
+        Command::Up(_) | Command::Server(_) | Command::Node(node::NodeArgs { cmd: None, .. }) => {
+            unreachable!("handled before the runtime starts")
+        }
         Command::Sandbox(cmd) => sandbox::run(&client, json, cmd).await,
         Command::Task(cmd) => task::run(&client, json, cmd).await,
         Command::Network(cmd) => network::run(&client, json, cmd).await,
@@ -213,7 +227,7 @@ async fn run(global: Global, command: Command) -> anyhow::Result<ExitCode> {
         Command::Exec(args) => exec::run(&client, json, args).await,
         Command::Cp(args) => cp::run(&client, json, args).await,
         Command::Ps(args) => ps::run(&client, json, args).await,
-        Command::Node(cmd) => node::run(&client, json, cmd).await,
+        Command::Node(node::NodeArgs { cmd: Some(cmd), .. }) => node::run(&client, json, cmd).await,
         Command::Events(args) => events::run(&client, json, args).await,
         Command::Health => health::run(&client, json).await,
     }

@@ -3,6 +3,7 @@
 //! it made even when the test fails.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod lab;
 
 use std::net::TcpListener;
@@ -70,6 +71,11 @@ pub fn in_netns<T: Send>(ns: Option<&str>, f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
+/// Whether `GET /v1/health` answers 200 on this port of loopback.
+pub fn health_answers(port: u16) -> bool {
+    health_ok(port)
+}
+
 /// Whether `GET /v1/health` answers 200 (served only once the platform is fully up).
 fn health_ok(port: u16) -> bool {
     use std::io::{Read, Write};
@@ -88,7 +94,7 @@ fn health_ok(port: u16) -> bool {
 
 /// A free port below the kernel's ephemeral range (32768 and up here), so that no client
 /// connection's source port takes it while a platform restarts on it.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())

@@ -565,6 +565,15 @@ def download_tar(sid: str, remote_dir: Any, user: Any) -> Call[bytes]:
 # Tasks and the platform.
 
 
+def cordon(node: Any, on: bool) -> Call[NodeInfo]:
+    n = v.string(node, "node id")
+    return Call(
+        "POST",
+        f"/v1/nodes/{quote(n, safe='')}/{'cordon' if on else 'uncordon'}",
+        parse=lambda resp: NodeInfo.from_json(json_body(resp)),
+    )
+
+
 def task_action(name: Any, action: str) -> Call[TaskResult]:
     task = v.string(name, "task name")
     return Call(

@@ -216,6 +216,14 @@ class AsyncClient:
         that did not answer now (listed with their last report)."""
         return await self._t.call(_ops.nodes())
 
+    async def cordon(self, node: str) -> NodeInfo:
+        """Keeps new sandboxes off ``node`` (its sandboxes run on); returns the node."""
+        return await self._t.call(_ops.cordon(node, True))
+
+    async def uncordon(self, node: str) -> NodeInfo:
+        """Lets new sandboxes on a cordoned ``node`` again; returns the node."""
+        return await self._t.call(_ops.cordon(node, False))
+
     async def close(self) -> None:
         """Closes the connection pool (sandboxes are not touched)."""
         await self._t.close()

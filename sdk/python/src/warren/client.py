@@ -310,6 +310,14 @@ class Client:
         that did not answer now (listed with their last report)."""
         return self._t.call(_ops.nodes())
 
+    def cordon(self, node: str) -> NodeInfo:
+        """Keeps new sandboxes off ``node`` (its sandboxes run on); returns the node."""
+        return self._t.call(_ops.cordon(node, True))
+
+    def uncordon(self, node: str) -> NodeInfo:
+        """Lets new sandboxes on a cordoned ``node`` again; returns the node."""
+        return self._t.call(_ops.cordon(node, False))
+
     def close(self) -> None:
         """Closes the connection pool (sandboxes are not touched)."""
         self._t.close()

@@ -844,6 +844,17 @@ class NodeInfo:
     """PSI ``some avg10`` of ``cpu``, ``memory`` and ``io``, percent, where the kernel has it."""
     qos: Optional[Dict[str, Any]] = None
     """What the kernel supports for QoS: ``cpu_idle``, ``smt``, ``core_scheduling``, ..."""
+    labels: Dict[str, str] = field(default_factory=dict)
+    """The node's labels, from its configuration."""
+    pool: str = "default"
+    """Its pool: ``default``, or ``burst``."""
+    cordoned: bool = False
+    """Whether new sandboxes are kept off it."""
+    reachable: bool = True
+    """Whether it answered the control plane's last poll (if not, the figures are its last
+    report's)."""
+    address: Optional[str] = None
+    """Where the control plane reaches it, for a node that joined over the network."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NodeInfo:
@@ -868,6 +879,11 @@ class NodeInfo:
             cpu_used_pct=float(d.get("cpu_used_pct", 0.0)),
             pressure=d.get("pressure"),
             qos=d.get("qos"),
+            labels=dict(d.get("labels") or {}),
+            pool=d.get("pool", "default"),
+            cordoned=bool(d.get("cordoned", False)),
+            reachable=bool(d.get("reachable", True)),
+            address=d.get("address"),
         )
 
 

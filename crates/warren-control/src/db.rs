@@ -1,0 +1,114 @@
+//! The control plane's database: SQLite embedded in the control plane (the default), or
+//! PostgreSQL shared by its replicas. One pool type serves both and every query is written
+//! once, in what both speak: numbered `$N` parameters, `ON CONFLICT ... DO`, `RETURNING`.
+//! Each has its own migrations (`migrations/sqlite`, `migrations/postgres`: the same tables
+//! and columns, in each one's types).
+
+/// A pool of connections to the database, whichever it is.
+pub type Db = sqlx::AnyPool;
+
+/// Which database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `sqlite://PATH?mode=rwc` (or `sqlite::memory:`).
+    Sqlite,
+    /// `postgres://USER@HOST/DB` (or `postgresql://`).
+    Postgres,
+}
+
+/// The kind of database `url` names, or why it names none Warren knows.
+pub fn kind(url: &str) -> Result<Kind, String> {
+    if url.starts_with("sqlite:") {
+        Ok(Kind::Sqlite)
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Kind::Postgres)
+    } else {
+        Err(format!(
+            "database URL {:?} is neither sqlite:// nor postgres://",
+            url.split('@').next_back().unwrap_or(url)
+        ))
+    }
+}
+
+/// Connects to `url` and brings its tables up to date.
+pub async fn open(url: &str) -> Result<Db, sqlx::Error> {
+    sqlx::any::install_default_drivers();
+    let k = kind(url).map_err(|e| sqlx::Error::Configuration(e.into()))?;
+    let db = sqlx::any::AnyPoolOptions::new()
+        .max_connections(match k {
+            // One writer at a time in SQLite anyway.
+            Kind::Sqlite => 4,
+            Kind::Postgres => 16,
+        })
+        .acquire_timeout(std::time::Duration::from_secs(10))
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                if k == Kind::Sqlite {
+                    // Write-ahead log, synced at checkpoints rather than at every commit: a
+                    // crash of the process loses nothing, a power cut at most the last
+                    // commits (keys of creates, a heartbeat). A commit per keyed create with
+                    // a sync each held creates to ~550/s (`warren-bench cluster`). Replicas
+                    // of one SQLite file wait for each other's writes up to 5 s.
+                    sqlx::Executor::execute(&mut *conn, "PRAGMA journal_mode = WAL").await?;
+                    sqlx::Executor::execute(&mut *conn, "PRAGMA synchronous = NORMAL").await?;
+                    sqlx::Executor::execute(&mut *conn, "PRAGMA busy_timeout = 5000").await?;
+                }
+                Ok(())
+            })
+        })
+        .connect(url)
+        .await?;
+    match k {
+        Kind::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&db).await?,
+        Kind::Postgres => sqlx::migrate!("./migrations/postgres").run(&db).await?,
+    }
+    Ok(db)
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! The databases the control plane's own tests run on: SQLite always, PostgreSQL where
+    //! its programs are installed (`make test` installs them), each fresh.
+
+    /// A fresh database; a PostgreSQL server stops before its directory goes (fields drop in
+    /// order).
+    pub(crate) struct TestDb {
+        pub(crate) db: super::Db,
+        _pg: Option<crate::local_pg::LocalPostgres>,
+        _dir: tempfile::TempDir,
+    }
+
+    /// A fresh database of each kind this machine has.
+    pub(crate) async fn each() -> Vec<TestDb> {
+        let mut out = Vec::new();
+        let d = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", d.path().join("t.db").display());
+        out.push(TestDb {
+            db: super::open(&url).await.unwrap(),
+            _pg: None,
+            _dir: d,
+        });
+        match crate::local_pg::binaries() {
+            Ok(_) => {
+                let d = tempfile::Builder::new()
+                    .prefix("warren-pg-")
+                    .tempdir()
+                    .unwrap();
+                let path = d.path().to_path_buf();
+                let pg = tokio::task::spawn_blocking(move || {
+                    crate::local_pg::LocalPostgres::start(&path)
+                })
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("PostgreSQL is installed but does not start: {e}"));
+                out.push(TestDb {
+                    db: super::open(&pg.url).await.unwrap(),
+                    _pg: Some(pg),
+                    _dir: d,
+                });
+            }
+            Err(why) => eprintln!("database tests on SQLite only: {why}"),
+        }
+        out
+    }
+}

@@ -1,0 +1,351 @@
+//! `warren server` (the control plane alone) and `warren node` (a node daemon alone, joined to
+//! a control plane over the network): the two halves of `warren up`, for clusters.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::serve::ListenerExt;
+use warren_control::{Control, ControlConfig};
+use warren_node::{Node, NodeConfig};
+use warren_types::api::{NodeRegistered, NodeRegistration};
+
+use crate::up::{
+    FileConfig, file_sets_no_state_dir, init_logging, is_root, listen_tcp, no_delay,
+    shutdown_signal, stop_node,
+};
+
+/// Options of `warren server`. Flags override the config file; the file overrides defaults.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = "Examples:\n  warren server --listen 0.0.0.0:7700\n  \
+    warren server --data-dir /srv/warren --image-store /mnt/shared/warren-images\n\n\
+Nodes join with `warren node --join http://THIS:7700 --cluster-token-file FILE`, FILE holding\n\
+the token in <data-dir>/cluster.token (made at the first start, mode 0600). Replicas of one\n\
+cluster share the database and the cluster token.")]
+pub struct ServerArgs {
+    /// Data directory (database, admin key, cluster token).
+    #[arg(long, env = "WARREN_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address the REST API listens on [default: 127.0.0.1:7700].
+    #[arg(long, env = "WARREN_LISTEN")]
+    pub listen: Option<String>,
+    /// TOML config file: top-level `data_dir`, `listen`, and a `[control]` table.
+    #[arg(long, env = "WARREN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The image layer store, a directory every node reads too [default: <data-dir>/images].
+    #[arg(long, env = "WARREN_IMAGE_STORE")]
+    pub image_store: Option<PathBuf>,
+    /// Database URL [default: sqlite://<data-dir>/warren.db].
+    #[arg(long, env = "WARREN_DATABASE")]
+    pub database: Option<String>,
+    /// The cluster token's file [default: <data-dir>/cluster.token, made when missing].
+    #[arg(long, env = "WARREN_CLUSTER_TOKEN_FILE")]
+    pub cluster_token_file: Option<PathBuf>,
+}
+
+/// Options of `warren node` when it runs the daemon.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct NodeDaemonArgs {
+    /// The control plane to join (repeat for replicas: the first that answers takes the
+    /// heartbeat).
+    #[arg(long, env = "WARREN_JOIN", value_delimiter = ',')]
+    pub join: Vec<String>,
+    /// File holding the cluster token (the control plane's <data-dir>/cluster.token).
+    #[arg(long, env = "WARREN_CLUSTER_TOKEN_FILE")]
+    pub cluster_token_file: Option<PathBuf>,
+    /// Address the node API listens on [default: 127.0.0.1:7702].
+    #[arg(long, env = "WARREN_NODE_LISTEN")]
+    pub listen: Option<String>,
+    /// Where the control plane reaches the node API [default: http://<listen>].
+    #[arg(long, env = "WARREN_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Data directory (the node's state is in <data-dir>/node).
+    #[arg(long, env = "WARREN_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// TOML config file: top-level `data_dir`, and a `[node]` table.
+    #[arg(long, env = "WARREN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The image layer store the control plane writes [default: <data-dir>/images].
+    #[arg(long, env = "WARREN_IMAGE_STORE")]
+    pub image_store: Option<PathBuf>,
+    /// Name of Warren's parent cgroup [default: warren].
+    #[arg(long, env = "WARREN_CGROUP_PARENT")]
+    pub cgroup_parent: Option<String>,
+    /// Kill every sandbox when stopping, instead of leaving them for the next start.
+    #[arg(long)]
+    pub kill_sandboxes_on_exit: bool,
+}
+
+fn read_file_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
+    match path {
+        Some(p) => {
+            let raw = std::fs::read_to_string(p)
+                .with_context(|| format!("reading config {}", p.display()))?;
+            toml::from_str(&raw).with_context(|| format!("config {}", p.display()))
+        }
+        None => Ok(FileConfig::default()),
+    }
+}
+
+fn make_data_dir(d: &Path) -> anyhow::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(d)
+        .with_context(|| format!("creating data directory {}", d.display()))
+}
+
+/// Runs the control plane alone until Ctrl-C or SIGTERM.
+pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
+    init_logging();
+    let file = read_file_config(args.config.as_deref())?;
+    let data_dir = args
+        .data_dir
+        .or(file.data_dir)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/warren"));
+    let listen = args
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| "127.0.0.1:7700".to_string());
+    let mut cfg: ControlConfig = file.control.unwrap_or_default();
+    cfg.data_dir = data_dir.clone();
+    if let Some(s) = args.image_store {
+        cfg.image_store = Some(s);
+    }
+    if let Some(d) = args.database {
+        cfg.database_url = Some(d);
+    }
+    if let Some(t) = args.cluster_token_file {
+        cfg.cluster_token_file = Some(t);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        make_data_dir(&data_dir)?;
+        let tcp = listen_tcp(&listen)
+            .await
+            .with_context(|| format!("listening on {listen} (choose another with --listen)"))?;
+        let token_file = cfg.cluster_token_file();
+        let started = Control::start(cfg, &[]).await?;
+        if started.new_admin_key.is_some() {
+            eprintln!(
+                "warren: created an admin API key in {} (mode 0600)",
+                data_dir.join("admin.key").display()
+            );
+        }
+        eprintln!(
+            "warren: serving the control plane on http://{listen} ({} nodes known). Nodes join \
+             with: warren node --join http://{listen} --cluster-token-file {}",
+            started.control.nodes.all().len(),
+            token_file.display()
+        );
+        let app = warren_control::api::router(started.control.clone());
+        let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = warren_http::serve::serve(tcp.tap_io(no_delay), app, async move {
+            shutdown_signal().await;
+            let _ = stopping_tx.send(());
+        });
+        let grace = async move {
+            if stopping_rx.await.is_ok() {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            () = server => {}
+            _ = grace => eprintln!("warren: requests still in flight after 10 s; stopping anyway"),
+        }
+        drop(started);
+        eprintln!("warren: control plane stopped");
+        Ok(())
+    })
+}
+
+/// The cluster token a node presents, from its file.
+fn read_token(path: Option<&Path>) -> anyhow::Result<String> {
+    let Some(path) = path else {
+        anyhow::bail!(
+            "warren node needs the cluster token: --cluster-token-file FILE (a copy of the \
+             control plane's <data-dir>/cluster.token)"
+        );
+    };
+    let t = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the cluster token {}", path.display()))?;
+    let t = t.trim().to_string();
+    if t.len() < 16 {
+        anyhow::bail!(
+            "{} holds no cluster token (shorter than 16 characters)",
+            path.display()
+        );
+    }
+    Ok(t)
+}
+
+/// Runs a node daemon that joins the control plane at `--join`, until Ctrl-C or SIGTERM.
+pub fn run_node(args: NodeDaemonArgs) -> anyhow::Result<()> {
+    init_logging();
+    if !is_root() {
+        anyhow::bail!(
+            "warren node needs root: it creates namespaces, cgroups and mounts for sandboxes"
+        );
+    }
+    if args.join.is_empty() {
+        anyhow::bail!(
+            "warren node runs a node daemon that joins a control plane: give --join \
+             http://CONTROL:7700 (or use a subcommand: warren node ls|cordon|uncordon|drain)"
+        );
+    }
+    let token = read_token(args.cluster_token_file.as_deref())?;
+    let file = read_file_config(args.config.as_deref())?;
+    let data_dir = args
+        .data_dir
+        .or(file.data_dir)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/warren"));
+    let listen = args.listen.unwrap_or_else(|| "127.0.0.1:7702".to_string());
+    let advertise = match args.advertise {
+        Some(a) => a,
+        None if listen.starts_with("0.0.0.0:") || listen.starts_with("[::]:") => anyhow::bail!(
+            "--listen {listen} is every address: give --advertise http://THIS-NODE:PORT, where \
+             the control plane reaches it"
+        ),
+        None => format!("http://{listen}"),
+    };
+    let mut cfg: NodeConfig = file.node.unwrap_or_default();
+    if file_sets_no_state_dir(&cfg) {
+        cfg.state_dir = data_dir.join("node");
+    }
+    if let Some(p) = args.cgroup_parent {
+        cfg.cgroup_parent = p;
+    }
+    if let Some(s) = args.image_store {
+        cfg.image_store = s;
+    } else if cfg.image_store == NodeConfig::default().image_store {
+        cfg.image_store = data_dir.join("images");
+    }
+    let joins: Vec<String> = args
+        .join
+        .iter()
+        .map(|j| j.trim().trim_end_matches('/').to_string())
+        .filter(|j| !j.is_empty())
+        .collect();
+    let kill_on_exit = args.kill_sandboxes_on_exit;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        make_data_dir(&data_dir)?;
+        let tcp = listen_tcp(&listen).await.with_context(|| {
+            format!("the node API listening on {listen} (choose another with --listen)")
+        })?;
+        let (node, report) = Node::start(cfg).await?;
+        let app = warren_node::api::router(node.clone(), Some(token.clone()));
+        eprintln!(
+            "warren: node {} serving its API on {advertise} ({} sandboxes re-adopted); joining {}",
+            node.id,
+            report.adopted,
+            joins.join(", ")
+        );
+        let heartbeat = tokio::spawn(join_loop(
+            joins,
+            token,
+            NodeRegistration {
+                id: node.id.clone(),
+                url: advertise,
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            },
+        ));
+        let server = warren_http::serve::serve(tcp.tap_io(no_delay), app, shutdown_signal());
+        server.await;
+        heartbeat.abort();
+        stop_node(&node, kill_on_exit).await;
+        Ok(())
+    })
+}
+
+/// At most 16 KiB of an answer's body (a join answer is tens of bytes; a wrong `--join`
+/// might be anything).
+async fn bounded_body(mut resp: reqwest::Response) -> Vec<u8> {
+    const MAX: usize = 16 << 10;
+    let mut out = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let room = MAX - out.len();
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if out.len() >= MAX {
+            break;
+        }
+    }
+    out
+}
+
+/// Joins (and then says it is still there) at the first control plane of `joins` that
+/// answers, every heartbeat it is told; a failure is logged once, until it changes.
+async fn join_loop(joins: Vec<String>, token: String, reg: NodeRegistration) {
+    let http = match reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!("join: {e}");
+            return;
+        }
+    };
+    let mut last_error: Option<String> = None;
+    let mut joined_at: Option<String> = None;
+    loop {
+        let mut wait = Duration::from_secs(2);
+        let mut errors = Vec::new();
+        for j in &joins {
+            let r = http
+                .post(format!("{j}/v1/cluster/nodes"))
+                .bearer_auth(&token)
+                .json(&reg)
+                .send()
+                .await;
+            match r {
+                Ok(resp) => {
+                    let status = resp.status();
+                    let body = bounded_body(resp).await;
+                    if status.is_success() {
+                        match serde_json::from_slice::<NodeRegistered>(&body) {
+                            Ok(a) => {
+                                wait = Duration::from_millis(a.heartbeat_ms.clamp(500, 60_000));
+                                if joined_at.as_deref() != Some(j.as_str()) {
+                                    tracing::info!(control = %j, "joined the cluster");
+                                    joined_at = Some(j.clone());
+                                }
+                                errors.clear();
+                                break;
+                            }
+                            Err(e) => errors.push(format!("{j}: not a join answer: {e}")),
+                        }
+                        continue;
+                    }
+                    let text = String::from_utf8_lossy(&body).into_owned();
+                    let message = serde_json::from_str::<serde_json::Value>(&text)
+                        .ok()
+                        .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
+                        .unwrap_or(text);
+                    errors.push(format!("{j}: {status}: {message}"));
+                    wait = Duration::from_secs(5);
+                }
+                Err(e) => errors.push(format!("{j}: {e}")),
+            }
+        }
+        if errors.is_empty() {
+            last_error = None;
+        } else {
+            joined_at = None;
+            let e = errors.join("; ");
+            if last_error.as_deref() != Some(e.as_str()) {
+                tracing::error!("could not join the cluster: {e}");
+                last_error = Some(e);
+            }
+        }
+        tokio::time::sleep(wait).await;
+    }
+}
