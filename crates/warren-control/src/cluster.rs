@@ -323,7 +323,20 @@ pub async fn sync(nodes: &Nodes, db: &crate::db::Db, token: &str) -> Result<(), 
                     token: Some(token.to_string()),
                 };
                 match nodes.add_unheard(id.clone(), &endpoint, cordoned) {
-                    Ok(_) => tracing::info!(node_id = %id, %url, "node known from the membership"),
+                    Ok(n) => {
+                        tracing::info!(node_id = %id, %url, "node known from the membership");
+                        // Asked at once, not at the next poll: until it has answered it is
+                        // not a candidate for placement.
+                        tokio::spawn(async move {
+                            let asked = std::time::Instant::now();
+                            if let Ok(info) = n.api().info().await
+                                && info.id == n.id
+                            {
+                                n.record(info, asked);
+                                n.set_up(true);
+                            }
+                        });
+                    }
                     Err(e) => tracing::warn!(node_id = %id, "membership: {e}"),
                 }
             }
@@ -365,18 +378,24 @@ pub fn spawn_sync(nodes: &Arc<Nodes>, db: crate::db::Db, token: String, interval
     });
 }
 
-/// Keeps new sandboxes off node `id`, or lets them on again; every replica learns it at its
-/// next membership read.
-pub async fn set_cordon(c: &Control, id: &str, on: bool) -> Result<NodeInfo, ApiError> {
+/// Node `id` of the cluster, or why not (a malformed id: 400; an unknown one: 404).
+fn known(c: &Control, id: &str) -> Result<(NodeId, Arc<crate::nodes::NodeEntry>), ApiError> {
     let id: NodeId = id
         .parse()
         .map_err(|e| ApiError::invalid(format!("{e}; node ids are in warren node ls")))?;
-    let Some(node) = c.nodes.get(&id) else {
-        return Err(ApiError::new(
+    match c.nodes.get(&id) {
+        Some(node) => Ok((id, node)),
+        None => Err(ApiError::new(
             ErrorCode::NotFound,
             format!("node {id} is not part of this cluster; see warren node ls"),
-        ));
-    };
+        )),
+    }
+}
+
+/// Keeps new sandboxes off node `id`, or lets them on again; every replica learns it at its
+/// next membership read.
+pub async fn set_cordon(c: &Control, id: &str, on: bool) -> Result<NodeInfo, ApiError> {
+    let (id, node) = known(c, id)?;
     let done = sqlx::query("UPDATE nodes SET cordoned = $1 WHERE id = $2")
         .bind(i64::from(on))
         .bind(id.as_str())
@@ -396,15 +415,7 @@ pub async fn set_cordon(c: &Control, id: &str, on: bool) -> Result<NodeInfo, Api
 /// Removes node `id` from the cluster for good (a machine retired). Refused while it answers:
 /// drain and stop it first. Every replica forgets it at its next membership read.
 pub async fn remove(c: &Control, id: &str) -> Result<(), ApiError> {
-    let id: NodeId = id
-        .parse()
-        .map_err(|e| ApiError::invalid(format!("{e}; node ids are in warren node ls")))?;
-    let Some(node) = c.nodes.get(&id) else {
-        return Err(ApiError::new(
-            ErrorCode::NotFound,
-            format!("node {id} is not part of this cluster; see warren node ls"),
-        ));
-    };
+    let (id, node) = known(c, id)?;
     if node.address.is_none() {
         return Err(ApiError::new(
             ErrorCode::Conflict,

@@ -35,6 +35,7 @@ fn per_node(ids: &[String]) -> BTreeMap<String, usize> {
 async fn placement_spreads_retries_refusals_and_keeps_off_cordoned_nodes() {
     require_root!();
     let mut cl = Cluster::start(2, 2, "max_sandboxes = 3");
+    cl.wait_nodes_on(1, 2, Duration::from_secs(15));
     let (a, b) = (cl.node_id(0), cl.node_id(1));
     let c0 = cl.client(0);
     let mut ids = Vec::new();

@@ -352,28 +352,9 @@ impl Drop for Cluster {
         }
         for n in &mut self.nodes {
             n.proc_.kill9();
-            // Every sandbox and warm init of this node, then its cgroups.
-            if let Ok(cg) = warren_node::container::cgroups::Cgroups::new(&n.cgroup_parent)
-                && let Err(e) = cg.remove_all()
-            {
-                eprintln!("cleanup of cgroup {}: {e}", n.cgroup_parent);
-            }
-        }
-        let root = self.root.path().display().to_string();
-        for line in std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-        {
-            if let Some(point) = line.split(' ').nth(4)
-                && point.starts_with(&root)
-            {
-                let _ = Command::new("umount").arg("-l").arg(point).status();
-            }
         }
         for n in &self.nodes {
-            for d in ["trash", "sandboxes"] {
-                let _ = warren_fs::remove_path(&n.dir.join("node").join(d));
-            }
+            super::remove_node_leftovers(&n.cgroup_parent, &n.dir, &n.dir.join("node"));
         }
     }
 }

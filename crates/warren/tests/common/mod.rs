@@ -413,30 +413,34 @@ impl Platform {
 impl Drop for Platform {
     fn drop(&mut self) {
         self.kill9();
-        // Whatever the test did, leave no process, cgroup or mount behind: kill everything in
-        // this platform's own cgroups (sandbox inits and their processes), then remove them.
-        if let Ok(cg) = warren_node::container::cgroups::Cgroups::new(&self.cgroup_parent)
-            && let Err(e) = cg.remove_all()
+        // Whatever the test did, leave no process, cgroup or mount behind.
+        remove_node_leftovers(&self.cgroup_parent, self.data.path(), &self.state_dir());
+    }
+}
+
+/// What a node daemon (killed) may have left: every process in its own cgroups (sandbox
+/// inits and their processes) and the cgroups, the mounts under `root` (image layers, the disk
+/// pool; their loop devices free themselves), and its state directory's sandbox trees —
+/// removed iteratively, as a sandbox may have left a tree too deep for a recursive removal.
+pub fn remove_node_leftovers(cgroup_parent: &str, root: &Path, state_dir: &Path) {
+    if let Ok(cg) = warren_node::container::cgroups::Cgroups::new(cgroup_parent)
+        && let Err(e) = cg.remove_all()
+    {
+        eprintln!("cleanup of cgroup {cgroup_parent}: {e}");
+    }
+    let root = root.display().to_string();
+    for line in std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+    {
+        if let Some(point) = line.split(' ').nth(4)
+            && point.starts_with(&root)
         {
-            eprintln!("cleanup of cgroup {}: {e}", self.cgroup_parent);
+            let _ = Command::new("umount").arg("-l").arg(point).status();
         }
-        // Image layers mounted under the data directory (their loop devices free themselves).
-        let data = self.data.path().display().to_string();
-        for line in std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .lines()
-        {
-            if let Some(point) = line.split(' ').nth(4)
-                && point.starts_with(&data)
-            {
-                let _ = Command::new("umount").arg("-l").arg(point).status();
-            }
-        }
-        // Iteratively: a sandbox may have left a tree too deep for the recursive removal of
-        // the temporary directory's drop.
-        for d in ["trash", "sandboxes"] {
-            let _ = warren_fs::remove_path(&self.state_dir().join(d));
-        }
+    }
+    for d in ["trash", "sandboxes"] {
+        let _ = warren_fs::remove_path(&state_dir.join(d));
     }
 }
 
