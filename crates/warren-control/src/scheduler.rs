@@ -75,12 +75,12 @@ pub fn candidates<R: rand::Rng + ?Sized>(
         }
         if !chosen.is_empty() {
             let k = k.min(chosen.len());
-            chosen[..k].sort_by(|a, b| load(a).total_cmp(&load(b)));
+            by_rank(&mut chosen[..k]);
             chosen.truncate(attempts);
             return chosen;
         }
     }
-    usable.sort_by(|a, b| load(a).total_cmp(&load(b)));
+    by_rank(&mut usable);
     usable.truncate(k.min(attempts));
     usable
 }
@@ -132,11 +132,28 @@ fn fits_report(info: &warren_types::api::NodeInfo, o: crate::nodes::Overlay, ask
 /// its most, memory and CPU requests against what it may admit, and — when half the node or
 /// more — memory charged to sandboxes against its physical memory and CPU in use.
 pub fn load(n: &NodeEntry) -> f64 {
+    rank(n).0
+}
+
+/// A node's place in the order: its load, then — between nodes equally loaded, as nodes
+/// busy by measure are — its promised load alone, so the one with fewer sandboxes and
+/// requests goes first.
+fn rank(n: &NodeEntry) -> (f64, f64) {
     let o = n.overlay();
     n.with_report(|info| load_report(info, o))
 }
 
-fn load_report(info: &warren_types::api::NodeInfo, o: crate::nodes::Overlay) -> f64 {
+/// Sorts nodes least loaded first (each node's rank read once).
+fn by_rank(nodes: &mut [Arc<NodeEntry>]) {
+    let mut ranked: Vec<((f64, f64), Arc<NodeEntry>)> =
+        nodes.iter().map(|n| (rank(n), n.clone())).collect();
+    ranked.sort_by(|(a, _), (b, _)| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    for (slot, (_, n)) in nodes.iter_mut().zip(ranked) {
+        *slot = n;
+    }
+}
+
+fn load_report(info: &warren_types::api::NodeInfo, o: crate::nodes::Overlay) -> (f64, f64) {
     let count =
         info.sandboxes.saturating_add(o.sandboxes) as f64 / info.max_sandboxes.max(1) as f64;
     let mem = info.memory_reserved.bytes().saturating_add(o.memory) as f64
@@ -155,9 +172,9 @@ fn load_report(info: &warren_types::api::NodeInfo, o: crate::nodes::Overlay) -> 
     let measured = used.max(cpu);
     let promised = count.max(mem).max(cpu_req);
     if measured >= MEASURED_FLOOR {
-        promised.max(measured)
+        (promised.max(measured), promised)
     } else {
-        promised
+        (promised, promised)
     }
 }
 
@@ -468,6 +485,25 @@ mod tests {
             let order = candidates(&nodes, 2, 3, &ask(), None, &mut rng);
             assert_eq!(order.len(), 3);
             assert!(order.iter().all(|n| n.info().sandboxes == 0));
+        }
+    }
+
+    #[test]
+    fn between_nodes_equally_busy_by_measure_the_one_promised_less_goes_first() {
+        // Both nodes on a host at 90 % CPU (as two nodes of one test machine are): the one
+        // with fewer sandboxes first.
+        let nodes = vec![node(0, 600), node(1, 100)];
+        for n in &nodes {
+            let mut info = n.info();
+            info.cpu_used_pct = 90.0;
+            n.record(info, std::time::Instant::now());
+        }
+        let mut rng = StdRng::seed_from_u64(12);
+        for _ in 0..20 {
+            assert_eq!(
+                candidates(&nodes, 2, 2, &ask(), None, &mut rng)[0].id,
+                nodes[1].id
+            );
         }
     }
 

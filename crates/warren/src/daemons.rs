@@ -6,14 +6,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use warren_control::{Control, ControlConfig};
 use warren_node::{Node, NodeConfig};
 use warren_types::api::{NodeRegistered, NodeRegistration};
 
 use crate::up::{
-    FileConfig, file_sets_no_state_dir, init_logging, is_root, listen_tcp, no_delay,
-    shutdown_signal, stop_node,
+    FileConfig, file_sets_no_state_dir, init_logging, is_root, listen_tcp, serve_until_stopped,
+    stop_node,
 };
 
 /// Options of `warren server`. Flags override the config file; the file overrides defaults.
@@ -142,22 +141,7 @@ pub fn run_server(args: ServerArgs) -> anyhow::Result<()> {
             token_file.display()
         );
         let app = warren_control::api::router(started.control.clone());
-        let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = warren_http::serve::serve(tcp.tap_io(no_delay), app, async move {
-            shutdown_signal().await;
-            let _ = stopping_tx.send(());
-        });
-        let grace = async move {
-            if stopping_rx.await.is_ok() {
-                tokio::time::sleep(Duration::from_secs(10)).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::select! {
-            () = server => {}
-            _ = grace => eprintln!("warren: requests still in flight after 10 s; stopping anyway"),
-        }
+        serve_until_stopped(tcp, app).await;
         drop(started);
         eprintln!("warren: control plane stopped");
         Ok(())
@@ -257,8 +241,7 @@ pub fn run_node(args: NodeDaemonArgs) -> anyhow::Result<()> {
                 version: env!("CARGO_PKG_VERSION").to_string(),
             },
         ));
-        let server = warren_http::serve::serve(tcp.tap_io(no_delay), app, shutdown_signal());
-        server.await;
+        serve_until_stopped(tcp, app).await;
         heartbeat.abort();
         stop_node(&node, kill_on_exit).await;
         Ok(())

@@ -252,8 +252,21 @@ async fn serve(
         "warren: serving http://{listen} (node {}, {} sandboxes re-adopted). Try: warren sandbox create --image host",
         node.id, report.adopted
     );
-    // On Ctrl-C or SIGTERM, stop accepting and give requests in flight (streams included) a
-    // grace period; then stop anyway.
+    serve_until_stopped(tcp, app).await;
+    if let Some(s) = e2b_server {
+        s.abort();
+    }
+    // The control plane goes first, so its collector stops polling the node.
+    drop(started);
+    node_server.abort();
+    let _ = std::fs::remove_file(&sock);
+    stop_node(&node, kill_on_exit).await;
+    Ok(())
+}
+
+/// Serves `app` on `tcp` until Ctrl-C or SIGTERM; then stops accepting and gives requests in
+/// flight (streams included) a grace period, and stops anyway.
+pub(crate) async fn serve_until_stopped(tcp: tokio::net::TcpListener, app: axum::Router) {
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let server = warren_http::serve::serve(tcp.tap_io(no_delay), app, async move {
         shutdown_signal().await;
@@ -273,15 +286,6 @@ async fn serve(
             SHUTDOWN_GRACE.as_secs()
         ),
     }
-    if let Some(s) = e2b_server {
-        s.abort();
-    }
-    // The control plane goes first, so its collector stops polling the node.
-    drop(started);
-    node_server.abort();
-    let _ = std::fs::remove_file(&sock);
-    stop_node(&node, kill_on_exit).await;
-    Ok(())
 }
 
 /// Stops a node daemon: its sandboxes are left running (and their layers mounted, their
