@@ -403,9 +403,11 @@ pub async fn set_cordon(c: &Control, id: &str, on: bool) -> Result<NodeInfo, Api
         .await
         .map_err(db_error)?;
     if done.rows_affected() == 0 {
-        return Err(ApiError::internal(format!(
-            "node {id} is known but not in the membership table"
-        )));
+        // Removed through another replica since this one last read the membership.
+        return Err(ApiError::new(
+            ErrorCode::NotFound,
+            format!("node {id} is no longer part of this cluster; see warren node ls"),
+        ));
     }
     node.set_cordoned(on);
     tracing::info!(node_id = %id, cordoned = on, "cordon");

@@ -174,7 +174,8 @@ impl NodeEntry {
 
     /// A node with a report given outright, for tests of placement (its client points
     /// nowhere).
-    pub fn simulated(info: NodeInfo, up: bool) -> NodeEntry {
+    #[cfg(test)]
+    pub(crate) fn simulated(info: NodeInfo, up: bool) -> NodeEntry {
         let client = NodeClient::new(&Endpoint::Http {
             url: "http://127.0.0.1:9".into(),
             token: None,

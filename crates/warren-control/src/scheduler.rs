@@ -128,13 +128,6 @@ fn fits_report(info: &warren_types::api::NodeInfo, o: crate::nodes::Overlay, ask
                 <= info.cpu_allocatable)
 }
 
-/// Fraction of the node's capacity in use, overlay included: the largest of sandboxes against
-/// its most, memory and CPU requests against what it may admit, and — when half the node or
-/// more — memory charged to sandboxes against its physical memory and CPU in use.
-pub fn load(n: &NodeEntry) -> f64 {
-    rank(n).0
-}
-
 /// A node's place in the order: its load, then — between nodes equally loaded, as nodes
 /// busy by measure are — its promised load alone, so the one with fewer sandboxes and
 /// requests goes first.
@@ -153,6 +146,10 @@ fn by_rank(nodes: &mut [Arc<NodeEntry>]) {
     }
 }
 
+/// The fraction of a node's capacity in use, overlay included — the largest of sandboxes
+/// against its most, memory and CPU requests against what it may admit, and, when half the
+/// node or more, memory charged to sandboxes against its physical memory and CPU in use — and
+/// the promised part alone.
 fn load_report(info: &warren_types::api::NodeInfo, o: crate::nodes::Overlay) -> (f64, f64) {
     let count =
         info.sandboxes.saturating_add(o.sandboxes) as f64 / info.max_sandboxes.max(1) as f64;
