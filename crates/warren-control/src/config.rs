@@ -22,6 +22,14 @@ pub struct ControlConfig {
     /// Nodes a create is sent to at most, one after another, while they refuse (full, or too
     /// busy); then 429 with Retry-After. Default 4.
     pub schedule_attempts: usize,
+    /// Images whose sandboxes may go to nodes of the `burst` pool: names, or prefixes ending
+    /// in `*` (`base/python:*`, `host`, `*` for all). A create whose every image matches is
+    /// eligible. Default none: the burst pool is never used.
+    pub burst_images: Vec<String>,
+    /// The default pool's utilisation (0 to 1; see `scheduler::utilisation`) from which
+    /// eligible creates may go to the burst pool. They also go there when no default node has
+    /// room. Default 0.8.
+    pub burst_threshold: f64,
     /// How often node load is polled, milliseconds. Default 2000.
     pub collect_interval_ms: u64,
     /// The image layer store (shared with the nodes). Default `<data_dir>/images`.
@@ -52,6 +60,8 @@ impl Default for ControlConfig {
             schedule_k: 2,
             schedule_overlay: true,
             schedule_attempts: 4,
+            burst_images: Vec::new(),
+            burst_threshold: 0.8,
             collect_interval_ms: 2000,
             image_store: None,
             max_image_upload: warren_types::ByteSize(64 << 30),
@@ -77,6 +87,23 @@ impl ControlConfig {
         self.collect_interval_ms.max(1000)
     }
 
+    /// Whether a create of `image` (names, comma-separated) may go to the burst pool, and
+    /// from what utilisation of the default pool.
+    pub fn burst_above(&self, image: &str) -> Option<f64> {
+        let eligible = |name: &str| {
+            self.burst_images.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => name.starts_with(prefix),
+                None => name == p,
+            })
+        };
+        let all = image
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .all(eligible);
+        (all && !self.burst_images.is_empty()).then_some(self.burst_threshold)
+    }
+
     /// The cluster token's file in effect.
     pub fn cluster_token_file(&self) -> PathBuf {
         self.cluster_token_file
@@ -99,5 +126,26 @@ impl ControlConfig {
                 self.data_dir.join("warren.db").display()
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn burst_eligibility_needs_every_image_named() {
+        let mut c = ControlConfig::default();
+        assert_eq!(c.burst_above("host"), None, "nothing bursts by default");
+        c.burst_images = vec!["base/python:*".into(), "host".into()];
+        c.burst_threshold = 0.7;
+        assert_eq!(c.burst_above("host"), Some(0.7));
+        assert_eq!(c.burst_above("base/python:3.12"), Some(0.7));
+        assert_eq!(c.burst_above("base/python:3.12,host"), Some(0.7));
+        assert_eq!(c.burst_above("base/python:3.12,tk/agent:v3"), None);
+        assert_eq!(c.burst_above("base/pythonista:1"), None);
+        assert_eq!(c.burst_above("hostile"), None);
+        c.burst_images = vec!["*".into()];
+        assert_eq!(c.burst_above("tk/agent:v3"), Some(0.7));
     }
 }

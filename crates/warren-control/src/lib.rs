@@ -65,6 +65,9 @@ pub enum StartError {
     /// A node.
     #[error(transparent)]
     Node(#[from] nodes::Unreachable),
+    /// A setting out of range.
+    #[error("configuration: {0}")]
+    Config(String),
     /// The cluster token's file.
     #[error("cluster token {path}: {source}")]
     Token {
@@ -87,6 +90,12 @@ pub struct Started {
 impl Control {
     /// Opens the database, makes sure an admin key exists, and registers `nodes`.
     pub async fn start(cfg: ControlConfig, endpoints: &[Endpoint]) -> Result<Started, StartError> {
+        if !(0.0..=1.0).contains(&cfg.burst_threshold) {
+            return Err(StartError::Config(format!(
+                "burst_threshold = {}: give a utilisation from 0 to 1 (e.g. 0.8)",
+                cfg.burst_threshold
+            )));
+        }
         let url = cfg.database_url();
         // Shown without its password, should it hold one.
         let shown = match url.split_once('@') {

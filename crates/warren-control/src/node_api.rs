@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use warren_types::api::{
-    ImageStats, Layer, NodeInfo, Sandbox, SandboxList, SandboxState, TaskAction, TaskList,
-    TaskResult,
+    ImageStats, Layer, NodeInfo, Sandbox, SandboxChanges, SandboxList, SandboxState, TaskAction,
+    TaskList, TaskResult,
 };
 use warren_types::error::{ApiError, ErrorBody};
 use warren_types::events::EventList;
@@ -93,6 +93,13 @@ impl<'a> NodeApi<'a> {
     /// `GET /v1/node`: the node's identity and load.
     pub async fn info(&self) -> Result<NodeInfo, CallError> {
         self.call(reqwest::Method::GET, "/v1/node", INFO_TIMEOUT)
+            .await
+    }
+
+    /// `GET /v1/node/sandboxes`: what changed in the node's set of sandboxes since generation
+    /// `since`.
+    pub async fn changes(&self, since: u64) -> Result<SandboxChanges, CallError> {
+        self.read(&format!("/v1/node/sandboxes?since={since}"))
             .await
     }
 

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use warren_types::api::NodeInfo;
-use warren_types::id::NodeId;
+use warren_types::api::{NodeInfo, Sandbox, SandboxChanges, SandboxState};
+use warren_types::id::{NodeId, SandboxId};
 
 use crate::fanout::{self, Answers};
 use crate::node_api::{NodeApi, Timeouts};
@@ -133,7 +133,18 @@ pub struct NodeEntry {
     /// memory, CPU). They leave when a report asked for after them arrives, or after
     /// [`PLACED_TTL`].
     placed: Mutex<Vec<(Instant, u64, u64)>>,
+    /// Its sandboxes as its changes last said (the collector keeps it), for lists while it
+    /// does not answer.
+    view: Mutex<View>,
     timeouts: Timeouts,
+}
+
+/// What the control plane last heard of a node's sandboxes.
+#[derive(Debug, Default)]
+struct View {
+    /// The node's generation it is at (0: nothing heard).
+    generation: u64,
+    sandboxes: HashMap<SandboxId, Sandbox>,
 }
 
 /// The overlay a node carries on top of its last report: placements in flight and placed
@@ -168,8 +179,65 @@ impl NodeEntry {
             inflight_memory: AtomicU64::new(0),
             inflight_cpu: AtomicU64::new(0),
             placed: Mutex::new(Vec::new()),
+            view: Mutex::default(),
             timeouts,
         }
+    }
+
+    /// Brings its view of the node's sandboxes up to `generation`, asking the node for what
+    /// changed when it moved. A node that does not answer keeps the view it had.
+    async fn follow(&self, generation: u64) -> Result<(), crate::node_api::CallError> {
+        let since = self
+            .view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .generation;
+        if generation == 0 || generation == since {
+            return Ok(());
+        }
+        let ch = self.api().changes(since).await?;
+        self.apply(ch);
+        Ok(())
+    }
+
+    fn apply(&self, ch: SandboxChanges) {
+        let mut v = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        if ch.full {
+            v.sandboxes.clear();
+        }
+        for id in &ch.removed {
+            v.sandboxes.remove(id);
+        }
+        for sb in ch.sandboxes {
+            // Only its own: a node cannot place entries for another's ids in the view.
+            if sb.id.node() == self.id {
+                v.sandboxes.insert(sb.id.clone(), sb);
+            }
+        }
+        v.generation = ch.generation;
+    }
+
+    /// Its sandboxes as last heard, each in state `unknown` (for lists while it does not
+    /// answer), those `keep` wants.
+    pub fn unknown_sandboxes(&self, keep: impl Fn(&Sandbox) -> bool) -> Vec<Sandbox> {
+        let v = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        v.sandboxes
+            .values()
+            .map(|sb| Sandbox {
+                state: SandboxState::Unknown,
+                ..sb.clone()
+            })
+            .filter(|sb| keep(sb))
+            .collect()
+    }
+
+    /// How many sandboxes its view holds.
+    pub fn known_sandboxes(&self) -> usize {
+        self.view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .sandboxes
+            .len()
     }
 
     /// A node with a report given outright, for tests of placement (its client points
@@ -317,8 +385,9 @@ impl Nodes {
             Endpoint::Http { url, .. } => Some(url.clone()),
             Endpoint::Unix(_) => None,
         };
-        let info = self
-            .get(&id)
+        let old = self.get(&id);
+        let info = old
+            .as_ref()
             .map(|e| e.last.read().unwrap_or_else(|p| p.into_inner()).clone())
             .unwrap_or_else(|| NodeInfo::unknown(id.clone()));
         let entry = Arc::new(NodeEntry::new(
@@ -330,6 +399,11 @@ impl Nodes {
             self.timeouts,
         ));
         entry.set_cordoned(cordoned);
+        // What was heard of its sandboxes stays until it answers.
+        if let Some(old) = old {
+            let v = std::mem::take(&mut *old.view.lock().unwrap_or_else(|p| p.into_inner()));
+            *entry.view.lock().unwrap_or_else(|p| p.into_inner()) = v;
+        }
         self.insert(entry.clone());
         Ok(entry)
     }
@@ -407,9 +481,15 @@ impl Nodes {
                     )))
                 }
                 Ok(info) => {
+                    let generation = info.sandbox_generation;
                     n.record(info, asked);
                     if !n.up.swap(true, Ordering::Relaxed) {
                         tracing::info!(node_id = %n.id, "node answers");
+                    }
+                    // The view follows; should that fail, the next poll tries again (the node
+                    // answered, so it is up).
+                    if let Err(e) = n.follow(generation).await {
+                        tracing::debug!(node_id = %n.id, "sandbox changes: {e}");
                     }
                     Ok(())
                 }

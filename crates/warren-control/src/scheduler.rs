@@ -12,23 +12,49 @@
 //! for a whole burst, since reports are a poll old — does not outweigh the overlay and send
 //! a burst to one node. The node's own admission check has the final word: a refusal makes
 //! the caller try the next candidate.
+//!
+//! Nodes of the `burst` pool (cloud bursting, as the paper does it) are candidates only for a
+//! sandbox whose image may burst, and only while the default pool is busy — its utilisation,
+//! the most loaded of its summed dimensions, at or past the threshold — or has no node with
+//! room for it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rand::RngExt;
-use warren_types::api::BackendKind;
+use warren_types::api::{BURST_POOL, BackendKind};
 
 use crate::nodes::NodeEntry;
 
 /// What a sandbox asks of a node.
 #[derive(Debug, Clone, Copy)]
-pub struct Ask {
+pub struct Ask<'a> {
     /// Memory request, bytes.
     pub memory: u64,
     /// CPU request, millicores.
     pub cpu: u64,
     /// The backend it runs in.
     pub backend: BackendKind,
+    /// Labels its node must have (all of them).
+    pub selector: &'a BTreeMap<String, String>,
+    /// Whether it may go to the burst pool, and from what utilisation of the default pool
+    /// (0 to 1): none for an image not eligible.
+    pub burst_above: Option<f64>,
+}
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+impl Ask<'_> {
+    /// A sandbox asking for `memory` and `cpu` in `backend`, with no selector, not bursting.
+    pub fn plain(memory: u64, cpu: u64, backend: BackendKind) -> Ask<'static> {
+        Ask {
+            memory,
+            cpu,
+            backend,
+            selector: &NO_LABELS,
+            burst_above: None,
+        }
+    }
 }
 
 /// The order in which to try nodes for a sandbox asking `ask`, at most `attempts` of them:
@@ -50,8 +76,19 @@ pub fn candidates<R: rand::Rng + ?Sized>(
 ) -> Vec<Arc<NodeEntry>> {
     let attempts = attempts.max(1);
     let k = k.max(1);
-    let mut usable: Vec<Arc<NodeEntry>> =
-        nodes.iter().filter(|n| usable(n, ask)).cloned().collect();
+    let (mut usable, burst): (Vec<Arc<NodeEntry>>, Vec<Arc<NodeEntry>>) = nodes
+        .iter()
+        .filter(|n| usable(n, ask))
+        .cloned()
+        .partition(|n| !n.with_report(|i| i.pool == BURST_POOL));
+    if let Some(above) = ask.burst_above
+        && !burst.is_empty()
+    {
+        // The default pool busy, or none of its nodes with room: the burst pool joins it.
+        if utilisation(nodes) >= above || !usable.iter().any(|n| fits(n, ask)) {
+            usable.extend(burst);
+        }
+    }
     if let Some(key) = key {
         let mut eligible: Vec<Arc<NodeEntry>> =
             usable.iter().filter(|n| fits(n, ask)).cloned().collect();
@@ -85,16 +122,57 @@ pub fn candidates<R: rand::Rng + ?Sized>(
     usable
 }
 
-/// Whether a node may get new sandboxes of this backend at all.
+/// Whether a node may get new sandboxes of this backend and selector at all (burst nodes
+/// included: [`candidates`] decides when they are used).
 pub fn usable(n: &NodeEntry, ask: &Ask) -> bool {
     if !n.is_up() || n.is_cordoned() {
         return false;
     }
-    // A node from before backends were reported runs containers.
-    n.with_report(|i| {
-        i.backends.contains(&ask.backend)
-            || (i.backends.is_empty() && ask.backend == BackendKind::Container)
-    })
+    n.with_report(|i| has_backend(i, ask.backend) && matches(i, ask.selector))
+}
+
+/// Whether a node (by its report) runs `backend`: a node from before backends were reported
+/// runs containers.
+pub fn has_backend(i: &warren_types::api::NodeInfo, backend: BackendKind) -> bool {
+    i.backends.contains(&backend) || (i.backends.is_empty() && backend == BackendKind::Container)
+}
+
+/// Whether a node (by its report) has every label of `selector`.
+pub fn matches(i: &warren_types::api::NodeInfo, selector: &BTreeMap<String, String>) -> bool {
+    selector.iter().all(|(k, v)| i.labels.get(k) == Some(v))
+}
+
+/// The default pool's utilisation, 0 to 1 and past it when overcommitted by reports: of its
+/// nodes that answer and are not cordoned, the most loaded of sandboxes against their most,
+/// memory and CPU requests against what they may admit (each summed over the pool, overlay
+/// included). 1 when it has no such node.
+pub fn utilisation(nodes: &[Arc<NodeEntry>]) -> f64 {
+    let (mut count, mut max, mut mem, mut mem_cap, mut cpu, mut cpu_cap) =
+        (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    for n in nodes {
+        if !n.is_up() || n.is_cordoned() {
+            continue;
+        }
+        let o = n.overlay();
+        n.with_report(|i| {
+            if i.pool == BURST_POOL {
+                return;
+            }
+            count += u64::from(i.sandboxes) + u64::from(o.sandboxes);
+            max += u64::from(i.max_sandboxes);
+            mem = mem.saturating_add(i.memory_reserved.bytes().saturating_add(o.memory));
+            mem_cap = mem_cap.saturating_add(i.memory_allocatable.bytes());
+            cpu = cpu.saturating_add(i.cpu_requested.saturating_add(o.cpu));
+            cpu_cap = cpu_cap.saturating_add(i.cpu_allocatable);
+        });
+    }
+    if max == 0 {
+        return 1.0;
+    }
+    let share = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    share(count, max)
+        .max(share(mem, mem_cap))
+        .max(share(cpu, cpu_cap))
 }
 
 /// Measured use below this share of a node is left out of its order.
@@ -268,12 +346,8 @@ mod tests {
         Arc::new(NodeEntry::simulated(info, true))
     }
 
-    fn ask() -> Ask {
-        Ask {
-            memory: 64 << 20,
-            cpu: 10,
-            backend: BackendKind::Container,
-        }
+    fn ask() -> Ask<'static> {
+        Ask::plain(64 << 20, 10, BackendKind::Container)
     }
 
     /// Places `n` sandboxes one after another (each placed, in the overlay); returns how many
@@ -513,5 +587,144 @@ mod tests {
         let ids = |v: &[Arc<NodeEntry>]| v.iter().map(|n| n.id.to_string()).collect::<Vec<_>>();
         assert_eq!(ids(&a), ids(&b));
         assert_eq!(a.len(), 5);
+    }
+
+    fn with(n: &Arc<NodeEntry>, f: impl FnOnce(&mut NodeInfo)) {
+        let mut info = n.info();
+        f(&mut info);
+        n.record(info, std::time::Instant::now());
+    }
+
+    #[test]
+    fn a_node_selector_keeps_to_nodes_with_every_label() {
+        let nodes: Vec<_> = (0..6).map(|i| node(i, 0)).collect();
+        for n in &nodes[..3] {
+            with(n, |i| {
+                i.labels.insert("gpu".into(), "h200".into());
+            });
+        }
+        with(&nodes[0], |i| {
+            i.labels.insert("zone".into(), "a".into());
+        });
+        let gpu: BTreeMap<String, String> = [("gpu".to_string(), "h200".to_string())].into();
+        let both: BTreeMap<String, String> = [
+            ("gpu".to_string(), "h200".to_string()),
+            ("zone".to_string(), "a".to_string()),
+        ]
+        .into();
+        let mut rng = StdRng::seed_from_u64(21);
+        for _ in 0..50 {
+            let a = Ask {
+                selector: &gpu,
+                ..ask()
+            };
+            let order = candidates(&nodes, 2, 6, &a, None, &mut rng);
+            assert_eq!(order.len(), 3);
+            assert!(order.iter().all(|n| n.info().labels.contains_key("gpu")));
+            let a = Ask {
+                selector: &both,
+                ..ask()
+            };
+            let order = candidates(&nodes, 2, 6, &a, None, &mut rng);
+            assert_eq!(order.len(), 1);
+            assert_eq!(order[0].id, nodes[0].id);
+            // With a key too.
+            let order = candidates(&nodes, 2, 6, &a, Some("k"), &mut rng);
+            assert_eq!(order.len(), 1);
+            assert_eq!(order[0].id, nodes[0].id);
+        }
+        // A label no node has: no candidate, not even a full one.
+        let none: BTreeMap<String, String> = [("gpu".to_string(), "b200".to_string())].into();
+        let a = Ask {
+            selector: &none,
+            ..ask()
+        };
+        assert!(candidates(&nodes, 2, 6, &a, None, &mut rng).is_empty());
+    }
+
+    /// Four default nodes and two burst nodes, the default ones holding `held` of 1000 each.
+    fn pools(held: u32) -> Vec<Arc<NodeEntry>> {
+        let mut nodes: Vec<_> = (0..4).map(|i| node(i, held)).collect();
+        for i in 4..6 {
+            let n = node(i, 0);
+            with(&n, |r| r.pool = BURST_POOL.into());
+            nodes.push(n);
+        }
+        nodes
+    }
+
+    fn to_burst(nodes: &[Arc<NodeEntry>], a: &Ask, n: usize, seed: u64) -> usize {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut burst = 0;
+        for _ in 0..n {
+            let first = candidates(nodes, 2, 4, a, None, &mut rng)[0].clone();
+            burst += usize::from(first.info().pool == BURST_POOL);
+        }
+        burst
+    }
+
+    #[test]
+    fn the_burst_pool_is_used_only_past_the_threshold_and_for_eligible_images() {
+        let eligible = Ask {
+            burst_above: Some(0.8),
+            ..ask()
+        };
+        // The default pool at 50 %: burst nodes are never chosen, eligible or not.
+        let nodes = pools(500);
+        assert!((utilisation(&nodes) - 0.5).abs() < 1e-9);
+        assert_eq!(to_burst(&nodes, &eligible, 200, 1), 0);
+        assert_eq!(to_burst(&nodes, &ask(), 200, 1), 0);
+        // At 85 %: an eligible image goes to the (emptier) burst nodes when drawn; one that
+        // is not never does.
+        let nodes = pools(850);
+        assert!(to_burst(&nodes, &eligible, 200, 2) > 50);
+        assert_eq!(to_burst(&nodes, &ask(), 200, 2), 0);
+        // A threshold of 0.9 keeps them out at 85 %.
+        let strict = Ask {
+            burst_above: Some(0.9),
+            ..ask()
+        };
+        assert_eq!(to_burst(&nodes, &strict, 200, 2), 0);
+        // The default pool full by its reports: the burst pool takes what may burst, even
+        // below the threshold; what may not is still sent to a default node (whose admission
+        // answers).
+        let nodes = pools(1000);
+        let never = Ask {
+            burst_above: Some(2.0),
+            ..ask()
+        };
+        assert_eq!(to_burst(&nodes, &never, 50, 3), 50);
+        assert_eq!(to_burst(&nodes, &ask(), 50, 3), 0);
+        // Cordoned or unreachable default nodes do not count toward the pool's utilisation;
+        // with none left, it is busy.
+        let nodes = pools(0);
+        for n in &nodes[..4] {
+            n.set_cordoned(true);
+        }
+        assert_eq!(utilisation(&nodes), 1.0);
+        assert_eq!(to_burst(&nodes, &eligible, 20, 4), 20);
+    }
+
+    #[test]
+    fn the_overlay_counts_toward_the_default_pools_utilisation() {
+        // A burst of placements with no report in between pushes the pool past the threshold.
+        let nodes = pools(700);
+        let eligible = Ask {
+            burst_above: Some(0.8),
+            ..ask()
+        };
+        let mut rng = StdRng::seed_from_u64(6);
+        let mut first_burst = None;
+        for i in 0..800 {
+            let first = candidates(&nodes, 2, 4, &eligible, None, &mut rng)[0].clone();
+            if first.info().pool == BURST_POOL && first_burst.is_none() {
+                first_burst = Some(i);
+            }
+            InFlight::new(first, &eligible).placed();
+        }
+        // 4 nodes × 1000 at 70 % reach 80 % after 400 placements: none before, and from
+        // then on a burst node is drawn (two of six nodes) within a few.
+        let first = first_burst.expect("the burst pool used");
+        assert!((400..420).contains(&first), "{first}");
     }
 }

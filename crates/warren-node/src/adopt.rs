@@ -50,10 +50,7 @@ impl Node {
                             .unwrap_or_else(|p| p.into_inner())
                             .insert(key.clone(), IdemSlot::Done(sb.record.id.clone()));
                     }
-                    self.sandboxes
-                        .write()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(sb.record.id.clone(), sb.clone());
+                    self.insert(sb.clone());
                     self.watch(&sb);
                     report.adopted += 1;
                 }

@@ -35,6 +35,7 @@ pub const MAX_JSON_BODY: usize = 64 << 20;
 pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
     let r = Router::new()
         .route("/v1/node", get(node_info))
+        .route("/v1/node/sandboxes", get(changes))
         .route("/v1/sandboxes", post(create).get(list))
         .route("/v1/sandboxes/{id}", get(get_one).delete(kill))
         .route("/v1/sandboxes/{id}/pause", post(pause))
@@ -141,6 +142,21 @@ pub fn parse_id(node: &Node, raw: &str) -> Result<SandboxId, Error> {
 
 async fn node_info(State(n): S) -> Json<NodeInfo> {
     Json(n.info())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChangesQuery {
+    #[serde(default)]
+    since: u64,
+}
+
+/// What changed in the node's set of sandboxes since a generation (the control plane's view).
+async fn changes(
+    State(n): S,
+    Query(q): Query<ChangesQuery>,
+) -> Json<warren_types::api::SandboxChanges> {
+    Json(n.changes_since(q.since))
 }
 
 async fn create(
@@ -262,7 +278,7 @@ async fn list(State(n): S, Query(q): Query<ListQuery>) -> Result<Json<SandboxLis
 
 async fn get_one(State(n): S, Path(id): Path<String>) -> Result<Json<SandboxView>, Error> {
     let id = parse_id(&n, &id)?;
-    Ok(Json(n.get(&id)?.view(&n.id)))
+    Ok(Json(n.get(&id)?.view(&n.id, &n.cfg.pool)))
 }
 
 async fn kill(State(n): S, Path(id): Path<String>) -> Result<StatusCode, Error> {

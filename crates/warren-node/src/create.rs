@@ -89,7 +89,7 @@ impl Node {
                             let id = id.clone();
                             drop(map);
                             if let Ok(sb) = self.get(&id) {
-                                return Ok((sb.view(&self.id), false));
+                                return Ok((sb.view(&self.id, &self.cfg.pool), false));
                             }
                             // Killed since: the key is free again.
                             self.idempotency
@@ -209,10 +209,7 @@ impl Node {
             drop(slot);
             match launch {
                 Ok(sb) => {
-                    node.sandboxes
-                        .write()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(sb.record.id.clone(), sb.clone());
+                    node.insert(sb.clone());
                     node.watch(&sb);
                     Ok(sb)
                 }
@@ -245,7 +242,7 @@ impl Node {
             warm = sb.instance.prepared(),
             "created"
         );
-        Ok((sb.view(&self.id), true))
+        Ok((sb.view(&self.id, &self.cfg.pool), true))
     }
 
     /// Starts the sandbox's instance and waits for its guest agent to answer. On failure,

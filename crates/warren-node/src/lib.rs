@@ -234,6 +234,7 @@ impl Node {
             prefetch_gate: Arc::new(tokio::sync::Semaphore::new(1)),
             _state_lock: state_lock,
             idempotency: Mutex::new(HashMap::new()),
+            changes: Mutex::new(crate::node::Changes::new()),
         });
         let report = node.adopt().await;
         node.watch_network_denials();

@@ -46,7 +46,7 @@ impl Node {
         let sb = self.get(id)?;
         let _g = sb.lifecycle.lock().await;
         if !self.legal(&sb, action)? {
-            return Ok(sb.view(&self.id));
+            return Ok(sb.view(&self.id, &self.cfg.pool));
         }
         let frozen = action == Action::Pause;
         if frozen {
@@ -81,7 +81,7 @@ impl Node {
             self.prefetch(vec![sb.clone()]);
         }
         tracing::debug!(sandbox_id = %id, ?action, "done");
-        Ok(sb.view(&self.id))
+        Ok(sb.view(&self.id, &self.cfg.pool))
     }
 
     /// Kills the sandbox and releases everything it held.
@@ -104,10 +104,7 @@ impl Node {
         for t in sb.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             t.abort();
         }
-        self.sandboxes
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&sb.record.id);
+        self.forget(&sb.record.id);
         if let Some(key) = &sb.record.idempotency_key {
             self.idempotency
                 .lock()

@@ -55,7 +55,10 @@ pub struct Node {
     pub(crate) dirs: Dirs,
     /// The guest agent binary its inits run (its own copy, by digest).
     pub(crate) guest: crate::guest_bin::GuestBinary,
+    /// Its sandboxes. Changed only through [`Node::insert`] and [`Node::forget`], which
+    /// number each change (under this lock) for the control plane's view.
     pub(crate) sandboxes: RwLock<HashMap<SandboxId, Arc<Sandbox>>>,
+    pub(crate) changes: Mutex<Changes>,
     pub(crate) admission: Admission,
     /// The derived most sandboxes, and what sets it.
     pub(crate) capacity: crate::capacity::Derived,
@@ -68,6 +71,60 @@ pub struct Node {
     /// The state directory's lock, held while the node lives.
     pub(crate) _state_lock: std::fs::File,
     pub(crate) idempotency: Mutex<HashMap<String, IdemSlot>>,
+}
+
+/// The numbered changes to a node's set of sandboxes, the latest [`MAX_CHANGES`] of them.
+/// Numbers start at the microsecond the node started, so those of an earlier run of the
+/// daemon are never taken for this one's.
+pub(crate) struct Changes {
+    /// The number before the oldest change held: changes after it are all here.
+    base: u64,
+    /// The latest number.
+    last: u64,
+    log: std::collections::VecDeque<(u64, SandboxId, bool)>,
+}
+
+/// Changes held for the control plane's view; one further behind is sent the whole set.
+const MAX_CHANGES: usize = 65_536;
+
+impl Changes {
+    pub(crate) fn new() -> Changes {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(1);
+        Changes {
+            base: now,
+            last: now,
+            log: Default::default(),
+        }
+    }
+
+    fn push(&mut self, id: SandboxId, added: bool) {
+        self.last += 1;
+        self.log.push_back((self.last, id, added));
+        if self.log.len() > MAX_CHANGES
+            && let Some((n, _, _)) = self.log.pop_front()
+        {
+            self.base = n;
+        }
+    }
+
+    /// The ids added and removed after `since`, the latest change of each winning; none when
+    /// they are not all held.
+    fn since(&self, since: u64) -> Option<HashMap<&SandboxId, bool>> {
+        if since < self.base || since > self.last {
+            return None;
+        }
+        let mut out = HashMap::new();
+        for (n, id, added) in self.log.iter().rev() {
+            if *n <= since {
+                break;
+            }
+            out.entry(id).or_insert(*added);
+        }
+        Some(out)
+    }
 }
 
 /// A create in flight or done, by idempotency key.
@@ -234,11 +291,12 @@ impl Sandbox {
     }
 
     /// The sandbox as the API shows it.
-    pub fn view(&self, node: &NodeId) -> SandboxView {
+    pub fn view(&self, node: &NodeId, pool: &str) -> SandboxView {
         let r = &self.record;
         SandboxView {
             id: r.id.clone(),
             node: node.clone(),
+            pool: pool.to_string(),
             backend: r.backend,
             image: r.image.clone(),
             layers: r.layers.clone(),
@@ -271,6 +329,63 @@ pub struct ListFilter {
 }
 
 impl Node {
+    /// Adds a sandbox to the node's set.
+    pub(crate) fn insert(&self, sb: Arc<Sandbox>) {
+        let mut map = self.sandboxes.write().unwrap_or_else(|p| p.into_inner());
+        let id = sb.record.id.clone();
+        map.insert(id.clone(), sb);
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(id, true);
+    }
+
+    /// Takes a sandbox out of the node's set.
+    pub(crate) fn forget(&self, id: &SandboxId) {
+        let mut map = self.sandboxes.write().unwrap_or_else(|p| p.into_inner());
+        if map.remove(id).is_some() {
+            self.changes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(id.clone(), false);
+        }
+    }
+
+    /// What changed in the set since generation `since`, or all of it (see
+    /// [`SandboxChanges`](warren_types::api::SandboxChanges)).
+    pub fn changes_since(&self, since: u64) -> warren_types::api::SandboxChanges {
+        let map = self.sandboxes.read().unwrap_or_else(|p| p.into_inner());
+        let changes = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let generation = changes.last;
+        let view = |sb: &Arc<Sandbox>| sb.view(&self.id, &self.cfg.pool);
+        match changes.since(since) {
+            Some(ids) => {
+                let mut out = warren_types::api::SandboxChanges {
+                    generation,
+                    ..Default::default()
+                };
+                for (id, added) in ids {
+                    match (added, map.get(id)) {
+                        (true, Some(sb)) => out.sandboxes.push(view(sb)),
+                        _ => out.removed.push(id.clone()),
+                    }
+                }
+                out
+            }
+            None => warren_types::api::SandboxChanges {
+                generation,
+                full: true,
+                sandboxes: map.values().map(view).collect(),
+                removed: Vec::new(),
+            },
+        }
+    }
+
+    /// The number of the latest change to the set.
+    pub fn generation(&self) -> u64 {
+        self.changes.lock().unwrap_or_else(|p| p.into_inner()).last
+    }
+
     /// The sandbox `id`, if this node runs it.
     pub fn get(&self, id: &SandboxId) -> Result<Arc<Sandbox>, NodeError> {
         self.sandboxes
@@ -298,7 +413,7 @@ impl Node {
                     .iter()
                     .all(|(k, v)| s.record.labels.get(k) == Some(v))
             })
-            .map(|s| (s.record.created_ms, s.view(&self.id)))
+            .map(|s| (s.record.created_ms, s.view(&self.id, &self.cfg.pool)))
             .filter(|(_, v)| f.state.is_none_or(|st| v.state == st))
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.id.cmp(&b.1.id)));
@@ -351,6 +466,7 @@ impl Node {
             disk_reserved: ByteSize(usage.disk),
             backends: self.backends(),
             guest: Some(self.guest.digest.clone()),
+            sandbox_generation: self.generation(),
             labels: self.cfg.labels.clone(),
             pool: self.cfg.pool.clone(),
             // The control plane's to say.
@@ -368,4 +484,45 @@ pub(crate) async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .unwrap_or_else(|e| Err(std::io::Error::other(format!("blocking task failed: {e}"))))
+}
+
+#[cfg(test)]
+mod changes_tests {
+    use super::*;
+
+    fn id(i: u32) -> SandboxId {
+        let node: NodeId = "abcdef".parse().unwrap();
+        let mut r = [0u8; warren_types::id::SANDBOX_RANDOM_LEN];
+        r[..4].copy_from_slice(&i.to_le_bytes());
+        SandboxId::new(&node, r)
+    }
+
+    #[test]
+    fn changes_since_a_generation_net_out_and_fall_back_to_the_whole_set() {
+        let mut c = Changes::new();
+        let start = c.last;
+        assert!(c.since(start).unwrap().is_empty());
+        c.push(id(1), true);
+        c.push(id(2), true);
+        let mid = c.last;
+        c.push(id(1), false);
+        c.push(id(3), true);
+        let all = c.since(start).unwrap();
+        assert_eq!(all.len(), 3);
+        assert!(!all[&id(1)], "added then removed: removed");
+        assert!(all[&id(2)] && all[&id(3)]);
+        let later = c.since(mid).unwrap();
+        assert_eq!(later.len(), 2);
+        assert!(!later[&id(1)] && later[&id(3)]);
+        // A number from before the node started, or from the future: the whole set.
+        assert!(c.since(start - 1).is_none());
+        assert!(c.since(c.last + 1).is_none());
+        // Past the most held, the oldest go and asking from before them is the whole set.
+        for i in 0..MAX_CHANGES as u32 {
+            c.push(id(10 + i), true);
+        }
+        assert!(c.since(start).is_none());
+        assert!(c.since(mid).is_none());
+        assert_eq!(c.since(c.last - 5).unwrap().len(), 5);
+    }
 }

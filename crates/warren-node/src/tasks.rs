@@ -178,6 +178,8 @@ impl Node {
             match v.state {
                 SandboxState::Running => t.running += 1,
                 SandboxState::Paused => t.paused += 1,
+                // A node's own sandboxes are never unknown to it.
+                SandboxState::Unknown => {}
             }
         }
         by.into_values().collect()

@@ -126,7 +126,7 @@ impl Node {
         blocking(move || state::save(&dir, &record))
             .await
             .map_err(|e| NodeError::host("saving the sandbox's state", e))?;
-        Ok(sb.view(&self.id))
+        Ok(sb.view(&self.id, &self.cfg.pool))
     }
 }
 

@@ -108,6 +108,11 @@ pub struct CreateSandbox {
     /// `. _ - : /`, values of at most 256 bytes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Node labels the sandbox's node must have, all of them (e.g. `{"gpu": "h200"}`; a
+    /// node's labels are its configuration's `labels`, shown by `warren node ls`). Placement
+    /// considers only nodes that match; 400 when no node of the cluster does. At most 16.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
     /// Environment variables for every command run in the sandbox: at most 256, names of
     /// letters, digits and `_` not starting with a digit, no NUL, 32 KiB in all.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -189,6 +194,10 @@ pub enum SandboxState {
     Running,
     /// Frozen: processes stopped, memory kept. Any operation resumes it.
     Paused,
+    /// Its node does not answer the control plane: listed as last seen, in a state not known
+    /// now (never dropped from lists while its node is a member). Operations on it are 503s
+    /// naming the node until it answers again.
+    Unknown,
 }
 
 impl SandboxState {
@@ -197,6 +206,7 @@ impl SandboxState {
         match self {
             SandboxState::Running => "running",
             SandboxState::Paused => "paused",
+            SandboxState::Unknown => "unknown",
         }
     }
 }
@@ -310,6 +320,10 @@ pub struct Sandbox {
     pub id: SandboxId,
     /// The node that runs it.
     pub node: NodeId,
+    /// The pool of that node (`default`, or `burst` for a node used only when the others are
+    /// busy): where it went.
+    #[serde(default = "default_pool")]
+    pub pool: String,
     /// The backend it runs in.
     pub backend: BackendKind,
     /// The image it was created from (names, bottom first, comma-separated).
@@ -323,7 +337,7 @@ pub struct Sandbox {
     /// Its labels.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// Running or paused.
+    /// Running or paused (or `unknown` while its node does not answer).
     pub state: SandboxState,
     /// Its resource limits.
     pub resources: Resources,
@@ -1079,6 +1093,11 @@ pub struct NodeInfo {
     /// node's own copy of its `guest_binary`, made when it started).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guest: Option<String>,
+    /// A number that changes whenever the node's set of sandboxes does (a create, a removal,
+    /// a re-adoption): the control plane asks for what changed only when it moved. 0 from a
+    /// node that does not say.
+    #[serde(default)]
+    pub sandbox_generation: u64,
     /// The node's labels (its configuration's `labels`), for placement.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
@@ -1130,6 +1149,7 @@ impl NodeInfo {
             disk_reserved: ByteSize(0),
             backends: Vec::new(),
             guest: None,
+            sandbox_generation: 0,
             labels: BTreeMap::new(),
             pool: default_pool(),
             cordoned: false,
@@ -1139,8 +1159,29 @@ impl NodeInfo {
     }
 }
 
+/// `GET /v1/node/sandboxes?since=N` (node API): what changed in a node's set of sandboxes
+/// since its generation `N`, so the control plane's view of every node's sandboxes follows
+/// without asking for all of them each time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SandboxChanges {
+    /// The generation this answer brings the view to.
+    pub generation: u64,
+    /// `sandboxes` is the whole set (the node no longer holds the changes since `N`, or was
+    /// restarted): the view replaces what it had.
+    pub full: bool,
+    /// Sandboxes added since `N` (or all of them), as they are now.
+    pub sandboxes: Vec<Sandbox>,
+    /// Sandboxes removed since `N`.
+    #[serde(default)]
+    pub removed: Vec<SandboxId>,
+}
+
 /// The pool a node is in unless its configuration says otherwise.
 pub const DEFAULT_POOL: &str = "default";
+
+/// The pool of nodes used only when the default pool is busy (cloud bursting), and only for
+/// images the control plane's `burst_images` names.
+pub const BURST_POOL: &str = "burst";
 
 /// `POST /v1/cluster/nodes`: a node joins the cluster, or says it is still there (its
 /// heartbeat). Authenticated by the cluster token, not an API key.

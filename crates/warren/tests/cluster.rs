@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use warren_sdk::{CreateSandbox, ErrorCode};
+use warren_sdk::{CreateSandbox, ErrorCode, ListFilter, SandboxState};
 
 fn host() -> CreateSandbox {
     CreateSandbox {
@@ -138,9 +138,33 @@ async fn a_killed_node_is_routed_around_and_comes_back_with_its_sandboxes() {
     let e = sb.exec(&warren_sdk::shell("true")).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Unavailable), "{e}");
     assert!(e.to_string().contains(&a), "the error names the node: {e}");
+    // Its sandboxes are listed as last heard, in state unknown; none is dropped.
     let l = c.list(&Default::default()).await.unwrap();
     assert!(l.unreachable.iter().any(|u| u.node.as_str() == a), "{l:?}");
-    assert!(l.items.iter().all(|s| s.node.as_str() == b));
+    let mut unknown: Vec<String> = l
+        .items
+        .iter()
+        .filter(|s| s.node.as_str() == a)
+        .inspect(|s| assert_eq!(s.state, SandboxState::Unknown, "{s:?}"))
+        .map(|s| s.id.to_string())
+        .collect();
+    unknown.sort();
+    let mut expected = on_a.clone();
+    expected.sort();
+    assert_eq!(unknown, expected);
+    assert!(
+        l.items
+            .iter()
+            .filter(|s| s.node.as_str() == b)
+            .all(|s| s.state == SandboxState::Running)
+    );
+    // Filters apply to them as heard; asked for by state, only they come.
+    let only = ListFilter {
+        state: Some(SandboxState::Unknown),
+        ..Default::default()
+    };
+    let l = c.list(&only).await.unwrap();
+    assert_eq!(l.items.len(), on_a.len(), "{l:?}");
     // Creates go to the node that answers (it has room for 4 − its share).
     let room = 4 - ids.iter().filter(|i| i.starts_with(&b)).count();
     for _ in 0..room {
@@ -448,4 +472,82 @@ async fn keyed_creates_follow_load_and_stay_idempotent() {
     for id in ids.iter().chain(&keyed) {
         c.sandbox(id).unwrap().kill().await.unwrap();
     }
+}
+
+/// A node selector keeps sandboxes to the nodes with its labels (400 when none has them); the
+/// burst pool takes an eligible image's sandboxes once the default pool is busy, and an
+/// ineligible image's never; the create answer says which pool each went to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_selectors_and_the_burst_pool_decide_where_sandboxes_go() {
+    require_root!();
+    let mut cl = Cluster::empty(
+        None,
+        Some("[control]\nburst_images = [\"host\"]\nburst_threshold = 0.5\n"),
+    );
+    cl.add_replica();
+    cl.add_node("max_sandboxes = 4\nlabels = { disk = \"ssd\" }");
+    cl.add_node("max_sandboxes = 4\npool = \"burst\"");
+    cl.wait_nodes(2, Duration::from_secs(30));
+    let (onprem, burst) = (cl.node_id(0), cl.node_id(1));
+    let c = cl.client(0);
+    let pool_of =
+        |sb: &warren_sdk::Sandbox| sb.snapshot().expect("the create's answer").pool.clone();
+
+    // The default pool empty, then at a quarter: the default node, though the burst node is
+    // emptier.
+    for _ in 0..2 {
+        let sb = c.create(&host()).await.unwrap();
+        assert!(sb.id().as_str().starts_with(&onprem), "{}", sb.id());
+        assert_eq!(pool_of(&sb), "default");
+    }
+    // At half (the threshold): the burst node, the less loaded of the two.
+    let sb = c.create(&host()).await.unwrap();
+    assert!(sb.id().as_str().starts_with(&burst), "{}", sb.id());
+    assert_eq!(pool_of(&sb), "burst");
+    let l = c.nodes().await.unwrap();
+    let b = l.items.iter().find(|n| n.id.as_str() == burst).unwrap();
+    assert_eq!(b.pool, "burst");
+
+    // A selector only the default node matches.
+    let mut ssd = host();
+    ssd.node_selector.insert("disk".into(), "ssd".into());
+    let sb = c.create(&ssd).await.unwrap();
+    assert!(sb.id().as_str().starts_with(&onprem), "{}", sb.id());
+    let mut nvme = host();
+    nvme.node_selector.insert("disk".into(), "nvme".into());
+    let e = c.create(&nvme).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::InvalidArgument), "{e}");
+    assert!(e.to_string().contains("disk=nvme"), "{e}");
+
+    // The same cluster with no image eligible: the default node fills, then 429; the burst
+    // node gets nothing more.
+    std::fs::write(
+        cl.root.path().join("server.toml"),
+        "[control]\nburst_threshold = 0.5\n",
+    )
+    .unwrap();
+    cl.restart_replica(0);
+    cl.wait_nodes(2, Duration::from_secs(30));
+    let c = cl.client(0);
+    let mut full = None;
+    for _ in 0..3 {
+        match c.create(&host()).await {
+            Ok(sb) => assert!(sb.id().as_str().starts_with(&onprem), "{}", sb.id()),
+            Err(e) => {
+                full = Some(e);
+                break;
+            }
+        }
+    }
+    let e = full.expect("the default node fills up");
+    assert_eq!(e.code(), Some(ErrorCode::Capacity), "{e}");
+    let on_burst = c
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|s| s.node.as_str() == burst)
+        .count();
+    assert_eq!(on_burst, 1);
 }

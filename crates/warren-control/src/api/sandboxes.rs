@@ -7,8 +7,7 @@ use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 use warren_http::{Error, Json, Path, Query};
 use warren_types::api::{
-    BackendKind, CreateSandbox, Gathered, Sandbox, SandboxList, SandboxState, SetTimeout,
-    TrajectoryEntry,
+    CreateSandbox, Gathered, Sandbox, SandboxList, SandboxState, SetTimeout, TrajectoryEntry,
 };
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 use warren_types::net::{NetworkPolicy, NetworkStatus};
@@ -53,6 +52,7 @@ pub async fn create(
         )
     };
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
+    check_selector(&req.node_selector)?;
     // The requests (a node's defaults are 64Mi and 10m), for the overlay and eligibility.
     let ask = scheduler::Ask {
         memory: req
@@ -62,6 +62,8 @@ pub async fn create(
             .min(1 << 50),
         cpu: u64::from(req.cpu.unwrap_or(10)),
         backend: req.backend.unwrap_or_default(),
+        selector: &req.node_selector,
+        burst_above: c.cfg.burst_above(&req.image),
     };
     let nodes = c.nodes.all();
     if nodes.is_empty() {
@@ -70,17 +72,27 @@ pub async fn create(
             "no nodes are registered: start a node daemon (warren node --join URL)",
         )));
     }
-    // Only nodes that have the backend asked for (a node from before backends were reported
-    // runs containers).
+    // Only nodes that have the backend asked for, and the labels.
     let backend = ask.backend;
-    if !nodes.iter().any(|n| {
-        n.with_report(|i| {
-            i.backends.contains(&backend)
-                || (i.backends.is_empty() && backend == BackendKind::Container)
-        })
-    }) {
+    if !nodes
+        .iter()
+        .any(|n| n.with_report(|i| scheduler::has_backend(i, backend)))
+    {
         return Err(Error(ApiError::invalid(format!(
             "no node of this cluster has the {backend} backend: leave backend out for containers"
+        ))));
+    }
+    if !nodes.iter().any(|n| {
+        n.with_report(|i| scheduler::has_backend(i, backend) && scheduler::matches(i, ask.selector))
+    }) {
+        return Err(Error(ApiError::invalid(format!(
+            "no node of this cluster with the {backend} backend has the labels {}: see the \
+             nodes' labels with warren node ls, or leave node_selector out",
+            req.node_selector
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
         ))));
     }
     let mut order = scheduler::candidates(
@@ -180,6 +192,36 @@ pub async fn create(
     last.unwrap_or_else(|| Err(Error(ApiError::capacity("no node accepted the sandbox", 2))))
 }
 
+/// Most labels in a node selector.
+const MAX_SELECTOR: usize = 16;
+
+/// A node selector's shape: node labels are checked the same way when a node starts.
+fn check_selector(sel: &std::collections::BTreeMap<String, String>) -> Result<(), Error> {
+    if sel.len() > MAX_SELECTOR {
+        return Err(Error(ApiError::invalid(format!(
+            "node_selector has {} labels; at most {MAX_SELECTOR} are allowed",
+            sel.len()
+        ))));
+    }
+    for (k, v) in sel {
+        let ok = !k.is_empty()
+            && k.len() <= 63
+            && k.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-:/".contains(&b));
+        if !ok {
+            return Err(Error(ApiError::invalid(format!(
+                "node_selector key {k:?} is not valid: use 1 to 63 letters, digits and . _ - : /"
+            ))));
+        }
+        if v.len() > 256 || v.contains('\0') {
+            return Err(Error(ApiError::invalid(format!(
+                "node_selector {k:?}: the value must be at most 256 bytes without NUL"
+            ))));
+        }
+    }
+    Ok(())
+}
+
 /// `GET /v1/sandboxes` filters.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -196,8 +238,9 @@ pub struct ListQuery {
 
 /// List sandboxes, oldest first.
 ///
-/// Every node is asked; a node that does not answer is named in `unreachable` (its sandboxes
-/// are missing from the list), and when no node answers the call fails with 503.
+/// Every node is asked. A node that does not answer is named in `unreachable`, and its
+/// sandboxes are listed as last heard, in state `unknown` (filtered by task and labels as
+/// heard); when no node answers the call fails with 503.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(ListQuery),
     responses((status = 200, body = Gathered<SandboxList>), (status = 400, body = ErrorBody),
         (status = 503, description = "No node answered.", body = ErrorBody)),
@@ -206,19 +249,38 @@ pub async fn list(
     axum::extract::State(c): S,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Gathered<SandboxList>>, Error> {
+    let labels = parse_label_filter(q.label.as_deref())?;
+    // Nodes have no sandbox in state unknown: they are asked for none.
+    let ask_nodes = q.state != Some(SandboxState::Unknown);
     let filter = SandboxFilter {
-        task: q.task,
-        label: q.label,
+        task: q.task.clone(),
+        label: q.label.clone(),
         state: q.state,
     };
     let filter = &filter;
-    let parts = fanout::ask(
-        c.nodes.all(),
-        |n| async move { n.api().sandboxes(filter).await },
-    )
+    let nodes = c.nodes.all();
+    let parts = fanout::ask(nodes.clone(), |n| async move {
+        if ask_nodes {
+            n.api().sandboxes(filter).await
+        } else {
+            n.api().info().await.map(|_| SandboxList::default())
+        }
+    })
     .await
     .under(Policy::Partial, "listing sandboxes")?;
     let mut all: Vec<Sandbox> = parts.answer.into_iter().flat_map(|l| l.sandboxes).collect();
+    if q.state.is_none_or(|s| s == SandboxState::Unknown) {
+        for f in &parts.unreachable {
+            if let Some(n) = nodes.iter().find(|n| n.id == f.node) {
+                all.extend(n.unknown_sandboxes(|sb| {
+                    q.task.as_ref().is_none_or(|t| sb.task.as_ref() == Some(t))
+                        && labels
+                            .iter()
+                            .all(|(k, v)| sb.labels.get(*k).map(String::as_str) == Some(*v))
+                }));
+            }
+        }
+    }
     all.sort_by(|a, b| {
         a.created_at
             .cmp(&b.created_at)
@@ -228,6 +290,22 @@ pub async fn list(
         answer: SandboxList { sandboxes: all },
         unreachable: parts.unreachable,
     }))
+}
+
+/// `key=value,key2=value2` as pairs.
+fn parse_label_filter(s: Option<&str>) -> Result<Vec<(&str, &str)>, Error> {
+    let mut out = Vec::new();
+    for part in s.unwrap_or("").split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('=') {
+            Some((k, v)) => out.push((k, v)),
+            None => {
+                return Err(Error(ApiError::invalid(format!(
+                    "label filter {part:?} must be key=value"
+                ))));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Get one sandbox.

@@ -104,6 +104,10 @@ pub struct CreateArgs {
     /// A label, filterable in `sandbox ls` (repeatable).
     #[arg(long = "label", short = 'l', value_name = "KEY=VALUE", value_parser = args::key_value)]
     labels: Vec<(String, String)>,
+    /// A label its node must have (repeatable): placement keeps to nodes with all of them
+    /// (see the nodes' labels with `warren node ls`).
+    #[arg(long = "node-selector", value_name = "KEY=VALUE", value_parser = args::key_value)]
+    node_selector: Vec<(String, String)>,
     /// An environment variable for every command run in it (repeatable).
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE", value_parser = args::key_value)]
     env: Vec<(String, String)>,
@@ -149,6 +153,7 @@ impl CreateArgs {
             disk: self.disk,
             timeout: self.timeout,
             labels: args::to_map(self.labels),
+            node_selector: args::to_map(self.node_selector),
             env: args::to_map(self.env),
             idle_timeout: self.idle_timeout,
             on_idle: self.on_idle.map(|a| {

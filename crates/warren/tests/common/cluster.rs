@@ -94,6 +94,8 @@ pub struct Cluster {
     pub key: String,
     /// The replicas' database URL (none: SQLite in the shared data directory).
     database: Option<String>,
+    /// The replicas' config file, when they have one.
+    server_config: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -111,6 +113,20 @@ impl Cluster {
         node_config: &str,
         database: Option<&str>,
     ) -> Cluster {
+        let mut c = Cluster::empty(database, None);
+        for _ in 0..replicas {
+            c.add_replica();
+        }
+        for _ in 0..nodes {
+            c.add_node(node_config);
+        }
+        c.wait_nodes(nodes, Duration::from_secs(30));
+        c
+    }
+
+    /// No process yet: the replicas that [`Cluster::add_replica`] starts use `database` and,
+    /// when given, the TOML `server_config` (e.g. a `[control]` table).
+    pub fn empty(database: Option<&str>, server_config: Option<&str>) -> Cluster {
         let guest = warren_bin().with_file_name("warren-guest");
         assert!(
             guest.is_file(),
@@ -121,21 +137,19 @@ impl Cluster {
             .prefix("warren-cluster-")
             .tempdir()
             .unwrap();
-        let mut c = Cluster {
+        let server_config = server_config.map(|text| {
+            let p = root.path().join("server.toml");
+            std::fs::write(&p, text).unwrap();
+            p
+        });
+        Cluster {
             root,
             servers: Vec::new(),
             nodes: Vec::new(),
             key: String::new(),
             database: database.map(str::to_string),
-        };
-        for _ in 0..replicas {
-            c.add_replica();
+            server_config,
         }
-        for _ in 0..nodes {
-            c.add_node(node_config);
-        }
-        c.wait_nodes(nodes, Duration::from_secs(30));
-        c
     }
 
     fn server_dir(&self) -> PathBuf {
@@ -156,6 +170,10 @@ impl Cluster {
         if let Some(db) = &self.database {
             args.push("--database".into());
             args.push(db.clone());
+        }
+        if let Some(cfg) = &self.server_config {
+            args.push("--config".into());
+            args.push(cfg.display().to_string());
         }
         let p = Proc::start(args, self.root.path().join(format!("server-{i}.log")));
         self.servers.push((p, port));

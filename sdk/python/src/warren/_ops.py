@@ -93,6 +93,7 @@ def create(
     idle_timeout: Any = None,
     on_idle: Any = None,
     labels: Any = None,
+    node_selector: Any = None,
     env: Any = None,
     trajectory: Any = False,
     network: Any = None,
@@ -135,6 +136,9 @@ def create(
     lab = v.str_map(labels, "labels")
     if lab:
         body["labels"] = lab
+    sel = v.str_map(node_selector, "node_selector")
+    if sel:
+        body["node_selector"] = sel
     envs = v.str_map(env, "env")
     if envs:
         body["env"] = envs

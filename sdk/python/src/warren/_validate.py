@@ -23,7 +23,7 @@ _SHIFT = {"": 0, "b": 0, "k": 10, "m": 20, "g": 30, "t": 40}
 _SANDBOX_ID = re.compile(r"^[a-z][a-z0-9]{19}$")
 ON_IDLE = ("pause", "stop")
 QOS = ("ls", "be")
-STATES = ("running", "paused")
+STATES = ("running", "paused", "unknown")
 EVENT_KINDS = (
     "seccomp",
     "management",

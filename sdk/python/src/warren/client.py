@@ -67,6 +67,7 @@ class Containers:
         idle_timeout: Optional[int] = None,
         on_idle: Optional[str] = None,
         labels: Optional[Dict[str, str]] = None,
+        node_selector: Optional[Dict[str, str]] = None,
         env: Optional[Dict[str, str]] = None,
         trajectory: bool = False,
         network: Optional[NetworkArg] = None,
@@ -98,6 +99,9 @@ class Containers:
             idle_timeout: Seconds without API activity after which ``on_idle`` happens.
             on_idle: ``"pause"`` (default; the next operation resumes it) or ``"stop"``.
             labels: Free-form labels, filterable in ``client.sandboxes.list``.
+            node_selector: Labels its node must have, all of them (a node's labels are in
+                ``client.nodes()``); placement keeps to such nodes, and a selector no node
+                matches is an ``InvalidArgument``.
             env: Environment variables for every command.
             trajectory: Record every exec and file write (``sandbox.trajectory()``).
             network: What it may reach: a :class:`~warren.NetworkPolicy` (rules of what to
@@ -135,6 +139,7 @@ class Containers:
             idle_timeout=idle_timeout,
             on_idle=on_idle,
             labels=labels,
+            node_selector=node_selector,
             env=env,
             trajectory=trajectory,
             network=network,

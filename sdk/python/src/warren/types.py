@@ -338,7 +338,8 @@ class SandboxInfo:
     """``"container"`` for now."""
     image: str
     state: str
-    """``"running"`` or ``"paused"``."""
+    """``"running"`` or ``"paused"``; ``"unknown"`` while its node does not answer (listed
+    as last heard)."""
     resources: Resources
     created_at: str
     """RFC 3339."""
@@ -357,6 +358,8 @@ class SandboxInfo:
     """An image build's sandbox, whose root commands hold the build capabilities."""
     network: Optional[NetworkStatus] = None
     """Its network: mode, addresses and policy (``None`` from nodes older than networks)."""
+    pool: str = "default"
+    """Its node's pool: ``default``, or ``burst`` (a node used while the others are busy)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SandboxInfo:
@@ -378,6 +381,7 @@ class SandboxInfo:
             guest=d.get("guest"),
             builder=bool(d.get("builder", False)),
             network=NetworkStatus.from_json(d["network"]) if d.get("network") else None,
+            pool=d.get("pool", "default"),
         )
 
 
