@@ -39,6 +39,9 @@ pub struct Unreachable {
     pub reason: String,
 }
 
+/// How long a connection to a node may take to open.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// A client for one node's API.
 #[derive(Debug, Clone)]
 pub struct NodeClient {
@@ -59,6 +62,9 @@ impl NodeClient {
             // A node's answers are its own: a redirect would send the control plane (and, to
             // the same host, the cluster token) somewhere else.
             .redirect(reqwest::redirect::Policy::none())
+            // A node cut off drops what is sent to it: a call fails in seconds, not after the
+            // kernel's two minutes of retried SYNs.
+            .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true);
         let (builder, base, token, shown) = match endpoint {
             Endpoint::Unix(path) => (

@@ -2,6 +2,7 @@
 
 mod cli;
 mod daemons;
+mod dev_cluster;
 mod up;
 
 fn main() -> std::process::ExitCode {

@@ -258,20 +258,39 @@ pub async fn list(
         state: q.state,
     };
     let filter = &filter;
-    let nodes = c.nodes.all();
-    let parts = fanout::ask(nodes.clone(), |n| async move {
+    // Nodes that did not answer the last poll are not waited for: their sandboxes are listed
+    // from the view, as unknown.
+    let (up, down): (Vec<_>, Vec<_>) = c.nodes.all().into_iter().partition(|n| n.is_up());
+    if up.is_empty() && !down.is_empty() {
+        return Err(Error(ApiError::new(
+            ErrorCode::Unavailable,
+            format!(
+                "listing sandboxes: none of the {} nodes answered the last poll; check the node \
+                 daemons (warren node ls)",
+                down.len()
+            ),
+        )));
+    }
+    let mut parts = fanout::ask(up.clone(), |n| async move {
         if ask_nodes {
             n.api().sandboxes(filter).await
         } else {
-            n.api().info().await.map(|_| SandboxList::default())
+            Ok(SandboxList::default())
         }
     })
     .await
     .under(Policy::Partial, "listing sandboxes")?;
+    for n in &down {
+        parts.unreachable.push(warren_types::api::NodeFailure {
+            node: n.id.clone(),
+            error: super::forward::unavailable(n, &"it did not answer the last poll").0,
+        });
+    }
     let mut all: Vec<Sandbox> = parts.answer.into_iter().flat_map(|l| l.sandboxes).collect();
     if q.state.is_none_or(|s| s == SandboxState::Unknown) {
         for f in &parts.unreachable {
-            if let Some(n) = nodes.iter().find(|n| n.id == f.node) {
+            let n = up.iter().chain(&down).find(|n| n.id == f.node);
+            if let Some(n) = n {
                 all.extend(n.unknown_sandboxes(|sb| {
                     q.task.as_ref().is_none_or(|t| sb.task.as_ref() == Some(t))
                         && labels

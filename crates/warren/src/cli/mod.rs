@@ -157,10 +157,32 @@ enum Command {
         Each event sums a burst: a million denied calls in a minute is one line with its count."
     )]
     Events(events::EventsArgs),
+    /// Tools for developing Warren: a whole cluster on this machine.
+    #[command(subcommand)]
+    Dev(DevCommand),
     /// Check that Warren and its nodes answer.
     #[command(after_help = "Examples:\n  warren health\n  warren health --json\n\n\
         Exits 0 when Warren answers and every node is up, 1 otherwise.")]
     Health,
+}
+
+/// `warren dev` commands.
+#[derive(Debug, Subcommand)]
+enum DevCommand {
+    /// Run a cluster on this machine: control-plane replicas and node daemons, each node in a
+    /// network namespace of its own, on PostgreSQL; commands on standard input.
+    #[command(after_help = "Examples:\n  warren dev cluster --nodes 3\n  \
+        warren dev cluster --nodes 2 --replicas 1 --database sqlite --node-config 'max_sandboxes = 8'\n\n\
+        The first line printed is JSON: {\"ready\": {replicas, nodes, admin_key_file, ...}}. \
+        Then it reads commands, one per line, and answers each with a JSON line:\n  \
+        kill N             SIGKILL node N's daemon (its sandboxes run on)\n  \
+        start N            start node N's daemon again (it re-adopts them)\n  \
+        cut N | mend N     take node N's link down | up\n  \
+        restart-replica N  stop and start replica N\n  \
+        status             the cluster's state\n  \
+        quit               kill every sandbox, stop everything, remove what was made\n\n\
+        Needs root, iproute2, nsenter and (for --database postgres) Debian's postgresql.")]
+    Cluster(crate::dev_cluster::ClusterArgs),
 }
 
 /// Parses the command line, runs the command, and turns its outcome into an exit status.
@@ -182,6 +204,7 @@ pub fn main() -> ExitCode {
     let daemon = match std::mem::replace(&mut cli.command, Command::Health) {
         Command::Up(args) => Some(crate::up::run(args)),
         Command::Server(args) => Some(crate::daemons::run_server(args)),
+        Command::Dev(DevCommand::Cluster(args)) => Some(crate::dev_cluster::run(args)),
         Command::Node(node::NodeArgs { cmd: None, daemon }) => {
             Some(crate::daemons::run_node(daemon))
         }
@@ -217,7 +240,10 @@ async fn run(global: Global, command: Command) -> anyhow::Result<ExitCode> {
     let client = global.client()?;
     let json = global.json;
     match command {
-        Command::Up(_) | Command::Server(_) | Command::Node(node::NodeArgs { cmd: None, .. }) => {
+        Command::Up(_)
+        | Command::Server(_)
+        | Command::Dev(_)
+        | Command::Node(node::NodeArgs { cmd: None, .. }) => {
             unreachable!("handled before the runtime starts")
         }
         Command::Sandbox(cmd) => sandbox::run(&client, json, cmd).await,

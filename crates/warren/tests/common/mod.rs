@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod dev;
 pub mod lab;
 
 use std::net::TcpListener;
