@@ -55,6 +55,17 @@ struct Server {
 }
 
 impl Server {
+    /// Its resident memory, MiB (0 when not running).
+    fn rss_mib(&self) -> u64 {
+        let Some(c) = &self.child else { return 0 };
+        std::fs::read_to_string(format!("/proc/{}/status", c.id()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb / 1024)
+    }
+
     fn start(exe: &Path, data: &Path, config: &str, log: PathBuf) -> anyhow::Result<Server> {
         let port = {
             let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -352,6 +363,9 @@ pub async fn run(exe_dir: &Path, total: usize) -> anyhow::Result<String> {
     server.kill();
     server.spawn(&exe)?;
     let view = complete_view(&server.url(), &key, held).await?;
+    // What holding every node's sandboxes costs it (its view of them is built by then: the
+    // first poll, before it answers, fetches each node's whole set).
+    let rss = server.rss_mib();
 
     // Two replicas on the same database.
     for s in &sims.nodes {
@@ -374,7 +388,8 @@ pub async fn run(exe_dir: &Path, total: usize) -> anyhow::Result<String> {
     out.push_str(&format!(
         "\nTask pause of the 32K task: {:.2} s ({paused} sandboxes paused, one request per node). \
          Replica killed (SIGKILL) and started again with {held} sandboxes on the nodes: complete \
-         view (every node answering, every sandbox counted) {:.2} s after its start.\n",
+         view (every node answering, every sandbox counted) {:.2} s after its start; its \
+         resident memory then, holding the view of those sandboxes: {rss} MiB.\n",
         pause.as_secs_f64(),
         view.as_secs_f64()
     ));

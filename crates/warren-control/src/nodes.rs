@@ -127,6 +127,8 @@ pub struct NodeEntry {
     /// The URL it joined with (none for `warren up`'s own node on a unix socket).
     pub address: Option<String>,
     last: RwLock<NodeInfo>,
+    /// Whether its last report put it in the burst pool (read for every create).
+    burst: AtomicBool,
     up: AtomicBool,
     cordoned: AtomicBool,
     /// Placements sent to it and not yet answered (the in-flight overlay).
@@ -178,6 +180,7 @@ impl NodeEntry {
             id,
             client,
             address,
+            burst: AtomicBool::new(info.pool == warren_types::api::BURST_POOL),
             last: RwLock::new(info),
             up: AtomicBool::new(up),
             cordoned: AtomicBool::new(false),
@@ -284,6 +287,11 @@ impl NodeEntry {
         self.up.load(Ordering::Relaxed)
     }
 
+    /// Whether it is in the burst pool.
+    pub fn is_burst(&self) -> bool {
+        self.burst.load(Ordering::Relaxed)
+    }
+
     /// Whether new sandboxes are kept off it.
     pub fn is_cordoned(&self) -> bool {
         self.cordoned.load(Ordering::Relaxed)
@@ -301,6 +309,10 @@ impl NodeEntry {
 
     /// Records a report asked for at `asked`: placements answered before then are in it.
     pub fn record(&self, info: NodeInfo, asked: Instant) {
+        self.burst.store(
+            info.pool == warren_types::api::BURST_POOL,
+            Ordering::Relaxed,
+        );
         *self.last.write().unwrap_or_else(|p| p.into_inner()) = info;
         self.placed
             .lock()
@@ -340,6 +352,8 @@ impl NodeEntry {
 #[derive(Debug, Default)]
 pub struct Nodes {
     map: RwLock<HashMap<NodeId, Arc<NodeEntry>>>,
+    /// The same nodes sorted by id, remade when the map changes (every create reads it).
+    sorted: RwLock<Arc<[Arc<NodeEntry>]>>,
     timeouts: Timeouts,
 }
 
@@ -348,6 +362,7 @@ impl Nodes {
     pub fn new(timeouts: Timeouts) -> Self {
         Nodes {
             map: RwLock::default(),
+            sorted: RwLock::new(Arc::new([])),
             timeouts,
         }
     }
@@ -416,11 +431,17 @@ impl Nodes {
 
     /// Forgets node `id` (removed from the membership). Returns whether it was known.
     pub fn remove(&self, id: &NodeId) -> bool {
-        self.map
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id)
-            .is_some()
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        let known = map.remove(id).is_some();
+        self.resort(&map);
+        known
+    }
+
+    /// Remakes the sorted list from `map` (its write lock held).
+    fn resort(&self, map: &HashMap<NodeId, Arc<NodeEntry>>) {
+        let mut v: Vec<Arc<NodeEntry>> = map.values().cloned().collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        *self.sorted.write().unwrap_or_else(|p| p.into_inner()) = v.into();
     }
 
     /// Forgets `entry` if it is still the one known for its id (not replaced since by a new
@@ -429,6 +450,7 @@ impl Nodes {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         if map.get(&entry.id).is_some_and(|e| Arc::ptr_eq(e, entry)) {
             map.remove(&entry.id);
+            self.resort(&map);
             true
         } else {
             false
@@ -437,10 +459,9 @@ impl Nodes {
 
     /// Adds (or replaces) an entry.
     pub fn insert(&self, entry: Arc<NodeEntry>) {
-        self.map
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(entry.id.clone(), entry);
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        map.insert(entry.id.clone(), entry);
+        self.resort(&map);
     }
 
     /// The node `id`.
@@ -452,17 +473,17 @@ impl Nodes {
             .cloned()
     }
 
-    /// All nodes.
+    /// All nodes, sorted by id.
     pub fn all(&self) -> Vec<Arc<NodeEntry>> {
-        let mut v: Vec<_> = self
-            .map
+        self.snapshot().to_vec()
+    }
+
+    /// All nodes, sorted by id, shared (no copy).
+    pub fn snapshot(&self) -> Arc<[Arc<NodeEntry>]> {
+        self.sorted
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        v.sort_by(|a, b| a.id.cmp(&b.id));
-        v
+            .clone()
     }
 
     /// Polls every node once and records what it says; the answers say which did not.

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rand::RngExt;
-use warren_types::api::{BURST_POOL, BackendKind};
+use warren_types::api::BackendKind;
 
 use crate::nodes::NodeEntry;
 
@@ -76,11 +76,17 @@ pub fn candidates<R: rand::Rng + ?Sized>(
 ) -> Vec<Arc<NodeEntry>> {
     let attempts = attempts.max(1);
     let k = k.max(1);
-    let (mut usable, burst): (Vec<Arc<NodeEntry>>, Vec<Arc<NodeEntry>>) = nodes
-        .iter()
-        .filter(|n| usable(n, ask))
-        .cloned()
-        .partition(|n| !n.with_report(|i| i.pool == BURST_POOL));
+    let mut usable: Vec<Arc<NodeEntry>> = Vec::with_capacity(nodes.len());
+    let mut burst: Vec<Arc<NodeEntry>> = Vec::new();
+    for n in nodes {
+        if self::usable(n, ask) {
+            if n.is_burst() {
+                burst.push(n.clone());
+            } else {
+                usable.push(n.clone());
+            }
+        }
+    }
     if let Some(above) = ask.burst_above
         && !burst.is_empty()
     {
@@ -154,10 +160,10 @@ pub fn utilisation(nodes: &[Arc<NodeEntry>]) -> f64 {
             continue;
         }
         let o = n.overlay();
+        if n.is_burst() {
+            continue;
+        }
         n.with_report(|i| {
-            if i.pool == BURST_POOL {
-                return;
-            }
             count += u64::from(i.sandboxes) + u64::from(o.sandboxes);
             max += u64::from(i.max_sandboxes);
             mem = mem.saturating_add(i.memory_reserved.bytes().saturating_add(o.memory));
@@ -325,7 +331,7 @@ mod tests {
     use rand::SeedableRng;
     use rand::rngs::StdRng;
     use warren_types::ByteSize;
-    use warren_types::api::NodeInfo;
+    use warren_types::api::{BURST_POOL, NodeInfo};
     use warren_types::id::NodeId;
 
     use super::*;

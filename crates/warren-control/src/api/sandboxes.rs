@@ -65,35 +65,12 @@ pub async fn create(
         selector: &req.node_selector,
         burst_above: c.cfg.burst_above(&req.image),
     };
-    let nodes = c.nodes.all();
+    let nodes = c.nodes.snapshot();
     if nodes.is_empty() {
         return Err(Error(ApiError::new(
             ErrorCode::Unavailable,
             "no nodes are registered: start a node daemon (warren node --join URL)",
         )));
-    }
-    // Only nodes that have the backend asked for, and the labels.
-    let backend = ask.backend;
-    if !nodes
-        .iter()
-        .any(|n| n.with_report(|i| scheduler::has_backend(i, backend)))
-    {
-        return Err(Error(ApiError::invalid(format!(
-            "no node of this cluster has the {backend} backend: leave backend out for containers"
-        ))));
-    }
-    if !nodes.iter().any(|n| {
-        n.with_report(|i| scheduler::has_backend(i, backend) && scheduler::matches(i, ask.selector))
-    }) {
-        return Err(Error(ApiError::invalid(format!(
-            "no node of this cluster with the {backend} backend has the labels {}: see the \
-             nodes' labels with warren node ls, or leave node_selector out",
-            req.node_selector
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        ))));
     }
     let mut order = scheduler::candidates(
         &nodes,
@@ -139,6 +116,7 @@ pub async fn create(
         );
     }
     if order.is_empty() {
+        no_candidate(&nodes, &ask, &req)?;
         let cordoned = nodes.iter().filter(|n| n.is_cordoned()).count();
         return Err(Error(ApiError::new(
             ErrorCode::Unavailable,
@@ -190,6 +168,39 @@ pub async fn create(
         create_keys::refused(&c.db, k, &p.id).await;
     }
     last.unwrap_or_else(|| Err(Error(ApiError::capacity("no node accepted the sandbox", 2))))
+}
+
+/// Why no node is a candidate, when no node of the cluster could ever be: none has the
+/// backend, or none with it has the selector's labels (400). Otherwise Ok: they are down or
+/// cordoned.
+fn no_candidate(
+    nodes: &[Arc<crate::nodes::NodeEntry>],
+    ask: &scheduler::Ask,
+    req: &CreateSandbox,
+) -> Result<(), Error> {
+    let backend = ask.backend;
+    if !nodes
+        .iter()
+        .any(|n| n.with_report(|i| scheduler::has_backend(i, backend)))
+    {
+        return Err(Error(ApiError::invalid(format!(
+            "no node of this cluster has the {backend} backend: leave backend out for containers"
+        ))));
+    }
+    if !nodes.iter().any(|n| {
+        n.with_report(|i| scheduler::has_backend(i, backend) && scheduler::matches(i, ask.selector))
+    }) {
+        return Err(Error(ApiError::invalid(format!(
+            "no node of this cluster with the {backend} backend has the labels {}: see the \
+             nodes' labels with warren node ls, or leave node_selector out",
+            req.node_selector
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        ))));
+    }
+    Ok(())
 }
 
 /// Most labels in a node selector.
