@@ -12,6 +12,7 @@ pub mod config;
 pub mod create_keys;
 pub mod db;
 pub mod fanout;
+pub mod iam;
 pub mod local_pg;
 pub mod node_api;
 pub mod nodes;
