@@ -158,7 +158,11 @@ enum Command {
     )]
     Events(events::EventsArgs),
     /// Tools for developing Warren: a whole cluster on this machine.
-    #[command(subcommand)]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  warren dev cluster --nodes 3\n\n\
+            See `warren dev cluster --help` for its commands."
+    )]
     Dev(DevCommand),
     /// Check that Warren and its nodes answer.
     #[command(after_help = "Examples:\n  warren health\n  warren health --json\n\n\
