@@ -167,7 +167,7 @@ async fn task_change(plan: &Plan, node: &Arc<Node>) -> Result<(usize, Samples), 
         };
         let t = Instant::now();
         let r = node
-            .set_task_network("bench-task", p)
+            .set_task_network("bench-task", p, None)
             .await
             .map_err(|e| format!("set_task_network: {e}"))?;
         let took = t.elapsed();

@@ -543,11 +543,15 @@ async fn reclaim_run(exe_dir: &Path, n: usize) -> anyhow::Result<String> {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let before = host::mem_available().unwrap_or(0);
         let t = Instant::now();
-        let paused = node.task_action("bench-reclaim", TaskAction::Pause).await;
+        let paused = node
+            .task_action("bench-reclaim", TaskAction::Pause, None)
+            .await;
         let pause_time = t.elapsed();
         let after = host::mem_available().unwrap_or(0);
         let t = Instant::now();
-        let resumed = node.task_action("bench-reclaim", TaskAction::Resume).await;
+        let resumed = node
+            .task_action("bench-reclaim", TaskAction::Resume, None)
+            .await;
         let resume_time = t.elapsed();
         // The first touch of every page after resume: each sandbox reads its data back.
         let t = Instant::now();
@@ -720,10 +724,10 @@ async fn prefetch_run(exe_dir: &Path, n: usize, prefetch: bool) -> anyhow::Resul
         tokio::time::sleep(Duration::from_secs(1)).await;
         let held = charged(&node, &ids);
         let t = Instant::now();
-        let paused = node.task_action("bench-prefetch", TaskAction::Pause).await;
+        let paused = node.task_action("bench-prefetch", TaskAction::Pause, None).await;
         let pause_time = t.elapsed();
         let t = Instant::now();
-        let resumed = node.task_action("bench-prefetch", TaskAction::Resume).await;
+        let resumed = node.task_action("bench-prefetch", TaskAction::Resume, None).await;
         let resume_time = t.elapsed();
         anyhow::ensure!(
             paused.failed.is_empty() && resumed.failed.is_empty(),

@@ -124,6 +124,7 @@ impl SimNode {
             image: "host".into(),
             layers: Vec::new(),
             task,
+            project: warren_types::project::ROOT.into(),
             labels: Default::default(),
             state: if paused {
                 SandboxState::Paused

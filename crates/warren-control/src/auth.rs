@@ -1,21 +1,16 @@
-//! API keys: the admin key made on first start, and checking keys on requests.
+//! API keys: their form, the admin key made on first start, and where a request presents one.
 //!
-//! Keys are 32 random bytes shown as `wrn_` + 43 base62-ish characters; the database keeps only
-//! their SHA-256. (IAM with projects and roles comes later; for now there is the admin key.)
+//! Keys are `wrn_` + 32 random characters; the database keeps only their SHA-256. What a key
+//! may do is IAM's (`crate::iam`).
 
-use std::collections::HashSet;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::sync::RwLock;
 
 use crate::db::Db;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::header;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
-use warren_types::error::{ApiError, ErrorCode};
 
 const ALPHABET: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 
@@ -50,32 +45,6 @@ pub fn new_key() -> String {
 pub fn hash(key: &str) -> String {
     let d = Sha256::digest(key.as_bytes());
     d.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Known key hashes, loaded from the database.
-#[derive(Debug, Default)]
-pub struct Keys {
-    hashes: RwLock<HashSet<String>>,
-}
-
-impl Keys {
-    /// Loads every key hash.
-    pub async fn load(db: &Db) -> Result<Keys, AuthError> {
-        let rows: Vec<(String,)> = sqlx::query_as("SELECT key_hash FROM api_keys")
-            .fetch_all(db)
-            .await?;
-        Ok(Keys {
-            hashes: RwLock::new(rows.into_iter().map(|(h,)| h).collect()),
-        })
-    }
-
-    /// Whether `key` is a known key.
-    pub fn check(&self, key: &str) -> bool {
-        self.hashes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&hash(key))
-    }
 }
 
 /// Makes sure an admin key exists: on first start, creates one, stores its hash and writes it
@@ -139,27 +108,6 @@ pub fn presented(req: &Request) -> Option<&str> {
         })
 }
 
-/// Middleware: refuses requests without a known key.
-pub async fn require_key(
-    State(keys): State<std::sync::Arc<Keys>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    match presented(&req) {
-        Some(k) if keys.check(k) => next.run(req).await,
-        Some(_) => warren_http::Error(ApiError::new(
-            ErrorCode::Unauthenticated,
-            "the API key is not valid: use the key in <data-dir>/admin.key (default /var/lib/warren/admin.key)",
-        ))
-        .into_response(),
-        None => warren_http::Error(ApiError::new(
-            ErrorCode::Unauthenticated,
-            "no API key: send Authorization: Bearer <key> (the admin key is in <data-dir>/admin.key; the CLI reads WARREN_API_KEY)",
-        ))
-        .into_response(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,7 +127,12 @@ mod tests {
             let db = &t.db;
             let dir = tempfile::tempdir().unwrap();
             let key = bootstrap_admin(db, dir.path()).await.unwrap().unwrap();
-            assert!(Keys::load(db).await.unwrap().check(&key));
+            assert!(
+                crate::iam::store::principal(db, &hash(&key))
+                    .await
+                    .unwrap()
+                    .is_some_and(|p| p.allows(crate::iam::Perm::ClusterAdmin, "root"))
+            );
             // Again: the file's key is kept (and inserted once, not twice).
             assert_eq!(bootstrap_admin(db, dir.path()).await.unwrap(), None);
             let n: (i64,) = sqlx::query_as("SELECT COUNT(*) FROM api_keys")
@@ -187,7 +140,12 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(n.0, 1);
-            assert!(!Keys::load(db).await.unwrap().check("wrn_not-a-key"));
+            assert!(
+                crate::iam::store::principal(db, &hash("wrn_not-a-key"))
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
         }
     }
 }

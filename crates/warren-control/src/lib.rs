@@ -31,8 +31,8 @@ pub struct Control {
     pub cfg: ControlConfig,
     /// The nodes it places sandboxes on.
     pub nodes: Arc<nodes::Nodes>,
-    /// Known API keys.
-    pub keys: Arc<auth::Keys>,
+    /// Identities, keys and their grants.
+    pub iam: Arc<iam::Iam>,
     /// Its database.
     pub db: db::Db,
     /// The image layer store (None when it cannot be opened: image routes then answer 503).
@@ -114,7 +114,19 @@ impl Control {
             },
         })?;
         let new_admin_key = auth::bootstrap_admin(&db, &cfg.data_dir).await?;
-        let keys = Arc::new(auth::Keys::load(&db).await?);
+        let iam = Arc::new(
+            iam::Iam::new(db.clone())
+                .await
+                .map_err(|e| StartError::Db {
+                    url: shown.clone(),
+                    source: match e {
+                        iam::IamError::Db(e) => e,
+                        other => sqlx::Error::Protocol(other.to_string()),
+                    },
+                })?,
+        );
+        // Revocations reach this replica within a second.
+        iam.spawn_refresh(Duration::from_secs(1));
         let token_file = cfg.cluster_token_file();
         let cluster_token =
             cluster::load_or_make_token(&token_file).map_err(|source| StartError::Token {
@@ -157,7 +169,7 @@ impl Control {
         let control = Arc::new(Control {
             cfg,
             nodes,
-            keys,
+            iam,
             catalog: catalog::Catalog::new(db.clone()),
             db,
             store,

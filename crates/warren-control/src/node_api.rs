@@ -56,6 +56,8 @@ impl Default for Timeouts {
 /// `GET /v1/sandboxes` filters, as the node takes them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SandboxFilter {
+    /// Only sandboxes of projects in these subtrees (comma-separated; the caller's scope).
+    pub scope: Option<String>,
     /// Only this task's sandboxes.
     pub task: Option<String>,
     /// Only sandboxes with all these labels, `key=value,key2=value2`.
@@ -110,7 +112,14 @@ impl<'a> NodeApi<'a> {
             ("label", filter.label.as_deref()),
             ("state", filter.state.map(|s| s.as_str())),
         ]);
-        self.read(&format!("/v1/sandboxes{q}")).await
+        self.call_scoped(
+            reqwest::Method::GET,
+            &format!("/v1/sandboxes{q}"),
+            self.timeouts.read,
+            None,
+            filter.scope.as_deref(),
+        )
+        .await
     }
 
     /// `GET /v1/sandboxes/{id}`: one sandbox's record.
@@ -130,10 +139,17 @@ impl<'a> NodeApi<'a> {
         &self,
         task: &str,
         action: TaskAction,
+        scope: Option<&str>,
     ) -> Result<TaskResult, CallError> {
         let path = format!("/v1/tasks/{}/{}", encode(task), action.as_str());
-        self.call(reqwest::Method::POST, &path, self.timeouts.task)
-            .await
+        self.call_scoped(
+            reqwest::Method::POST,
+            &path,
+            self.timeouts.task,
+            None,
+            scope,
+        )
+        .await
     }
 
     /// `PUT /v1/tasks/{task}/network`: a new network policy for the task's sandboxes on the
@@ -142,20 +158,38 @@ impl<'a> NodeApi<'a> {
         &self,
         task: &str,
         policy: &warren_types::net::NetworkPolicy,
+        scope: Option<&str>,
     ) -> Result<warren_types::api::TaskNetworkResult, CallError> {
         let path = format!("/v1/tasks/{}/network", encode(task));
         let body = serde_json::to_vec(policy).map_err(|e| CallError::Unreachable(e.to_string()))?;
-        self.call_with(reqwest::Method::PUT, &path, self.timeouts.task, Some(body))
-            .await
+        self.call_scoped(
+            reqwest::Method::PUT,
+            &path,
+            self.timeouts.task,
+            Some(body),
+            scope,
+        )
+        .await
     }
 
     /// `GET /v1/tasks`: the node's tasks and their counts.
-    pub async fn tasks(&self) -> Result<TaskList, CallError> {
-        self.read("/v1/tasks").await
+    pub async fn tasks(&self, scope: Option<&str>) -> Result<TaskList, CallError> {
+        self.call_scoped(
+            reqwest::Method::GET,
+            "/v1/tasks",
+            self.timeouts.read,
+            None,
+            scope,
+        )
+        .await
     }
 
     /// `GET /v1/events`: the node's incident events that match `filter`.
-    pub async fn events(&self, filter: &EventFilter) -> Result<EventList, CallError> {
+    pub async fn events(
+        &self,
+        filter: &EventFilter,
+        scope: Option<&str>,
+    ) -> Result<EventList, CallError> {
         let sandbox = filter.sandbox.as_ref().map(|s| s.to_string());
         let since = filter.since_ms.map(|s| s.to_string());
         let q = query(&[
@@ -164,7 +198,14 @@ impl<'a> NodeApi<'a> {
             ("since_ms", since.as_deref()),
             ("sandbox", sandbox.as_deref()),
         ]);
-        self.read(&format!("/v1/events{q}")).await
+        self.call_scoped(
+            reqwest::Method::GET,
+            &format!("/v1/events{q}"),
+            self.timeouts.read,
+            None,
+            scope,
+        )
+        .await
     }
 
     /// `GET /v1/images/stats`: reads of the node's mounted layers and of its sandboxes.
@@ -196,8 +237,24 @@ impl<'a> NodeApi<'a> {
         timeout: Duration,
         body: Option<Vec<u8>>,
     ) -> Result<T, CallError> {
+        self.call_scoped(method, path, timeout, body, None).await
+    }
+
+    /// [`NodeApi::call_with`] limited to the sandboxes of projects in `scope`
+    /// (comma-separated subtrees; none: no limit).
+    async fn call_scoped<T: serde::de::DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        timeout: Duration,
+        body: Option<Vec<u8>>,
+        scope: Option<&str>,
+    ) -> Result<T, CallError> {
         let exchange = async {
             let mut req = self.client.request(method, path);
+            if let Some(s) = scope {
+                req = req.header(warren_types::project::SCOPE_HEADER, s);
+            }
             if let Some(b) = body {
                 req = req
                     .header(reqwest::header::CONTENT_TYPE, "application/json")

@@ -32,6 +32,11 @@ use crate::api;
         api::images::stats, api::images::commit, api::images::pull, api::images::layers,
         api::images::prune,
         api::events::list,
+        api::iam::whoami, api::iam::list_projects, api::iam::create_project,
+        api::iam::delete_project, api::iam::set_quota, api::iam::list_identities,
+        api::iam::create_identity, api::iam::list_bindings, api::iam::grant,
+        api::iam::revoke_grant, api::iam::list_keys, api::iam::create_key, api::iam::revoke_key,
+        api::iam::audit,
     ),
     modifiers(&Security, &Contract),
     tags(
@@ -43,6 +48,7 @@ use crate::api;
         (name = "images", description = "Layered images: import, inspect, remove, build (commit), read statistics."),
         (name = "events", description = "Incident events: what sandboxes tried that the platform stopped or cut."),
         (name = "system", description = "Health, nodes, this document."),
+        (name = "iam", description = "Projects, identities, keys, grants, quotas and the audit log: who may do what where."),
     )
 )]
 struct ApiDoc;
@@ -318,5 +324,47 @@ mod tests {
             checked_in == generated,
             "docs/openapi.json differs from the API the code serves: if the change is intended, run `UPDATE_OPENAPI=1 cargo test -p warren-control openapi` and commit the file"
         );
+    }
+
+    /// Every documented route that needs a key has an entry in the access table, and the
+    /// table names no route the API does not have: a route cannot be added without deciding
+    /// who may call it (one missing is refused to every key, which this catches first).
+    #[test]
+    fn every_route_has_its_permission() {
+        // Parameters' names differ between the document and the router: compare shapes.
+        fn shape(route: &str) -> String {
+            route
+                .split('/')
+                .map(|seg| if seg.starts_with('{') { "{}" } else { seg })
+                .collect::<Vec<_>>()
+                .join("/")
+        }
+        let doc: serde_json::Value = serde_json::from_str(&document()).unwrap();
+        let open = ["/v1/health", "/v1/openapi.json", "/v1/cluster/nodes"];
+        let table: std::collections::BTreeMap<(String, String), &str> = api::access::table()
+            .into_iter()
+            .map(|(m, r)| ((m.to_string(), shape(r)), r))
+            .collect();
+        let mut documented = std::collections::BTreeSet::new();
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            if open.contains(&path.as_str()) {
+                continue;
+            }
+            for method in ops.as_object().unwrap().keys() {
+                let m: axum::http::Method = method.to_uppercase().parse().unwrap();
+                let key = (m.to_string(), shape(path));
+                let route = table
+                    .get(&key)
+                    .unwrap_or_else(|| panic!("{m} {path} has no entry in api/access.rs"));
+                assert!(api::access::need(&m, route).is_some());
+                documented.insert(key);
+            }
+        }
+        for (m, route) in table.keys() {
+            assert!(
+                documented.contains(&(m.clone(), route.clone())),
+                "api/access.rs names {m} {route}, which the API does not document"
+            );
+        }
     }
 }

@@ -90,6 +90,7 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
         // The control plane checks bodies against the same limit (a replayed trajectory rides
         // in a create's body); uploads stream and have their own (max_upload).
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
+        .layer(axum::middleware::from_fn_with_state(node.clone(), scoped))
         .with_state(node);
     let r = match token {
         Some(t) => r.layer(axum::middleware::from_fn(
@@ -259,7 +260,66 @@ pub fn parse_labels(s: &str) -> Result<BTreeMap<String, String>, Error> {
         .collect()
 }
 
-async fn list(State(n): S, Query(q): Query<ListQuery>) -> Result<Json<SandboxList>, Error> {
+/// The control plane's scope of a request (`x-warren-scope`): the project subtrees it may act
+/// on. None: no limit (the control plane's own calls).
+fn scope_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(warren_types::project::SCOPE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// Middleware: a request about one sandbox (`/v1/sandboxes/{id}...`) from a caller whose
+/// scope does not hold the sandbox's project is answered 404 when the caller may not see it
+/// either (ids of other projects' sandboxes do not leak), 403 when it may see it but not do
+/// this.
+async fn scoped(State(n): S, req: Request, next: Next) -> Response {
+    let scope = scope_of(req.headers());
+    let visible = req
+        .headers()
+        .get(warren_types::project::VISIBLE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if scope.is_none() && visible.is_none() {
+        return next.run(req).await;
+    }
+    let id = req
+        .uri()
+        .path()
+        .strip_prefix("/v1/sandboxes/")
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|raw| raw.parse::<SandboxId>().ok());
+    if let Some(id) = id
+        && let Ok(sb) = n.get(&id)
+    {
+        let may = sb.in_scope(scope.as_deref());
+        let sees = may || sb.in_scope(visible.as_deref());
+        if !sees {
+            return Error(ApiError::new(
+                ErrorCode::SandboxNotFound,
+                format!("sandbox {id} not found"),
+            ))
+            .into_response();
+        }
+        if !may {
+            return Error(ApiError::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "this key may see sandbox {id} (project {}) but not do this to it",
+                    sb.record.project
+                ),
+            ))
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn list(
+    State(n): S,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<SandboxList>, Error> {
     let labels = q
         .label
         .as_deref()
@@ -267,6 +327,7 @@ async fn list(State(n): S, Query(q): Query<ListQuery>) -> Result<Json<SandboxLis
         .transpose()?
         .unwrap_or_default();
     let f = ListFilter {
+        scope: scope_of(&headers),
         task: q.task,
         labels,
         state: q.state,
@@ -368,9 +429,13 @@ async fn connect_port(
 async fn put_task_network(
     State(n): S,
     Path(task): Path<String>,
+    headers: HeaderMap,
     Json(req): Json<warren_types::net::NetworkPolicy>,
 ) -> Result<Json<warren_types::api::TaskNetworkResult>, Error> {
-    Ok(Json(n.set_task_network(&task, req).await?))
+    Ok(Json(
+        n.set_task_network(&task, req, scope_of(&headers).as_deref())
+            .await?,
+    ))
 }
 
 async fn commit(
@@ -408,8 +473,10 @@ async fn trajectory(State(n): S, Path(id): Path<String>) -> Result<Response, Err
     Ok(([(header::CONTENT_TYPE, warren_http::NDJSON)], body).into_response())
 }
 
-async fn tasks(State(n): S) -> Json<TaskList> {
-    Json(TaskList { tasks: n.tasks() })
+async fn tasks(State(n): S, headers: HeaderMap) -> Json<TaskList> {
+    Json(TaskList {
+        tasks: n.tasks(scope_of(&headers).as_deref()),
+    })
 }
 
 /// Parses a task action from a path.
@@ -428,9 +495,13 @@ pub fn parse_task_action(action: &str) -> Result<TaskAction, Error> {
 async fn task_action(
     State(n): S,
     Path((task, action)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Result<Json<TaskResult>, Error> {
     let action = parse_task_action(&action)?;
-    Ok(Json(n.task_action(&task, action).await))
+    Ok(Json(
+        n.task_action(&task, action, scope_of(&headers).as_deref())
+            .await,
+    ))
 }
 
 fn wants_stream(headers: &HeaderMap, req: &ExecRequest) -> bool {

@@ -177,6 +177,10 @@ impl Node {
             id: id.clone(),
             image: req.image.clone(),
             task: req.task.clone(),
+            project: req
+                .project
+                .clone()
+                .unwrap_or_else(|| warren_types::project::ROOT.to_string()),
             labels: req.labels.clone(),
             env,
             resources,

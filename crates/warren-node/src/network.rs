@@ -82,6 +82,7 @@ impl Node {
         &self,
         task: &str,
         policy: NetworkPolicy,
+        scope: Option<&str>,
     ) -> Result<TaskNetworkResult, NodeError> {
         let parsed = self.check_network(&policy)?;
         let mut all: Vec<Arc<Sandbox>> = self
@@ -89,7 +90,11 @@ impl Node {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .filter(|s| s.record.task.as_deref() == Some(task) && s.phase() != Phase::Stopping)
+            .filter(|s| {
+                s.record.task.as_deref() == Some(task)
+                    && s.phase() != Phase::Stopping
+                    && s.in_scope(scope)
+            })
             .cloned()
             .collect();
         // One order (by id), so two batches over the same sandboxes cannot deadlock.

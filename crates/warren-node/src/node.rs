@@ -290,6 +290,12 @@ impl Sandbox {
         *self.phase.lock().unwrap_or_else(|e| e.into_inner()) = p;
     }
 
+    /// Whether its project is in `scope` (the control plane's comma-separated subtrees; none:
+    /// no limit).
+    pub fn in_scope(&self, scope: Option<&str>) -> bool {
+        scope.is_none_or(|s| warren_types::project::in_scope_list(s, &self.record.project))
+    }
+
     /// The sandbox as the API shows it.
     pub fn view(&self, node: &NodeId, pool: &str) -> SandboxView {
         let r = &self.record;
@@ -301,6 +307,7 @@ impl Sandbox {
             image: r.image.clone(),
             layers: r.layers.clone(),
             task: r.task.clone(),
+            project: r.project.clone(),
             labels: r.labels.clone(),
             state: if self.phase() == Phase::Paused {
                 SandboxState::Paused
@@ -323,6 +330,9 @@ impl Sandbox {
 /// Filters for listing.
 #[derive(Debug, Default, Clone)]
 pub struct ListFilter {
+    /// Only sandboxes of projects in these subtrees (comma-separated; the control plane's
+    /// scope of the caller).
+    pub scope: Option<String>,
     pub task: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub state: Option<SandboxState>,
@@ -403,6 +413,7 @@ impl Node {
         let mut out: Vec<(u64, SandboxView)> = map
             .values()
             .filter(|s| s.phase() != Phase::Stopping)
+            .filter(|s| s.in_scope(f.scope.as_deref()))
             .filter(|s| {
                 f.task
                     .as_ref()

@@ -40,6 +40,9 @@ pub struct Record {
     pub image: String,
     /// Training task.
     pub task: Option<String>,
+    /// Project (sandboxes from before projects are root's).
+    #[serde(default = "root_project")]
+    pub project: String,
     /// Labels.
     pub labels: BTreeMap<String, String>,
     /// Environment for every command.
@@ -174,6 +177,10 @@ pub fn random_name(n: usize) -> String {
         .collect()
 }
 
+fn root_project() -> String {
+    warren_types::project::ROOT.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +194,7 @@ mod tests {
             id: "abcdef0123456789wxyz".parse().unwrap(),
             image: "host".into(),
             task: Some("t".into()),
+            project: "root/rl".into(),
             labels: [("a".to_string(), "b".to_string())].into(),
             env: BTreeMap::new(),
             resources: Resources {

@@ -16,20 +16,30 @@ use crate::node::{Node, Phase, Sandbox, blocking};
 use crate::phase::{Action, Verdict, after, verdict};
 
 impl Node {
-    /// The node's sandboxes of `task`.
-    fn of_task(&self, task: &str) -> Vec<Arc<Sandbox>> {
+    /// The node's sandboxes of `task` in `scope`.
+    fn of_task(&self, task: &str, scope: Option<&str>) -> Vec<Arc<Sandbox>> {
         self.sandboxes
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .filter(|s| s.record.task.as_deref() == Some(task) && s.phase() != Phase::Stopping)
+            .filter(|s| {
+                s.record.task.as_deref() == Some(task)
+                    && s.phase() != Phase::Stopping
+                    && s.in_scope(scope)
+            })
             .cloned()
             .collect()
     }
 
-    /// Applies `action` to every sandbox of `task` on this node.
-    pub async fn task_action(&self, task: &str, action: TaskAction) -> TaskResult {
-        let sandboxes = self.of_task(task);
+    /// Applies `action` to every sandbox of `task` on this node whose project is in `scope`
+    /// (see [`Sandbox::in_scope`]).
+    pub async fn task_action(
+        &self,
+        task: &str,
+        action: TaskAction,
+        scope: Option<&str>,
+    ) -> TaskResult {
+        let sandboxes = self.of_task(task, scope);
         let mut freed = None;
         let failed = match action {
             TaskAction::Stop => {
@@ -164,9 +174,13 @@ impl Node {
     }
 
     /// Tasks with sandboxes on this node.
-    pub fn tasks(&self) -> Vec<TaskInfo> {
+    pub fn tasks(&self, scope: Option<&str>) -> Vec<TaskInfo> {
         let mut by: BTreeMap<String, TaskInfo> = BTreeMap::new();
-        for v in self.list(&Default::default()) {
+        let f = crate::node::ListFilter {
+            scope: scope.map(str::to_string),
+            ..Default::default()
+        };
+        for v in self.list(&f) {
             let Some(task) = v.task else { continue };
             let t = by.entry(task.clone()).or_insert(TaskInfo {
                 name: task,

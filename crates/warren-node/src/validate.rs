@@ -117,6 +117,9 @@ pub fn validate(
             cfg.max_timeout
         ));
     }
+    if let Some(p) = &req.project {
+        warren_types::project::check_path(p).map_err(NodeError::Invalid)?;
+    }
     if let Some(task) = &req.task {
         check_name("task", task, 128)?;
     }

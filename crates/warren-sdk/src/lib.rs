@@ -34,6 +34,7 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod iam;
 pub mod images;
 pub mod listing;
 mod ndjson;
@@ -53,6 +54,10 @@ pub use sandbox::Sandbox;
 /// A sandbox as the API describes it (`warren_types::api::Sandbox`), named apart from the
 /// [`Sandbox`] handle.
 pub use warren_types::api::Sandbox as SandboxInfo;
+pub use warren_types::api::{
+    ApiKey, AuditEntry, AuditList, Binding, CreateIdentity, CreateKey, Grant, Identity, NewApiKey,
+    Project, ProjectQuota, WhoAmI,
+};
 pub use warren_types::api::{
     BackendKind, CreateSandbox, Encoding, ExecEvent, ExecRequest, ExecResult, ExitStatus,
     FileEntry, FileKind, FsEvent, FsEventKind, Gathered, Health, IdleAction, Image, ImageDetail,

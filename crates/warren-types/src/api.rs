@@ -63,6 +63,10 @@ pub struct CreateSandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._:/-]{1,128}$"))]
     pub task: Option<String>,
+    /// The project it belongs to (a path, `root/rl/job-42`): quotas count it there, and only
+    /// keys holding permissions there see it. Default: the key's project.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
     /// CPU request in millicores (1000 = one core): what the node's admission counts, and a
     /// latency-sensitive sandbox's weight. 0 to 1000 × the node's cores (at least 10 for
     /// `qos: ls`). Default: the node's `default_cpu` (10).
@@ -334,6 +338,9 @@ pub struct Sandbox {
     /// Its training task, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<String>,
+    /// Its project.
+    #[serde(default = "root_project")]
+    pub project: String,
     /// Its labels.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -1117,6 +1124,10 @@ pub struct NodeInfo {
     pub address: Option<String>,
 }
 
+fn root_project() -> String {
+    crate::project::ROOT.to_string()
+}
+
 fn default_pool() -> String {
     DEFAULT_POOL.to_string()
 }
@@ -1507,4 +1518,273 @@ mod tests {
         assert_eq!(back, partial);
         assert!(!back.is_complete());
     }
+}
+
+/// A project: a node of the tree that scopes sandboxes, keys and quotas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Project {
+    /// Its path, `root/rl/job-42`.
+    pub path: String,
+    /// When it was made (RFC 3339).
+    pub created_at: String,
+    /// The identity that made it.
+    pub created_by: String,
+    /// Most sandboxes at once in it and below it; none: no limit of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sandboxes: Option<u64>,
+    /// Most CPU requested in it and below it, millicores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cpu: Option<u64>,
+    /// Most memory requested in it and below it, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_memory: Option<u64>,
+}
+
+/// `POST /v1/projects`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateProject {
+    /// The new project's path; its parent must exist. Segments: 1 to 63 lowercase letters,
+    /// digits, `- _ .`.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^root(/[a-z0-9._-]{1,63}){1,15}$")
+    )]
+    pub path: String,
+}
+
+/// `PUT /v1/projects/{path}`: its quotas (each absent: no limit of its own).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ProjectQuota {
+    /// Most sandboxes at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sandboxes: Option<u64>,
+    /// Most CPU requested, millicores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cpu: Option<u64>,
+    /// Most memory requested, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_memory: Option<ByteSize>,
+}
+
+/// `GET /v1/projects`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ProjectList {
+    /// The projects the key may see, by path.
+    pub projects: Vec<Project>,
+}
+
+/// An identity: a person or a service account.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Identity {
+    /// Its name.
+    pub name: String,
+    /// `user` or `service`.
+    pub kind: String,
+    /// The project it was made in (whoever holds `iam.delegate` there manages it).
+    pub project: String,
+    /// When (RFC 3339).
+    pub created_at: String,
+    /// By whom.
+    pub created_by: String,
+}
+
+/// `POST /v1/identities`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateIdentity {
+    /// 1 to 63 lowercase letters, digits, `- _ . @`.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9._@-]{1,63}$"))]
+    pub name: String,
+    /// `user` or `service` (default `service`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Where it is made (default: the key's project).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+}
+
+/// `GET /v1/identities`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct IdentityList {
+    /// The identities the key manages.
+    pub identities: Vec<Identity>,
+}
+
+/// A binding: an identity holds a role (or one permission) on a project's subtree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Binding {
+    /// Whose.
+    pub identity: String,
+    /// Where.
+    pub project: String,
+    /// A role (`viewer`, `runner`, `builder`, `project-admin`, `admin`) or a permission
+    /// (`sandbox.exec`, ...).
+    pub grant: String,
+    /// When (RFC 3339).
+    #[serde(default)]
+    pub created_at: String,
+    /// By whom.
+    #[serde(default)]
+    pub created_by: String,
+}
+
+/// `POST /v1/bindings` and `DELETE /v1/bindings`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GrantRequest {
+    /// The identity.
+    pub identity: String,
+    /// The project (its whole subtree).
+    pub project: String,
+    /// A role or a permission.
+    pub grant: String,
+}
+
+/// `GET /v1/bindings`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BindingList {
+    /// Bindings of the identities the key manages.
+    pub bindings: Vec<Binding>,
+}
+
+/// An API key, never its secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ApiKey {
+    /// Its id (`key_...`), for revoking it.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// The identity it acts as.
+    pub identity: String,
+    /// The project subtree it acts in.
+    pub project: String,
+    /// Its role (or permission): it may do what this allows and its identity may.
+    pub role: String,
+    /// When it was made (RFC 3339).
+    pub created_at: String,
+    /// By whom.
+    pub created_by: String,
+    /// When it expires (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// When it was revoked (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<String>,
+    /// When it was last used (to within a minute; RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used_at: Option<String>,
+}
+
+/// `POST /v1/keys`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateKey {
+    /// A name for lists (1 to 63 characters).
+    pub name: String,
+    /// The identity it acts as (default: the calling key's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
+    /// The project subtree it acts in (default: the calling key's project).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// Its role or permission (default `runner`); the caller must hold all of it there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// Seconds until it expires (default: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub expires_in: Option<u64>,
+}
+
+/// `POST /v1/keys`: the key, and its secret — shown this once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NewApiKey {
+    /// The key.
+    #[serde(flatten)]
+    pub key: ApiKey,
+    /// The secret to send as `Authorization: Bearer ...`; not stored, not shown again.
+    pub secret: String,
+}
+
+/// `GET /v1/keys`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ApiKeyList {
+    /// The keys the calling key manages.
+    pub keys: Vec<ApiKey>,
+}
+
+/// One grant of the calling key: a subtree and what it holds there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Grant {
+    /// The subtree.
+    pub project: String,
+    /// Its permissions there.
+    pub permissions: Vec<String>,
+}
+
+/// `GET /v1/whoami`: the calling key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WhoAmI {
+    /// The identity it acts as.
+    pub identity: String,
+    /// Its id.
+    pub key_id: String,
+    /// Its project.
+    pub project: String,
+    /// Where it holds what.
+    pub grants: Vec<Grant>,
+}
+
+/// An audit record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditEntry {
+    /// Its number.
+    pub id: i64,
+    /// When (RFC 3339).
+    pub at: String,
+    /// The identity that acted.
+    pub actor: String,
+    /// With which key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// What: `project.create`, `key.revoke`, ...
+    pub action: String,
+    /// On what.
+    pub target: String,
+    /// In which project.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// From which address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// More.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// `GET /v1/audit`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditList {
+    /// Newest first.
+    pub entries: Vec<AuditEntry>,
 }

@@ -22,6 +22,7 @@ pub mod id;
 pub mod net;
 pub mod owner;
 pub mod path;
+pub mod project;
 pub mod size;
 
 pub use error::{ApiError, ErrorCode, Fault};

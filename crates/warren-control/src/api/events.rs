@@ -62,6 +62,7 @@ fn since_ms(s: &str) -> Result<u64, Error> {
     security(("api_key" = [])))]
 pub async fn list(
     axum::extract::State(c): S,
+    headers: axum::http::HeaderMap,
     Query(q): Query<EventQuery>,
 ) -> Result<Json<Gathered<EventList>>, Error> {
     if let Some(k) = &q.kind
@@ -95,9 +96,14 @@ pub async fn list(
         None => c.nodes.all(),
     };
     let filter = &filter;
-    let parts = fanout::ask(nodes, |n| async move { n.api().events(filter).await })
-        .await
-        .under(Policy::Partial, "listing events")?;
+    let scope = super::access::scope_of(&headers);
+    let scope = scope.as_deref();
+    let parts = fanout::ask(
+        nodes,
+        |n| async move { n.api().events(filter, scope).await },
+    )
+    .await
+    .under(Policy::Partial, "listing events")?;
     let mut events: Vec<_> = parts.answer.into_iter().flat_map(|l| l.events).collect();
     events.sort_by(|a, b| a.first_at.cmp(&b.first_at).then_with(|| a.id.cmp(&b.id)));
     Ok(Json(Gathered {

@@ -59,6 +59,16 @@ pub async fn forward(
             rb = rb.header(h.as_str(), v.as_bytes());
         }
     }
+    // Set by the access check alone (it drops clients' own): the projects the request may
+    // reach.
+    for h in [
+        warren_types::project::SCOPE_HEADER,
+        warren_types::project::VISIBLE_HEADER,
+    ] {
+        if let Some(v) = headers.get(h) {
+            rb = rb.header(h, v.as_bytes());
+        }
+    }
     if let Some(v) = headers.get("idempotency-key") {
         rb = rb.header("idempotency-key", v.as_bytes());
     }

@@ -4,11 +4,13 @@
 //! sandbox go to the node its id names; bodies are checked here first, so a malformed request
 //! is refused without a round trip.
 
+pub mod access;
 pub(crate) mod cluster;
 pub(crate) mod commands;
 pub(crate) mod events;
 pub(crate) mod files;
 pub mod forward;
+pub(crate) mod iam;
 pub(crate) mod images;
 pub mod ports;
 pub(crate) mod sandboxes;
@@ -21,7 +23,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
 use axum::{Router, middleware};
 
-use crate::{Control, auth};
+use crate::Control;
 
 /// Largest JSON body (exec stdin travels in it), bytes.
 pub const MAX_JSON_BODY: usize = 64 << 20;
@@ -116,14 +118,33 @@ pub fn router(c: Arc<Control>) -> Router {
             "/v1/sandboxes/{id}/watches/{watch}",
             axum::routing::delete(files::watch_remove),
         )
+        .route("/v1/whoami", get(iam::whoami))
+        .route(
+            "/v1/projects",
+            get(iam::list_projects).post(iam::create_project),
+        )
+        .route(
+            "/v1/projects/{*path}",
+            axum::routing::delete(iam::delete_project).put(iam::set_quota),
+        )
+        .route(
+            "/v1/identities",
+            get(iam::list_identities).post(iam::create_identity),
+        )
+        .route("/v1/keys", get(iam::list_keys).post(iam::create_key))
+        .route("/v1/keys/{id}", axum::routing::delete(iam::revoke_key))
+        .route(
+            "/v1/bindings",
+            get(iam::list_bindings)
+                .post(iam::grant)
+                .delete(iam::revoke_grant),
+        )
+        .route("/v1/audit", get(iam::audit))
         .route(
             "/v1/sandboxes/{id}/watches/{watch}/events",
             get(files::watch_events),
         )
-        .layer(middleware::from_fn_with_state(
-            c.keys.clone(),
-            auth::require_key,
-        ))
+        .route_layer(middleware::from_fn_with_state(c.clone(), access::authorize))
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY));
     // Image uploads are streamed to disk with their own limit (max_image_upload).
     let uploads = Router::new()
@@ -131,10 +152,7 @@ pub fn router(c: Arc<Control>) -> Router {
             "/v1/images",
             post(images::import).layer(DefaultBodyLimit::disable()),
         )
-        .layer(middleware::from_fn_with_state(
-            c.keys.clone(),
-            auth::require_key,
-        ));
+        .route_layer(middleware::from_fn_with_state(c.clone(), access::authorize));
     Router::new()
         .route("/v1/health", get(system::health))
         .route("/v1/openapi.json", get(system::openapi))

@@ -37,9 +37,34 @@ use crate::scheduler::{self, InFlight};
     security(("api_key" = [])))]
 pub async fn create(
     axum::extract::State(c): S,
+    axum::Extension(who): axum::Extension<Arc<crate::iam::Principal>>,
     headers: HeaderMap,
     Json(mut req): Json<CreateSandbox>,
 ) -> Result<Response, Error> {
+    // Its project: the key's unless it names one, where the key must hold sandbox.create.
+    let project = req.project.clone().unwrap_or_else(|| who.project.clone());
+    warren_types::project::check_path(&project).map_err(|e| Error(ApiError::invalid(e)))?;
+    if !who.allows(crate::iam::Perm::SandboxCreate, &project) {
+        return Err(Error(ApiError::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "identity {} (key {}) does not hold sandbox.create on {project}",
+                who.identity, who.key_id
+            ),
+        )));
+    }
+    if !c
+        .iam
+        .project_exists(&project)
+        .await
+        .map_err(|e| Error(e.into()))?
+    {
+        return Err(Error(ApiError::new(
+            ErrorCode::NotFound,
+            format!("no project {project}: create it first (warren project create {project})"),
+        )));
+    }
+    req.project = Some(project);
     // Images other than the built-in one are resolved here, from the catalog: nodes get layers.
     req.resolved = if req.image.trim() == "host" {
         None
@@ -258,12 +283,15 @@ pub struct ListQuery {
     security(("api_key" = [])))]
 pub async fn list(
     axum::extract::State(c): S,
+    headers: HeaderMap,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Gathered<SandboxList>>, Error> {
+    let scope = super::access::scope_of(&headers);
     let labels = parse_label_filter(q.label.as_deref())?;
     // Nodes have no sandbox in state unknown: they are asked for none.
     let ask_nodes = q.state != Some(SandboxState::Unknown);
     let filter = SandboxFilter {
+        scope: scope.clone(),
         task: q.task.clone(),
         label: q.label.clone(),
         state: q.state,
@@ -303,7 +331,10 @@ pub async fn list(
             let n = up.iter().chain(&down).find(|n| n.id == f.node);
             if let Some(n) = n {
                 all.extend(n.unknown_sandboxes(|sb| {
-                    q.task.as_ref().is_none_or(|t| sb.task.as_ref() == Some(t))
+                    scope
+                        .as_deref()
+                        .is_none_or(|s| warren_types::project::in_scope_list(s, &sb.project))
+                        && q.task.as_ref().is_none_or(|t| sb.task.as_ref() == Some(t))
                         && labels
                             .iter()
                             .all(|(k, v)| sb.labels.get(*k).map(String::as_str) == Some(*v))

@@ -35,12 +35,16 @@ fn action(raw: &str) -> Result<TaskAction, Error> {
     security(("api_key" = [])))]
 pub async fn act(
     axum::extract::State(c): S,
+    headers: axum::http::HeaderMap,
     Path((task, raw)): Path<(String, String)>,
 ) -> Result<Json<Gathered<TaskResult>>, Error> {
     let action = action(&raw)?;
     let name = task.as_str();
+    // Only the task's sandboxes in projects where the key holds task.manage.
+    let scope = super::access::scope_of(&headers);
+    let scope = scope.as_deref();
     let parts = fanout::ask(c.nodes.all(), |n| async move {
-        n.api().task_action(name, action).await
+        n.api().task_action(name, action, scope).await
     })
     .await
     .under(Policy::Partial, &format!("task {name} {raw}"))?;
@@ -78,16 +82,19 @@ pub async fn act(
     security(("api_key" = [])))]
 pub async fn set_network(
     axum::extract::State(c): S,
+    headers: axum::http::HeaderMap,
     Path(task): Path<String>,
     Json(policy): Json<NetworkPolicy>,
 ) -> Result<Json<Gathered<TaskNetworkResult>>, Error> {
+    let scope = super::access::scope_of(&headers);
+    let scope = scope.as_deref();
     policy
         .parse()
         .map_err(|e| Error(ApiError::invalid(format!("network: {e}"))))?;
     let name = task.as_str();
     let p = &policy;
     let parts = fanout::ask(c.nodes.all(), |n| async move {
-        n.api().task_network(name, p).await
+        n.api().task_network(name, p, scope).await
     })
     .await
     .under(Policy::Partial, &format!("task {name} network"))?;
@@ -114,8 +121,13 @@ pub async fn set_network(
     responses((status = 200, body = Gathered<TaskList>),
         (status = 503, description = "No node answered.", body = ErrorBody)),
     security(("api_key" = [])))]
-pub async fn list(axum::extract::State(c): S) -> Result<Json<Gathered<TaskList>>, Error> {
-    let parts = fanout::ask(c.nodes.all(), |n| async move { n.api().tasks().await })
+pub async fn list(
+    axum::extract::State(c): S,
+    headers: axum::http::HeaderMap,
+) -> Result<Json<Gathered<TaskList>>, Error> {
+    let scope = super::access::scope_of(&headers);
+    let scope = scope.as_deref();
+    let parts = fanout::ask(c.nodes.all(), |n| async move { n.api().tasks(scope).await })
         .await
         .under(Policy::Partial, "counting tasks")?;
     let mut by: std::collections::BTreeMap<String, TaskInfo> = Default::default();

@@ -28,6 +28,8 @@ const MAX_CACHED: usize = 100_000;
 pub struct Iam {
     db: Db,
     cache: RwLock<HashMap<String, Option<Arc<Principal>>>>,
+    /// Every project's path, once read.
+    projects: RwLock<Option<std::collections::HashSet<String>>>,
     version: AtomicI64,
     /// Keys used since the last flush: id → when.
     used: Mutex<HashMap<String, i64>>,
@@ -40,6 +42,7 @@ impl Iam {
         Ok(Iam {
             db,
             cache: RwLock::default(),
+            projects: RwLock::default(),
             version: AtomicI64::new(v),
             used: Mutex::default(),
         })
@@ -83,14 +86,30 @@ impl Iam {
         Ok(p)
     }
 
+    /// Whether project `path` exists (cached like keys).
+    pub async fn project_exists(&self, path: &str) -> Result<bool, IamError> {
+        if let Some(p) = self
+            .projects
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            return Ok(p.contains(path));
+        }
+        let all: Vec<(String,)> = sqlx::query_as("SELECT path FROM projects")
+            .fetch_all(&self.db)
+            .await?;
+        let set: std::collections::HashSet<String> = all.into_iter().map(|(p,)| p).collect();
+        let there = set.contains(path);
+        *self.projects.write().unwrap_or_else(|p| p.into_inner()) = Some(set);
+        Ok(there)
+    }
+
     /// Drops the cache when IAM changed since it was filled; returns whether it did.
     pub async fn refresh(&self) -> Result<bool, IamError> {
         let v = store::version(&self.db).await?;
         if self.version.swap(v, Ordering::Relaxed) != v {
-            self.cache
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .clear();
+            self.changed();
             return Ok(true);
         }
         Ok(false)
@@ -102,6 +121,7 @@ impl Iam {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+        *self.projects.write().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Reads the version every `interval`, and writes keys' last use every minute, until the

@@ -213,56 +213,7 @@ pub fn grant_perms(name: &str) -> Result<Perms, String> {
     ))
 }
 
-/// The root project's path.
-pub const ROOT: &str = "root";
-/// Deepest a project may be (segments, root included).
-pub const MAX_DEPTH: usize = 16;
-
-/// Checks a project path: `root`, then `/`-separated segments of 1 to 63 lowercase letters,
-/// digits, `-`, `_` and `.` (not `.` or `..`), at most [`MAX_DEPTH`] segments.
-pub fn check_path(path: &str) -> Result<(), String> {
-    let segs: Vec<&str> = path.split('/').collect();
-    if segs.first() != Some(&ROOT) {
-        return Err(format!(
-            "project path {path:?} must start with {ROOT:?} (e.g. root/rl/job-42)"
-        ));
-    }
-    if segs.len() > MAX_DEPTH {
-        return Err(format!(
-            "project path {path:?} is {} deep; at most {MAX_DEPTH} segments",
-            segs.len()
-        ));
-    }
-    for s in &segs[1..] {
-        let ok = !s.is_empty()
-            && s.len() <= 63
-            && *s != "."
-            && *s != ".."
-            && s.bytes().all(|b| {
-                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.'
-            });
-        if !ok {
-            return Err(format!(
-                "project path {path:?}: segment {s:?} must be 1 to 63 lowercase letters, digits, \
-                 - _ . (not . or ..)"
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The parent of a project path (`None` for root).
-pub fn parent(path: &str) -> Option<&str> {
-    path.rsplit_once('/').map(|(p, _)| p)
-}
-
-/// Whether `path` is `ancestor` or below it.
-pub fn within(path: &str, ancestor: &str) -> bool {
-    path == ancestor
-        || (path.len() > ancestor.len()
-            && path.starts_with(ancestor)
-            && path.as_bytes()[ancestor.len()] == b'/')
-}
+pub use warren_types::project::{MAX_DEPTH, ROOT, check_path, parent, within};
 
 /// Checks an identity's name: 1 to 63 lowercase letters, digits, `-`, `_`, `.`, `@`.
 pub fn check_identity(name: &str) -> Result<(), String> {

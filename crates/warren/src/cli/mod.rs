@@ -8,6 +8,7 @@ mod cp;
 mod events;
 mod exec;
 mod health;
+mod iam;
 mod image;
 mod network;
 mod node;
@@ -164,6 +165,42 @@ enum Command {
             See `warren dev cluster --help` for its commands."
     )]
     Dev(DevCommand),
+    /// Projects: the tree that scopes sandboxes, keys and quotas.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  warren project create root/rl/job-42\n  warren project ls"
+    )]
+    Project(iam::ProjectCommand),
+    /// Identities: people and service accounts.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  warren identity create job-42-bot --project root/rl/job-42\n  \
+            warren identity ls"
+    )]
+    Identity(iam::IdentityCommand),
+    /// API keys: make (scoped to a project, with a role), list, revoke.
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  warren key create --name job-42 --project root/rl/job-42 --role runner\n  \
+            warren key ls\n  warren key revoke key_1a2b3c4d5e6f"
+    )]
+    Key(iam::KeyCommand),
+    /// Grant an identity a role (or one permission) on a project's subtree.
+    #[command(
+        after_help = "Examples:\n  warren grant job-42-bot --project root/rl/job-42 --role runner"
+    )]
+    Grant(iam::GrantArgs),
+    /// Take a grant back.
+    #[command(
+        after_help = "Examples:\n  warren revoke job-42-bot --project root/rl/job-42 --role runner"
+    )]
+    Revoke(iam::GrantArgs),
+    /// Who this key is: its identity, project and what it holds where.
+    #[command(after_help = "Examples:\n  warren whoami\n  warren whoami --json")]
+    Whoami,
+    /// The audit log: keys, grants, projects, newest first.
+    #[command(after_help = "Examples:\n  warren audit\n  warren audit --limit 20 --json")]
+    Audit(iam::AuditArgs),
     /// Check that Warren and its nodes answer.
     #[command(after_help = "Examples:\n  warren health\n  warren health --json\n\n\
         Exits 0 when Warren answers and every node is up, 1 otherwise.")]
@@ -260,6 +297,13 @@ async fn run(global: Global, command: Command) -> anyhow::Result<ExitCode> {
         Command::Node(node::NodeArgs { cmd: Some(cmd), .. }) => node::run(&client, json, cmd).await,
         Command::Events(args) => events::run(&client, json, args).await,
         Command::Health => health::run(&client, json).await,
+        Command::Project(cmd) => iam::project(&client, json, cmd).await,
+        Command::Identity(cmd) => iam::identity(&client, json, cmd).await,
+        Command::Key(cmd) => iam::key(&client, json, cmd).await,
+        Command::Grant(a) => iam::grant(&client, json, a, true).await,
+        Command::Revoke(a) => iam::grant(&client, json, a, false).await,
+        Command::Whoami => iam::whoami(&client, json).await,
+        Command::Audit(a) => iam::audit(&client, json, a).await,
     }
 }
 

@@ -75,6 +75,9 @@ pub struct CreateArgs {
     /// Training task the sandbox belongs to (task-wide operations act on all of it).
     #[arg(long, value_name = "TASK")]
     task: Option<String>,
+    /// Project it belongs to, e.g. root/rl/job-42 [default: the key's project].
+    #[arg(long, value_name = "PATH")]
+    project: Option<String>,
     /// CPU request in millicores (1000 = one core): what the node's admission counts
     /// [default: 10].
     #[arg(long, value_name = "MILLICORES")]
@@ -139,6 +142,7 @@ impl CreateArgs {
             image: self.image,
             backend: self.backend.map(|_| warren_sdk::BackendKind::Container),
             task: self.task,
+            project: self.project,
             cpu: self.cpu,
             cpu_limit: self.cpu_limit,
             memory: self.memory,

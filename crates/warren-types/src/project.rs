@@ -1,0 +1,66 @@
+//! Project paths: `root`, then `/`-separated segments (`root/rl/job-42`). Shared by the
+//! control plane (IAM) and the nodes (which keep each sandbox's project and filter by scope).
+
+/// The root project's path.
+pub const ROOT: &str = "root";
+/// Deepest a project may be (segments, root included).
+pub const MAX_DEPTH: usize = 16;
+
+/// Checks a project path: `root`, then `/`-separated segments of 1 to 63 lowercase letters,
+/// digits, `-`, `_` and `.` (not `.` or `..`), at most [`MAX_DEPTH`] segments.
+pub fn check_path(path: &str) -> Result<(), String> {
+    let segs: Vec<&str> = path.split('/').collect();
+    if segs.first() != Some(&ROOT) {
+        return Err(format!(
+            "project path {path:?} must start with {ROOT:?} (e.g. root/rl/job-42)"
+        ));
+    }
+    if segs.len() > MAX_DEPTH {
+        return Err(format!(
+            "project path {path:?} is {} deep; at most {MAX_DEPTH} segments",
+            segs.len()
+        ));
+    }
+    for s in &segs[1..] {
+        let ok = !s.is_empty()
+            && s.len() <= 63
+            && *s != "."
+            && *s != ".."
+            && s.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.'
+            });
+        if !ok {
+            return Err(format!(
+                "project path {path:?}: segment {s:?} must be 1 to 63 lowercase letters, digits, \
+                 - _ . (not . or ..)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The parent of a project path (`None` for root).
+pub fn parent(path: &str) -> Option<&str> {
+    path.rsplit_once('/').map(|(p, _)| p)
+}
+
+/// Whether `path` is `ancestor` or below it.
+pub fn within(path: &str, ancestor: &str) -> bool {
+    path == ancestor
+        || (path.len() > ancestor.len()
+            && path.starts_with(ancestor)
+            && path.as_bytes()[ancestor.len()] == b'/')
+}
+
+/// Whether `project` is inside one of the subtrees of `scope` (a comma-separated list of
+/// project paths, as the control plane sends it to nodes).
+pub fn in_scope_list(scope: &str, project: &str) -> bool {
+    scope
+        .split(',')
+        .any(|s| !s.is_empty() && within(project, s))
+}
+
+/// The header in which the control plane tells a node the subtrees a request may act on.
+pub const SCOPE_HEADER: &str = "x-warren-scope";
+/// The header in which it tells the subtrees whose sandboxes the caller may see.
+pub const VISIBLE_HEADER: &str = "x-warren-visible";
