@@ -17,6 +17,7 @@ pub mod local_pg;
 pub mod node_api;
 pub mod nodes;
 pub mod openapi;
+pub mod quota;
 pub mod scheduler;
 
 use std::sync::Arc;
@@ -33,6 +34,8 @@ pub struct Control {
     pub nodes: Arc<nodes::Nodes>,
     /// Identities, keys and their grants.
     pub iam: Arc<iam::Iam>,
+    /// What projects hold, for quotas.
+    pub usage: Arc<quota::Usage>,
     /// Its database.
     pub db: db::Db,
     /// The image layer store (None when it cannot be opened: image routes then answer 503).
@@ -170,6 +173,7 @@ impl Control {
             cfg,
             nodes,
             iam,
+            usage: Arc::default(),
             catalog: catalog::Catalog::new(db.clone()),
             db,
             store,

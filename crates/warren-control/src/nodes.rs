@@ -153,6 +153,68 @@ struct View {
     /// The node's generation it is at (0: nothing heard).
     generation: u64,
     sandboxes: HashMap<SandboxId, Sandbox>,
+    /// Their sums by project (for quotas).
+    by_project: HashMap<String, Totals>,
+    /// When the changes it last applied were asked for: what the node did before then is in
+    /// it.
+    asked: Option<Instant>,
+}
+
+/// Sandboxes and their requests, summed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Sandboxes.
+    pub sandboxes: u64,
+    /// CPU requests, millicores.
+    pub cpu: u64,
+    /// Memory requests, bytes.
+    pub memory: u64,
+}
+
+impl Totals {
+    /// One sandbox's.
+    pub fn of(sb: &Sandbox) -> Totals {
+        Totals {
+            sandboxes: 1,
+            cpu: u64::from(sb.resources.cpu),
+            memory: sb.resources.memory.bytes(),
+        }
+    }
+
+    /// Adds `o`.
+    pub fn add(&mut self, o: Totals) {
+        self.sandboxes = self.sandboxes.saturating_add(o.sandboxes);
+        self.cpu = self.cpu.saturating_add(o.cpu);
+        self.memory = self.memory.saturating_add(o.memory);
+    }
+
+    fn sub(&mut self, o: Totals) {
+        self.sandboxes = self.sandboxes.saturating_sub(o.sandboxes);
+        self.cpu = self.cpu.saturating_sub(o.cpu);
+        self.memory = self.memory.saturating_sub(o.memory);
+    }
+}
+
+impl View {
+    fn insert(&mut self, sb: Sandbox) {
+        self.remove(&sb.id);
+        self.by_project
+            .entry(sb.project.clone())
+            .or_default()
+            .add(Totals::of(&sb));
+        self.sandboxes.insert(sb.id.clone(), sb);
+    }
+
+    fn remove(&mut self, id: &SandboxId) {
+        if let Some(old) = self.sandboxes.remove(id)
+            && let Some(t) = self.by_project.get_mut(&old.project)
+        {
+            t.sub(Totals::of(&old));
+            if t.sandboxes == 0 {
+                self.by_project.remove(&old.project);
+            }
+        }
+    }
 }
 
 /// The overlay a node carries on top of its last report: placements in flight and placed
@@ -195,32 +257,41 @@ impl NodeEntry {
 
     /// Brings its view of the node's sandboxes up to `generation`, asking the node for what
     /// changed when it moved. A node that does not answer keeps the view it had.
-    async fn follow(&self, generation: u64) -> Result<(), crate::node_api::CallError> {
+    async fn follow(
+        &self,
+        generation: u64,
+        reported: Instant,
+    ) -> Result<(), crate::node_api::CallError> {
         let since = self
             .view
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .generation;
         if generation == 0 || generation == since {
+            // Nothing changed up to the report, asked for at `reported`.
+            self.view.lock().unwrap_or_else(|p| p.into_inner()).asked = Some(reported);
             return Ok(());
         }
+        let asked = Instant::now();
         let ch = self.api().changes(since).await?;
-        self.apply(ch);
+        self.apply(ch, asked);
         Ok(())
     }
 
-    fn apply(&self, ch: SandboxChanges) {
+    fn apply(&self, ch: SandboxChanges, asked: Instant) {
         let mut v = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        v.asked = Some(asked);
         if ch.full {
             v.sandboxes.clear();
+            v.by_project.clear();
         }
         for id in &ch.removed {
-            v.sandboxes.remove(id);
+            v.remove(id);
         }
         for sb in ch.sandboxes {
             // Only its own: a node cannot place entries for another's ids in the view.
             if sb.id.node() == self.id {
-                v.sandboxes.insert(sb.id.clone(), sb);
+                v.insert(sb);
             }
         }
         v.generation = ch.generation;
@@ -238,6 +309,27 @@ impl NodeEntry {
             })
             .filter(|sb| keep(sb))
             .collect()
+    }
+
+    /// Its sandboxes' sums by project, as last heard.
+    pub fn project_totals(&self) -> Vec<(String, Totals)> {
+        self.view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_project
+            .iter()
+            .map(|(p, t)| (p.clone(), *t))
+            .collect()
+    }
+
+    /// Whether its view reflects what the node did before `at` (it was brought up to date
+    /// by a call made after then).
+    pub fn view_since(&self, at: Instant) -> bool {
+        self.view
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .asked
+            .is_some_and(|a| a > at)
     }
 
     /// How many sandboxes its view holds.
@@ -515,7 +607,7 @@ impl Nodes {
                     }
                     // The view follows; should that fail, the next poll tries again (the node
                     // answered, so it is up).
-                    if let Err(e) = n.follow(generation).await {
+                    if let Err(e) = n.follow(generation, asked).await {
                         tracing::debug!(node_id = %n.id, "sandbox changes: {e}");
                     }
                     Ok(())

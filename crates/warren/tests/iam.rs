@@ -311,3 +311,84 @@ async fn the_authorisation_matrix_holds_through_the_api() {
             .all(|s| s.project != "root/a/child/run-1")
     );
 }
+
+/// Quotas count a project and everything below it, from the nodes' live view: a create past a
+/// limit of the project or of an ancestor is a 429 naming the project and the limit, and room
+/// comes back when sandboxes go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_hold_at_every_level() {
+    require_root!();
+    let p = Platform::start();
+    let admin = p.client();
+    for path in ["root/q", "root/q/a", "root/q/b"] {
+        admin.create_project(path).await.unwrap();
+    }
+    admin
+        .set_quota(
+            "root/q",
+            &warren_sdk::ProjectQuota {
+                max_sandboxes: Some(3),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    admin
+        .set_quota(
+            "root/q/a",
+            &warren_sdk::ProjectQuota {
+                max_sandboxes: Some(2),
+                max_memory: Some(warren_sdk::ByteSize(512 << 20)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    // root/q/a: memory past its 512 MiB whatever the count; two sandboxes, then its limit.
+    let a1 = admin.create(&in_project("root/q/a")).await.unwrap();
+    let mut big = in_project("root/q/a");
+    big.memory = Some(warren_sdk::ByteSize(1 << 30));
+    let e = admin.create(&big).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Capacity), "{e}");
+    assert!(e.to_string().contains("memory"), "{e}");
+    let _a2 = admin.create(&in_project("root/q/a")).await.unwrap();
+    let e = admin.create(&in_project("root/q/a")).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Capacity), "{e}");
+    assert!(
+        e.to_string().contains("root/q/a") && e.to_string().contains("sandboxes"),
+        "{e}"
+    );
+    // root/q/b has no limit of its own, but root/q holds 2 of 3.
+    let _b1 = admin.create(&in_project("root/q/b")).await.unwrap();
+    let e = admin.create(&in_project("root/q/b")).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Capacity), "{e}");
+    assert!(e.to_string().contains("project root/q'"), "{e}");
+    // Elsewhere is not limited.
+    admin.create(&in_project("root")).await.unwrap();
+    // A sandbox gone: room again once the view shows it (within a few polls).
+    a1.kill().await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        match admin.create(&in_project("root/q/b")).await {
+            Ok(_) => break,
+            Err(e) => {
+                assert_eq!(e.code(), Some(ErrorCode::Capacity), "{e}");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no room after a kill: {e}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
+    // Bad quotas are refused.
+    let r = p
+        .http()
+        .put(format!("{}/v1/projects/root/q", p.url))
+        .bearer_auth(&p.key)
+        .json(&serde_json::json!({"max_sandboxes": -1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+}

@@ -64,6 +64,25 @@ pub async fn create(
             format!("no project {project}: create it first (warren project create {project})"),
         )));
     }
+    // Quotas of the project and its ancestors, against what the nodes hold.
+    let quotas = c.iam.quotas().await.map_err(|e| Error(e.into()))?;
+    let reserved = if quotas
+        .keys()
+        .any(|q| warren_types::project::within(&project, q))
+    {
+        let ask = crate::nodes::Totals {
+            sandboxes: 1,
+            cpu: u64::from(req.cpu.unwrap_or(10)),
+            memory: req.memory.map(|m| m.bytes()).unwrap_or(64 << 20),
+        };
+        Some(
+            c.usage
+                .reserve(&c.nodes, &quotas, &project, ask)
+                .map_err(Error)?,
+        )
+    } else {
+        None
+    };
     req.project = Some(project);
     // Images other than the built-in one are resolved here, from the catalog: nodes get layers.
     req.resolved = if req.image.trim() == "host" {
@@ -177,7 +196,12 @@ pub async fn create(
                 {
                     f.placed();
                 }
-                return Ok(resp);
+                return match reserved {
+                    Some(r) if resp.status() == axum::http::StatusCode::CREATED => {
+                        made(resp, r).await
+                    }
+                    _ => Ok(resp),
+                };
             }
             Err(e) => {
                 tracing::warn!(node_id = %node.id, "create: {}", e.0.message);
@@ -193,6 +217,21 @@ pub async fn create(
         create_keys::refused(&c.db, k, &p.id).await;
     }
     last.unwrap_or_else(|| Err(Error(ApiError::capacity("no node accepted the sandbox", 2))))
+}
+
+/// A create counted against quotas made its sandbox: reads the answer for its id (so the
+/// count moves to the view once the view shows it) and gives the answer back.
+async fn made(resp: Response, r: crate::quota::Reserved) -> Result<Response, Error> {
+    let (parts, body) = resp.into_parts();
+    let bytes = axum::body::to_bytes(body, 16 << 20).await.map_err(|e| {
+        Error(ApiError::internal(format!(
+            "reading the node's answer: {e}"
+        )))
+    })?;
+    if let Ok(sb) = serde_json::from_slice::<Sandbox>(&bytes) {
+        r.made(sb.id);
+    }
+    Ok(Response::from_parts(parts, Body::from(bytes)))
 }
 
 /// Why no node is a candidate, when no node of the cluster could ever be: none has the

@@ -30,6 +30,8 @@ pub struct Iam {
     cache: RwLock<HashMap<String, Option<Arc<Principal>>>>,
     /// Every project's path, once read.
     projects: RwLock<Option<std::collections::HashSet<String>>>,
+    /// Every project's quota that sets a limit, once read.
+    quotas: RwLock<Option<Arc<HashMap<String, store::Quota>>>>,
     version: AtomicI64,
     /// Keys used since the last flush: id → when.
     used: Mutex<HashMap<String, i64>>,
@@ -43,6 +45,7 @@ impl Iam {
             db,
             cache: RwLock::default(),
             projects: RwLock::default(),
+            quotas: RwLock::default(),
             version: AtomicI64::new(v),
             used: Mutex::default(),
         })
@@ -122,6 +125,23 @@ impl Iam {
             .unwrap_or_else(|p| p.into_inner())
             .clear();
         *self.projects.write().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.quotas.write().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Every project's quota that sets a limit (cached like keys).
+    pub async fn quotas(&self) -> Result<Arc<HashMap<String, store::Quota>>, IamError> {
+        if let Some(q) = self
+            .quotas
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Ok(q);
+        }
+        let q: Arc<HashMap<String, store::Quota>> =
+            Arc::new(store::quotas(&self.db).await?.into_iter().collect());
+        *self.quotas.write().unwrap_or_else(|p| p.into_inner()) = Some(q.clone());
+        Ok(q)
     }
 
     /// Reads the version every `interval`, and writes keys' last use every minute, until the

@@ -15,6 +15,7 @@ from ._http import Call, json_body
 from .errors import InvalidArgument, NotFound
 from .trajectory import TrajectoryEntry, parse_jsonl
 from .types import (
+    ApiKey,
     ExecResult,
     FileEntry,
     Health,
@@ -82,6 +83,7 @@ def create(
     *,
     image: Any,
     task: Any = None,
+    project: Any = None,
     cpu: Any = None,
     memory: Any = None,
     pids: Any = None,
@@ -108,6 +110,8 @@ def create(
     body: Dict[str, Any] = {"image": _image(image), "backend": backend}
     if task is not None:
         body["task"] = v.string(task, "task")
+    if project is not None:
+        body["project"] = v.string(project, "project")
     for name, val, minimum in (
         ("cpu", cpu, 0),
         ("cpu_limit", cpu_limit, 1),
@@ -648,3 +652,31 @@ def nodes() -> Call[Listing[NodeInfo]]:
         return Listing([NodeInfo.from_json(n) for n in d["nodes"]], unreachable_from_json(d))
 
     return Call("GET", "/v1/nodes", parse=parse)
+
+
+def create_project(path: Any) -> Call[str]:
+    p = v.string(path, "project path")
+    return Call("POST", "/v1/projects", json={"path": p}, parse=lambda r: json_body(r)["path"])
+
+
+def create_key(
+    name: Any, project: Any, role: Any, identity: Any, expires_in: Any
+) -> Call[ApiKey]:
+    body: Dict[str, Any] = {"name": v.string(name, "name"), "role": v.string(role, "role")}
+    if project is not None:
+        body["project"] = v.string(project, "project")
+    if identity is not None:
+        body["identity"] = v.string(identity, "identity")
+    n = v.opt_whole(expires_in, "expires_in", minimum=1)
+    if n is not None:
+        body["expires_in"] = n
+    return Call("POST", "/v1/keys", json=body, parse=lambda r: ApiKey.from_json(json_body(r)))
+
+
+def revoke_key(key_id: Any) -> Call[None]:
+    k = v.string(key_id, "key id")
+    return Call("DELETE", f"/v1/keys/{quote(k, safe='')}")
+
+
+def whoami() -> Call[Dict[str, Any]]:
+    return Call("GET", "/v1/whoami", parse=json_body)

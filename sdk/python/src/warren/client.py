@@ -26,6 +26,7 @@ from ._http import SyncTransport
 from .sandbox import Sandbox
 from .trajectory import LogSource, load
 from .types import (
+    ApiKey,
     Health,
     IncidentEvent,
     Listing,
@@ -56,6 +57,7 @@ class Containers:
         *,
         image: Union[str, Sequence[str]],
         task: Optional[str] = None,
+        project: Optional[str] = None,
         cpu: Optional[int] = None,
         memory: Optional[Size] = None,
         pids: Optional[int] = None,
@@ -81,6 +83,8 @@ class Containers:
                 one (``"base/python:3.12"``), or a list of names composed bottom first
                 (``["base/python:3.12", "ws/repo@4f2a1c", "tk/agent:v3"]``).
             task: The training task it belongs to (task-level operations act on all of one).
+            project: Its project (``"root/rl/job-42"``; default the key's): only keys holding
+                permissions there see it, and the project's quotas count it.
             cpu: CPU request in millicores (1000 = one core): what the node's admission
                 counts (server default 10).
             memory: Memory request: bytes, or a string like ``"256Mi"``: what admission counts
@@ -128,6 +132,7 @@ class Containers:
             self.backend,
             image=image,
             task=task,
+            project=project,
             cpu=cpu,
             memory=memory,
             pids=pids,
@@ -322,6 +327,34 @@ class Client:
     def uncordon(self, node: str) -> NodeInfo:
         """Lets new sandboxes on a cordoned ``node`` again; returns the node."""
         return self._t.call(_ops.cordon(node, False))
+
+    def create_project(self, path: str) -> str:
+        """Creates project ``path`` (``"root/rl/job-42"``) under its parent; needs
+        ``project.admin`` on the parent. Returns the path."""
+        return self._t.call(_ops.create_project(path))
+
+    def create_key(
+        self,
+        name: str,
+        *,
+        project: Optional[str] = None,
+        role: str = "runner",
+        identity: Optional[str] = None,
+        expires_in: Optional[int] = None,
+    ) -> ApiKey:
+        """Makes a key scoped to ``project`` with ``role`` (``viewer``, ``runner``,
+        ``builder``, ``project-admin``) — e.g. one per training job. Its ``secret`` is in
+        this answer only. The calling key needs ``iam.delegate`` there and every permission
+        of the role."""
+        return self._t.call(_ops.create_key(name, project, role, identity, expires_in))
+
+    def revoke_key(self, key_id: str) -> None:
+        """Revokes a key: every replica refuses it within a second or two."""
+        self._t.call(_ops.revoke_key(key_id))
+
+    def whoami(self) -> Dict[str, Any]:
+        """This client's key: its identity, project and grants."""
+        return self._t.call(_ops.whoami())
 
     def close(self) -> None:
         """Closes the connection pool (sandboxes are not touched)."""

@@ -360,6 +360,8 @@ class SandboxInfo:
     """Its network: mode, addresses and policy (``None`` from nodes older than networks)."""
     pool: str = "default"
     """Its node's pool: ``default``, or ``burst`` (a node used while the others are busy)."""
+    project: str = "root"
+    """Its project (``root/rl/job-42``): who may see and touch it, and whose quota counts it."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SandboxInfo:
@@ -382,6 +384,7 @@ class SandboxInfo:
             builder=bool(d.get("builder", False)),
             network=NetworkStatus.from_json(d["network"]) if d.get("network") else None,
             pool=d.get("pool", "default"),
+            project=d.get("project", "root"),
         )
 
 
@@ -929,4 +932,29 @@ class IncidentEvent:
             pid=d.get("pid"),
             comm=d.get("comm"),
             network=NetEvent.from_json(d["network"]) if d.get("network") else None,
+        )
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """An API key (``client.create_key``); ``secret`` only in the answer that made it."""
+
+    id: str
+    name: str
+    identity: str
+    project: str
+    role: str
+    secret: Optional[str] = None
+    expires_at: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ApiKey:
+        return cls(
+            id=d["id"],
+            name=d["name"],
+            identity=d["identity"],
+            project=d["project"],
+            role=d["role"],
+            secret=d.get("secret"),
+            expires_at=d.get("expires_at"),
         )
