@@ -102,33 +102,64 @@ fn not_found_as(what: String) -> impl FnOnce(warren_sdk::Error) -> ApiError {
 /// The key check of every control-plane route, before its body is read.
 pub(crate) async fn require_key(
     State(gw): State<Arc<Gateway>>,
-    req: axum::extract::Request,
+    mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match authorize(&gw, req.headers()) {
-        Ok(()) => next.run(req).await,
+    match caller(&gw, req.headers()).await {
+        Ok(g) => {
+            req.extensions_mut().insert(g);
+            next.run(req).await
+        }
         Err(e) => e.into_response(),
     }
 }
 
-/// Checks `X-API-KEY`.
-pub(crate) fn authorize(gw: &Gateway, headers: &HeaderMap) -> Answer<()> {
+/// The gateway as the caller sees it: the gateway's own key acts as the gateway's identity;
+/// any other key is taken to Warren as it is (an E2B-form key made with `warren key create
+/// --form e2b`, or a Warren key), so Warren's IAM decides what it may do — its project, its
+/// role, its quotas.
+async fn caller(gw: &Arc<Gateway>, headers: &HeaderMap) -> Answer<Arc<Gateway>> {
+    authorize_presence(headers)?;
     let presented = headers
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if presented.is_empty() {
+    if keys::matches(presented, &gw.key) {
+        return Ok(gw.clone());
+    }
+    let warren = gw.warren.with_api_key(presented);
+    // A key Warren does not know is the caller's mistake (401), not the gateway's.
+    match warren.whoami().await {
+        Ok(_) => {}
+        Err(e) if e.code() == Some(warren_sdk::ErrorCode::Unauthenticated) => {
+            return Err(ApiError(
+                StatusCode::UNAUTHORIZED,
+                "invalid API key: use the gateway's key (<data-dir>/e2b.key) or one made with \
+                 `warren key create --form e2b`"
+                    .into(),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Arc::new(Gateway {
+        warren,
+        key: gw.key.clone(),
+        base_image: gw.base_image.clone(),
+        domain: gw.domain.clone(),
+    }))
+}
+
+fn authorize_presence(headers: &HeaderMap) -> Answer<()> {
+    let presented = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if presented.is_empty() || presented.len() > 256 {
         return Err(ApiError(
             StatusCode::UNAUTHORIZED,
             "no API key: send X-API-KEY (E2B_API_KEY; `warren up` writes the gateway's key to \
-             <data-dir>/e2b.key)"
+             <data-dir>/e2b.key; `warren key create --form e2b` makes one for a project)"
                 .into(),
-        ));
-    }
-    if !keys::matches(presented, &gw.key) {
-        return Err(ApiError(
-            StatusCode::UNAUTHORIZED,
-            "invalid API key: use the gateway's key (<data-dir>/e2b.key)".into(),
         ));
     }
     Ok(())
@@ -199,7 +230,7 @@ fn created(gw: &Gateway, sb: &SandboxInfo) -> Created {
 }
 
 async fn create(
-    State(gw): State<Arc<Gateway>>,
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Answer<(StatusCode, Json<Created>)> {
@@ -267,7 +298,10 @@ fn detail(gw: &Gateway, sb: &SandboxInfo, with_token: bool) -> Value {
     v
 }
 
-async fn info(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Answer<Json<Value>> {
+async fn info(
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
+    Path(id): Path<String>,
+) -> Answer<Json<Value>> {
     sandbox_id(&id)?;
     let sb = gw.warren.get(&id).await?;
     Ok(Json(detail(&gw, &sb, true)))
@@ -276,7 +310,7 @@ async fn info(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Answer<
 /// `GET /sandboxes/{id}/metrics[?start=&end=]`: one sample, measured now (Warren keeps no
 /// history); a window (`start`, `end`, unix seconds) that does not hold now gets none.
 async fn metrics(
-    State(gw): State<Arc<Gateway>>,
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
     Path(id): Path<String>,
     Query(q): Query<MetricsQuery>,
 ) -> Answer<Json<Value>> {
@@ -366,11 +400,17 @@ fn percent_decode(s: &str) -> Answer<String> {
 }
 
 /// The v1 list (`GET /sandboxes`, SDK 1.x): every match at once, as those SDKs do not page.
-async fn list_v1(State(gw): State<Arc<Gateway>>, Query(q): Query<ListQuery>) -> Answer<Response> {
+async fn list_v1(
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
+    Query(q): Query<ListQuery>,
+) -> Answer<Response> {
     list_page(&gw, q, None).await
 }
 
-async fn list(State(gw): State<Arc<Gateway>>, Query(q): Query<ListQuery>) -> Answer<Response> {
+async fn list(
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
+    Query(q): Query<ListQuery>,
+) -> Answer<Response> {
     list_page(&gw, q, Some(MAX_PAGE)).await
 }
 
@@ -441,7 +481,10 @@ async fn list_page(gw: &Gateway, q: ListQuery, page: Option<usize>) -> Answer<Re
     Ok(resp)
 }
 
-async fn kill(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Answer<StatusCode> {
+async fn kill(
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
+    Path(id): Path<String>,
+) -> Answer<StatusCode> {
     sandbox_id(&id)?;
     gw.warren.sandbox(&id)?.kill().await?;
     Ok(StatusCode::NO_CONTENT)
@@ -453,7 +496,7 @@ struct Timeout {
 }
 
 async fn set_timeout(
-    State(gw): State<Arc<Gateway>>,
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Answer<StatusCode> {
@@ -464,7 +507,10 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn pause(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Answer<StatusCode> {
+async fn pause(
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
+    Path(id): Path<String>,
+) -> Answer<StatusCode> {
     sandbox_id(&id)?;
     let sb = gw.warren.sandbox(&id)?;
     if sb.info().await?.state == SandboxState::Paused {
@@ -512,7 +558,7 @@ async fn connect_or_resume(
 }
 
 async fn connect(
-    State(gw): State<Arc<Gateway>>,
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Answer<(StatusCode, Json<Created>)> {
@@ -521,7 +567,7 @@ async fn connect(
 
 /// The deprecated resume (SDK 2.0 to 2.5): 201 either way, 409 when it was not paused.
 async fn resume(
-    State(gw): State<Arc<Gateway>>,
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Answer<(StatusCode, Json<Created>)> {
@@ -539,7 +585,7 @@ async fn resume(
 /// `PUT /sandboxes/{id}/network`: replaces the sandbox's egress rules (a field left out is
 /// cleared), in effect at once.
 async fn set_network(
-    State(gw): State<Arc<Gateway>>,
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Answer<StatusCode> {
@@ -558,7 +604,7 @@ async fn set_network(
 /// `GET /templates/aliases/{alias}` (`Template.exists`): a template is a Warren image name;
 /// `base` is the configured base image.
 async fn template_alias(
-    State(gw): State<Arc<Gateway>>,
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
     Path(alias): Path<String>,
 ) -> Answer<Json<Value>> {
     if alias.is_empty() || alias.len() > 256 {
@@ -595,7 +641,7 @@ struct SnapshotRequest {
 /// `mode="filesystem"`): a sandbox made from it starts fresh. The sandbox must run on
 /// imported images (the `host` image has no layers to commit onto).
 async fn snapshot(
-    State(gw): State<Arc<Gateway>>,
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Answer<(StatusCode, Json<Value>)> {
@@ -636,7 +682,7 @@ struct SnapshotsQuery {
 /// `GET /snapshots`: the images under `e2b-snapshots/` (by source sandbox: those named after
 /// it, i.e. taken without a name).
 async fn snapshots(
-    State(gw): State<Arc<Gateway>>,
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
     Query(q): Query<SnapshotsQuery>,
 ) -> Answer<Json<Value>> {
     let images = gw.warren.images().await?;
@@ -663,7 +709,7 @@ async fn snapshots(
 /// `DELETE /templates/{id}` (`delete_snapshot`): removes a snapshot's image; other templates
 /// are Warren's images, not removed from here.
 async fn delete_snapshot(
-    State(gw): State<Arc<Gateway>>,
+    axum::Extension(gw): axum::Extension<Arc<Gateway>>,
     Path(name): Path<String>,
 ) -> Answer<StatusCode> {
     if !name.starts_with(SNAPSHOTS) {

@@ -64,10 +64,9 @@ pub(crate) fn json_error(
 pub(crate) fn warren_status(e: &warren_sdk::Error) -> axum::http::StatusCode {
     use axum::http::StatusCode;
     match e {
-        // Warren refusing the gateway's own key is not the client's fault.
-        warren_sdk::Error::Api {
-            status: 401 | 403, ..
-        } => StatusCode::BAD_GATEWAY,
+        // Warren refusing the gateway's own key is not the client's fault (a caller's own key
+        // is checked before: see `api::caller`); a caller's key may lack a permission (403).
+        warren_sdk::Error::Api { status: 401, .. } => StatusCode::BAD_GATEWAY,
         warren_sdk::Error::Api { status, .. } => {
             StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
         }

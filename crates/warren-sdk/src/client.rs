@@ -331,6 +331,19 @@ impl Client {
         self.json(rb).await
     }
 
+    /// The same client (same connections) sending `key` instead: for a gateway acting for
+    /// each of its callers with the caller's own key.
+    pub fn with_api_key(&self, key: &str) -> Client {
+        Client {
+            inner: Arc::new(Inner {
+                http: self.inner.http.clone(),
+                base: self.inner.base.clone(),
+                api_key: Some(key.to_string()),
+                missing_key: None,
+            }),
+        }
+    }
+
     // Plumbing shared by the per-sandbox operations.
 
     /// The address of `path` (which starts with `/`) with these query parameters.

@@ -1708,6 +1708,11 @@ pub struct CreateKey {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub expires_in: Option<u64>,
+    /// The secret's form: `warren` (`wrn_...`, the default) or `e2b` (`e2b_` + 40 hex
+    /// digits, the form E2B SDKs insist on: for the E2B gateway, which then acts with this
+    /// key's identity, project and role).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub form: Option<String>,
 }
 
 /// `POST /v1/keys`: the key, and its secret — shown this once.

@@ -34,6 +34,7 @@ async fn key_for(admin: &Client, url: &str, name: &str, project: &str, role: &st
             project: Some(project.into()),
             role: Some(role.into()),
             expires_in: None,
+            form: None,
         })
         .await
         .unwrap();

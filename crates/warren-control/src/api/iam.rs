@@ -406,6 +406,15 @@ pub async fn create_key(
             project: &project,
             role: req.role.as_deref().unwrap_or("runner"),
             expires_ms,
+            e2b_form: match req.form.as_deref() {
+                None | Some("warren") => false,
+                Some("e2b") => true,
+                Some(f) => {
+                    return Err(Error(ApiError::invalid(format!(
+                        "form {f:?} is not warren or e2b"
+                    ))));
+                }
+            },
         },
     )
     .await

@@ -676,6 +676,15 @@ pub struct NewKey<'a> {
     pub role: &'a str,
     /// When it expires, ms since the epoch.
     pub expires_ms: Option<i64>,
+    /// Its secret in E2B's form (`e2b_` + 40 hex digits) rather than Warren's.
+    pub e2b_form: bool,
+}
+
+/// A secret in E2B's key form.
+fn e2b_secret() -> String {
+    let bytes: [u8; 20] = rand::random();
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("e2b_{hex}")
 }
 
 /// Makes a key; returns it and its secret (shown once). The actor needs `iam.delegate` on the
@@ -720,7 +729,11 @@ pub async fn create_key(db: &Db, actor: Actor<'_>, new: NewKey<'_>) -> Result<(K
     if !project_exists(&mut tx, new.project).await? {
         return Err(IamError::NotFound(format!("no project {}", new.project)));
     }
-    let secret = crate::auth::new_key();
+    let secret = if new.e2b_form {
+        e2b_secret()
+    } else {
+        crate::auth::new_key()
+    };
     let hash = crate::auth::hash(&secret);
     let row = KeyRow {
         id: format!("key_{}", &hash[..12]),
@@ -1013,6 +1026,7 @@ mod tests {
                     project: "root/rl",
                     role: "project-admin",
                     expires_ms: None,
+                    e2b_form: false,
                 },
             )
             .await
@@ -1066,6 +1080,7 @@ mod tests {
                     project: "root/rl/job-2",
                     role: "runner",
                     expires_ms: Some(now_ms() + 60_000),
+                    e2b_form: true,
                 },
             )
             .await
@@ -1086,6 +1101,7 @@ mod tests {
                     project: "root/rl/job-2",
                     role: "runner",
                     expires_ms: None,
+                    e2b_form: false,
                 },
             )
             .await
@@ -1110,6 +1126,7 @@ mod tests {
                     project: "root/rl",
                     role: "viewer",
                     expires_ms: Some(1),
+                    e2b_form: false,
                 },
             )
             .await
@@ -1246,6 +1263,7 @@ mod tests {
                         project: &home,
                         role: "admin",
                         expires_ms: None,
+                        e2b_form: false,
                     },
                 )
                 .await
@@ -1289,6 +1307,7 @@ mod tests {
                                 project: &project,
                                 role: g,
                                 expires_ms: None,
+                                e2b_form: false,
                             },
                         )
                         .await;

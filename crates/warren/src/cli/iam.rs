@@ -115,6 +115,10 @@ pub struct KeyCreateArgs {
     /// Seconds until it expires [default: never].
     #[arg(long, value_name = "SECONDS")]
     expires_in: Option<u64>,
+    /// The secret's form: warren (wrn_...) or e2b (e2b_ + 40 hex, for E2B SDKs through the
+    /// gateway).
+    #[arg(long, default_value = "warren", value_parser = ["warren", "e2b"])]
+    form: String,
 }
 
 /// Options of `grant` and `revoke`.
@@ -266,6 +270,7 @@ pub async fn key(client: &Client, json: bool, cmd: KeyCommand) -> anyhow::Result
                     project: a.project,
                     role: Some(a.role),
                     expires_in: a.expires_in,
+                    form: Some(a.form),
                 })
                 .await?;
             if json {

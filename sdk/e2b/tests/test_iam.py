@@ -1,0 +1,58 @@
+"""E2B keys that are Warren identities: a key made with `form: e2b` for a project, used by the
+real `e2b` SDK through the gateway, acts with that key's project and role."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+
+def _warren(gateway, method: str, path: str, **kw):
+    r = httpx.request(
+        method,
+        gateway.warren_url + path,
+        headers={"Authorization": f"Bearer {gateway.admin_key}"},
+        timeout=30,
+        **kw,
+    )
+    r.raise_for_status()
+    return r.json() if r.content else None
+
+
+def test_an_e2b_key_acts_as_its_warren_identity(gateway):
+    from e2b import Sandbox
+    from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
+
+    _warren(gateway, "POST", "/v1/projects", json={"path": "root/e2b-job"})
+    key = _warren(
+        gateway,
+        "POST",
+        "/v1/keys",
+        json={"name": "e2b-job", "project": "root/e2b-job", "role": "runner", "form": "e2b"},
+    )
+    secret = key["secret"]
+    assert secret.startswith("e2b_") and len(secret) == 44
+    sb = Sandbox.create("base", timeout=120, api_key=secret)
+    try:
+        assert sb.commands.run("echo hi").stdout == "hi\n"
+        # Warren records it in the key's project.
+        info = _warren(gateway, "GET", f"/v1/sandboxes/{sb.sandbox_id}")
+        assert info["project"] == "root/e2b-job"
+        # The gateway's own key's sandboxes (project root) are not the job key's to see.
+        other = Sandbox.create("base", timeout=120)
+        try:
+            page = Sandbox.list(api_key=secret)
+            items = page.next_items() if hasattr(page, "next_items") else page
+            ids = [s.sandbox_id for s in items]
+            assert other.sandbox_id not in ids
+            assert sb.sandbox_id in ids
+            with pytest.raises((NotFoundException, SandboxException)):
+                Sandbox.connect(other.sandbox_id, api_key=secret)
+        finally:
+            other.kill()
+    finally:
+        sb.kill()
+    # Revoked: the gateway refuses it.
+    _warren(gateway, "DELETE", f"/v1/keys/{key['id']}")
+    with pytest.raises((AuthenticationException, SandboxException)):
+        Sandbox.create("base", timeout=60, api_key=secret)
