@@ -14,6 +14,7 @@
 mod cluster;
 mod containment;
 mod host;
+mod iam;
 mod names;
 mod network;
 mod peers;
@@ -111,6 +112,7 @@ usage: warren-bench [--quick]
        warren-bench reclaim [N]
        warren-bench prefetch [N]
        warren-bench cluster [SANDBOXES]
+       warren-bench iam [N]
 
 Benchmarks Warren (through `warren up`'s REST API, and its node library in-process) against
 bubblewrap and runc on this machine and prints Markdown tables. Run as root, after
@@ -136,6 +138,10 @@ device made for the run. `prefetch` pauses N sandboxes (default 200) whose proce
 process (SANDBOXES creates, default 100000): creates/s through one and two replicas,
 placement latency, imbalance, a 32K burst and its task pause, a replica restarted to a
 complete view, and k = 1, 2, 3 and least-loaded-of-all with and without the overlay.
+
+`iam` measures what authorisation adds to a request (N times, default 100000): a key's
+principal from the cache and the create path's check, against the key check it replaced, and
+the uncached path, on SQLite and PostgreSQL.
 
 `containment` measures what the defences cost (N creates per variant, default 50): create and
 exec with and without the disk quota and the system-call filter, and the disk-quota
@@ -244,6 +250,23 @@ fn main() -> std::process::ExitCode {
     {
         let n = args.get(1).and_then(|v| v.parse::<usize>().ok());
         return qos_main(which, n);
+    }
+    if args.first().map(String::as_str) == Some("iam") {
+        let n = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(100_000);
+        let (_, rt) = match exe_dir_and_runtime() {
+            Ok(x) => x,
+            Err(code) => return code,
+        };
+        return match rt.block_on(iam::run(n)) {
+            Ok(out) => {
+                print!("{out}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("warren-bench iam: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
     }
     if args.first().map(String::as_str) == Some("cluster") {
         let n = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(100_000);

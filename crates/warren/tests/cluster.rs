@@ -551,3 +551,62 @@ async fn node_selectors_and_the_burst_pool_decide_where_sandboxes_go() {
         .count();
     assert_eq!(on_burst, 1);
 }
+
+/// IAM is shared by replicas: a project and a key made through one work through the other, and
+/// a key revoked through one is refused by the other within about a second (each replica reads
+/// the IAM version every second). On PostgreSQL where it is installed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_revoked_through_one_replica_is_refused_by_the_other() {
+    require_root!();
+    let pgdir = tempfile::Builder::new()
+        .prefix("warren-pg-")
+        .tempdir()
+        .unwrap();
+    let pg = warren_control::local_pg::binaries()
+        .ok()
+        .map(|_| warren_control::local_pg::LocalPostgres::start(pgdir.path()).unwrap());
+    let cl = Cluster::start_on(2, 1, "", pg.as_ref().map(|p| p.url.as_str()));
+    cl.wait_nodes_on(1, 1, Duration::from_secs(30));
+    let (c0, c1) = (cl.client(0), cl.client(1));
+    c0.create_project("root/job").await.unwrap();
+    let key = c0
+        .create_key(&warren_sdk::CreateKey {
+            name: "job".into(),
+            project: Some("root/job".into()),
+            role: Some("runner".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let job1 = warren_sdk::Client::new(&cl.url(1), Some(&key.secret)).unwrap();
+    // Through replica 1: the project exists there too, the key works.
+    let sb = job1
+        .create(&CreateSandbox {
+            project: Some("root/job".into()),
+            ..host()
+        })
+        .await
+        .unwrap();
+    assert_eq!(sb.snapshot().unwrap().project, "root/job");
+    c0.revoke_key(&key.key.id).await.unwrap();
+    let revoked = Instant::now();
+    loop {
+        match job1.whoami().await {
+            Err(e) if e.code() == Some(ErrorCode::Unauthenticated) => break,
+            Ok(_) => {}
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            revoked.elapsed() < Duration::from_secs(5),
+            "replica 1 still takes a key revoked through replica 0"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "revoked through replica 0, refused by replica 1 after {:?}",
+        revoked.elapsed()
+    );
+    c1.sandbox(sb.id().as_str()).unwrap().kill().await.unwrap();
+    drop(cl);
+    drop(pg);
+}
