@@ -127,6 +127,48 @@ impl<'a> NodeApi<'a> {
         self.read(&format!("/v1/sandboxes/{id}")).await
     }
 
+    /// [`NodeApi::sandbox`] for a caller: the node answers 404 or 403 for a sandbox outside
+    /// `scope` (where it may act) and `visible` (where it may see).
+    pub async fn sandbox_scoped(
+        &self,
+        id: &SandboxId,
+        scope: &str,
+        visible: &str,
+    ) -> Result<Sandbox, CallError> {
+        self.call_headers(
+            reqwest::Method::GET,
+            &format!("/v1/sandboxes/{id}"),
+            self.timeouts.read,
+            &[
+                (warren_types::project::SCOPE_HEADER, scope),
+                (warren_types::project::VISIBLE_HEADER, visible),
+            ],
+        )
+        .await
+    }
+
+    /// [`NodeApi::commit`] for a caller (see [`NodeApi::sandbox_scoped`]), recording who
+    /// made the layer.
+    pub async fn commit_scoped(
+        &self,
+        id: &SandboxId,
+        creator: &str,
+        scope: &str,
+        visible: &str,
+    ) -> Result<Layer, CallError> {
+        self.call_headers(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{id}/commit"),
+            self.timeouts.read,
+            &[
+                (warren_types::project::SCOPE_HEADER, scope),
+                (warren_types::project::VISIBLE_HEADER, visible),
+                ("x-warren-creator", creator),
+            ],
+        )
+        .await
+    }
+
     /// `POST /v1/sandboxes/{id}/commit`: the sandbox's changes as a new layer.
     pub async fn commit(&self, id: &SandboxId) -> Result<Layer, CallError> {
         let path = format!("/v1/sandboxes/{id}/commit");
@@ -240,6 +282,17 @@ impl<'a> NodeApi<'a> {
         self.call_scoped(method, path, timeout, body, None).await
     }
 
+    /// A call with these headers and no body.
+    async fn call_headers<T: serde::de::DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        timeout: Duration,
+        headers: &[(&str, &str)],
+    ) -> Result<T, CallError> {
+        self.exchange(method, path, timeout, None, headers).await
+    }
+
     /// [`NodeApi::call_with`] limited to the sandboxes of projects in `scope`
     /// (comma-separated subtrees; none: no limit).
     async fn call_scoped<T: serde::de::DeserializeOwned>(
@@ -250,10 +303,33 @@ impl<'a> NodeApi<'a> {
         body: Option<Vec<u8>>,
         scope: Option<&str>,
     ) -> Result<T, CallError> {
+        match scope {
+            Some(s) => {
+                self.exchange(
+                    method,
+                    path,
+                    timeout,
+                    body,
+                    &[(warren_types::project::SCOPE_HEADER, s)],
+                )
+                .await
+            }
+            None => self.exchange(method, path, timeout, body, &[]).await,
+        }
+    }
+
+    async fn exchange<T: serde::de::DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        timeout: Duration,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> Result<T, CallError> {
         let exchange = async {
             let mut req = self.client.request(method, path);
-            if let Some(s) = scope {
-                req = req.header(warren_types::project::SCOPE_HEADER, s);
+            for (k, v) in headers {
+                req = req.header(*k, *v);
             }
             if let Some(b) = body {
                 req = req

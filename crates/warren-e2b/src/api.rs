@@ -129,8 +129,8 @@ async fn caller(gw: &Arc<Gateway>, headers: &HeaderMap) -> Answer<Arc<Gateway>> 
     }
     let warren = gw.warren.with_api_key(presented);
     // A key Warren does not know is the caller's mistake (401), not the gateway's.
-    match warren.whoami().await {
-        Ok(_) => {}
+    let who = match warren.whoami().await {
+        Ok(w) => w,
         Err(e) if e.code() == Some(warren_sdk::ErrorCode::Unauthenticated) => {
             return Err(ApiError(
                 StatusCode::UNAUTHORIZED,
@@ -140,12 +140,13 @@ async fn caller(gw: &Arc<Gateway>, headers: &HeaderMap) -> Answer<Arc<Gateway>> 
             ));
         }
         Err(e) => return Err(e.into()),
-    }
+    };
     Ok(Arc::new(Gateway {
         warren,
         key: gw.key.clone(),
         base_image: gw.base_image.clone(),
         domain: gw.domain.clone(),
+        caller: Some(Arc::new(who)),
     }))
 }
 
@@ -224,7 +225,11 @@ fn created(gw: &Gateway, sb: &SandboxInfo) -> Created {
         sandbox_id: sb.id.to_string(),
         client_id: CLIENT_ID,
         envd_version: ENVD_VERSION,
-        envd_access_token: keys::access_token(&gw.key, sb.id.as_str()),
+        envd_access_token: if gw.may_envd(&sb.project) {
+            keys::access_token(&gw.key, sb.id.as_str())
+        } else {
+            String::new()
+        },
         domain: gw.domain.clone(),
     }
 }
@@ -292,7 +297,7 @@ fn detail(gw: &Gateway, sb: &SandboxInfo, with_token: bool) -> Value {
     if let Some(d) = &gw.domain {
         v["domain"] = json!(d);
     }
-    if with_token {
+    if with_token && gw.may_envd(&sb.project) {
         v["envdAccessToken"] = json!(keys::access_token(&gw.key, sb.id.as_str()));
     }
     v

@@ -44,6 +44,26 @@ pub struct Gateway {
     /// Warren's `sandbox_domain`, answered as E2B's `domain`: the SDK's `get_host(port)` is
     /// then `<port>-<id>.<domain>`, which Warren's API serves (wildcard DNS to it).
     pub domain: Option<String>,
+    /// The caller's key, when it is not the gateway's own: what it holds where (envd access
+    /// tokens go only to callers holding `sandbox.exec` and `sandbox.files` on the sandbox).
+    pub caller: Option<Arc<warren_sdk::WhoAmI>>,
+}
+
+impl Gateway {
+    /// Whether the caller may have sandbox `project`'s envd access token (commands and files
+    /// run through envd as the gateway).
+    pub fn may_envd(&self, project: &str) -> bool {
+        let Some(who) = &self.caller else {
+            return true;
+        };
+        let held = |perm: &str| {
+            who.grants.iter().any(|g| {
+                warren_types::project::within(project, &g.project)
+                    && g.permissions.iter().any(|p| p == perm)
+            })
+        };
+        held("sandbox.exec") && held("sandbox.files")
+    }
 }
 
 /// An HTTP error in E2B's shape: `{"code": <status>, "message": ...}`.

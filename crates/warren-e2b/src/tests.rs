@@ -18,6 +18,7 @@ fn gateway() -> (axum::Router, String) {
         key: key.clone(),
         base_image: "host".into(),
         domain: None,
+        caller: None,
     };
     (router(Arc::new(gw)), key)
 }

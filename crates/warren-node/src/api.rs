@@ -192,6 +192,7 @@ pub struct EventQuery {
 
 async fn events(
     State(n): S,
+    headers: HeaderMap,
     Query(q): Query<EventQuery>,
 ) -> Result<Json<warren_types::events::EventList>, Error> {
     let kind = q
@@ -227,9 +228,15 @@ async fn events(
         kind,
         since_ms: q.since_ms,
     };
-    Ok(Json(warren_types::events::EventList {
-        events: n.events.list(&n.id, &f),
-    }))
+    let mut events = n.events.list(&n.id, &f);
+    // A limited caller sees events of the sandboxes of its projects that run here now; events
+    // of sandboxes gone are the cluster-wide reader's (their project is not kept with them).
+    if let Some(scope) = scope_of(&headers)
+        && !warren_types::project::in_scope_list(&scope, warren_types::project::ROOT)
+    {
+        events.retain(|e| n.get(&e.sandbox).is_ok_and(|sb| sb.in_scope(Some(&scope))));
+    }
+    Ok(Json(warren_types::events::EventList { events }))
 }
 
 /// `GET /v1/sandboxes` filters.
@@ -283,33 +290,44 @@ async fn scoped(State(n): S, req: Request, next: Next) -> Response {
     if scope.is_none() && visible.is_none() {
         return next.run(req).await;
     }
-    let id = req
+    // Limited: a missing list is an empty one (fail closed).
+    let scope = scope.unwrap_or_default();
+    let visible = visible.unwrap_or_default();
+    let raw = req
         .uri()
         .path()
         .strip_prefix("/v1/sandboxes/")
-        .and_then(|rest| rest.split('/').next())
-        .and_then(|raw| raw.parse::<SandboxId>().ok());
-    if let Some(id) = id
-        && let Ok(sb) = n.get(&id)
-    {
-        let may = sb.in_scope(scope.as_deref());
-        let sees = may || sb.in_scope(visible.as_deref());
-        if !sees {
+        .map(|rest| rest.split('/').next().unwrap_or(""));
+    if let Some(raw) = raw {
+        // Only a plain id: an escaped one (which the handler would decode) is not checked
+        // here, so it is refused.
+        let Ok(id) = raw.parse::<SandboxId>() else {
             return Error(ApiError::new(
                 ErrorCode::SandboxNotFound,
-                format!("sandbox {id} not found"),
+                format!("sandbox {raw:?} not found"),
             ))
             .into_response();
-        }
-        if !may {
-            return Error(ApiError::new(
-                ErrorCode::PermissionDenied,
-                format!(
-                    "this key may see sandbox {id} (project {}) but not do this to it",
-                    sb.record.project
-                ),
-            ))
-            .into_response();
+        };
+        if let Ok(sb) = n.get(&id) {
+            let may = sb.in_scope(Some(&scope));
+            let sees = may || sb.in_scope(Some(&visible));
+            if !sees {
+                return Error(ApiError::new(
+                    ErrorCode::SandboxNotFound,
+                    format!("sandbox {id} not found"),
+                ))
+                .into_response();
+            }
+            if !may {
+                return Error(ApiError::new(
+                    ErrorCode::PermissionDenied,
+                    format!(
+                        "this key may see sandbox {id} (project {}) but not do this to it",
+                        sb.record.project
+                    ),
+                ))
+                .into_response();
+            }
         }
     }
     next.run(req).await

@@ -354,6 +354,7 @@ pub(crate) fn e2b_gateway(
         key,
         base_image: "host".into(),
         domain,
+        caller: None,
     })
 }
 

@@ -213,7 +213,31 @@ async fn the_authorisation_matrix_holds_through_the_api() {
         })
         .await;
     assert_eq!(code(made), Some(ErrorCode::PermissionDenied));
-    let lead = key_for(&admin, &p.url, "lead", "root/a", "project-admin").await;
+    let (lead, lead_secret) = {
+        admin
+            .create_identity(&warren_sdk::CreateIdentity {
+                name: "lead".into(),
+                kind: None,
+                project: Some("root/a".into()),
+            })
+            .await
+            .unwrap();
+        admin
+            .grant("lead", "root/a", "project-admin")
+            .await
+            .unwrap();
+        let k = admin
+            .create_key(&CreateKey {
+                name: "lead".into(),
+                identity: Some("lead".into()),
+                project: Some("root/a".into()),
+                role: Some("project-admin".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        (Client::new(&p.url, Some(&k.secret)).unwrap(), k.secret)
+    };
     let job = lead
         .create_key(&CreateKey {
             name: "job".into(),
@@ -279,6 +303,92 @@ async fn the_authorisation_matrix_holds_through_the_api() {
             .as_deref()
             .is_some_and(|p| p.starts_with("root/a"))
     }));
+    // Attacks found in review, each a test now.
+    let http = p.http();
+    let runner_secret = {
+        let k = admin
+            .create_key(&CreateKey {
+                name: "ka-2".into(),
+                identity: Some("ka".into()),
+                project: Some("root/a".into()),
+                role: Some("runner".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        k.secret
+    };
+    // An escaped id (which the node would decode) is not a way around the node's check.
+    let sibling = &sandboxes[3];
+    let escaped = format!("%{:02X}{}", sibling.as_bytes()[0], &sibling[1..]);
+    for (m, path) in [
+        (reqwest::Method::GET, format!("/v1/sandboxes/{escaped}")),
+        (
+            reqwest::Method::POST,
+            format!("/v1/sandboxes/{escaped}/exec"),
+        ),
+        (reqwest::Method::DELETE, format!("/v1/sandboxes/{escaped}")),
+    ] {
+        let mut rb = http
+            .request(m.clone(), format!("{}{path}", p.url))
+            .bearer_auth(&runner_secret);
+        if m == reqwest::Method::POST {
+            rb = rb.json(&serde_json::json!({"cmd": ["true"]}));
+        }
+        let r = rb.send().await.unwrap();
+        assert!(r.status().is_client_error(), "{m} {path}: {}", r.status());
+    }
+    assert!(
+        admin.sandbox(sibling).unwrap().info().await.is_ok(),
+        "the sibling's sandbox lives"
+    );
+    // A project path with a comma cannot widen a forced delete to the whole cluster.
+    let r = http
+        .delete(format!("{}/v1/projects/root/a/x,root?force=true", p.url))
+        .bearer_auth(&lead_secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(
+        admin.sandbox(sibling).unwrap().info().await.is_ok(),
+        "nothing was killed"
+    );
+    // A key cannot revoke or list the keys of its identity made elsewhere.
+    let job_key_id = runner.whoami().await.unwrap().key_id;
+    let mine = runner.keys().await.unwrap();
+    assert!(mine.iter().all(|k| k.id == job_key_id), "{mine:?}");
+    let other_runner = Client::new(&p.url, Some(&runner_secret)).unwrap();
+    assert_eq!(
+        code(other_runner.revoke_key(&job_key_id).await),
+        Some(ErrorCode::NotFound)
+    );
+    // The same Idempotency-Key in two projects makes two sandboxes.
+    let k1 = admin
+        .create_idempotent(&in_project("root/a"), "same-key")
+        .await
+        .unwrap();
+    let k2 = admin
+        .create_idempotent(&in_project("root/b"), "same-key")
+        .await
+        .unwrap();
+    assert_ne!(k1.id(), k2.id());
+    // A builder on root commits only sandboxes whose files it may read.
+    let root_builder = key_for(&admin, &p.url, "rb", "root", "builder").await;
+    let e = root_builder
+        .sandbox(sibling)
+        .unwrap()
+        .commit("stolen/files:1")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.code(),
+            Some(ErrorCode::SandboxNotFound | ErrorCode::PermissionDenied)
+        ),
+        "{e}"
+    );
+
     // Bad input is a 4xx with a reason.
     for path in ["root/A", "root//x", "nope", "root/x;drop"] {
         let e = admin.create_project(path).await.unwrap_err();

@@ -52,6 +52,30 @@ def test_an_e2b_key_acts_as_its_warren_identity(gateway):
             other.kill()
     finally:
         sb.kill()
+    # A viewer's E2B key sees sandboxes but gets no envd access token: no commands or files.
+    viewer = _warren(
+        gateway,
+        "POST",
+        "/v1/keys",
+        json={"name": "e2b-viewer", "project": "root/e2b-job", "role": "viewer", "form": "e2b"},
+    )
+    sb2 = Sandbox.create("base", timeout=120, api_key=secret)
+    try:
+        r = httpx.get(
+            f"{gateway.url}/sandboxes/{sb2.sandbox_id}",
+            headers={"X-API-KEY": viewer["secret"]},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        assert not r.json().get("envdAccessToken"), r.json()
+        r = httpx.get(
+            f"{gateway.url}/sandboxes/{sb2.sandbox_id}",
+            headers={"X-API-KEY": secret},
+            timeout=30,
+        )
+        assert r.json().get("envdAccessToken"), r.json()
+    finally:
+        sb2.kill()
     # Revoked: the gateway refuses it.
     _warren(gateway, "DELETE", f"/v1/keys/{key['id']}")
     with pytest.raises((AuthenticationException, SandboxException)):

@@ -84,7 +84,8 @@ static ROUTES: LazyLock<HashMap<(Method, &'static str), Need>> = LazyLock::new(|
         (get.clone(), format!("{sb}/metrics"), In(SandboxRead)),
         (get.clone(), "/v1/images".into(), In(ImageRead)),
         (post.clone(), "/v1/images".into(), Root(ImageBuild)),
-        (get.clone(), "/v1/images/stats".into(), In(ImageRead)),
+        // Names every sandbox and its image: cluster-wide.
+        (get.clone(), "/v1/images/stats".into(), Root(ImageRead)),
         (post.clone(), "/v1/images/pull".into(), Root(ImageBuild)),
         (get.clone(), "/v1/layers".into(), In(ImageRead)),
         (post.clone(), "/v1/layers/prune".into(), Root(ImageDelete)),
@@ -266,11 +267,14 @@ pub async fn authorize(State(c): State<Arc<Control>>, mut req: Request, next: Ne
                 return denied(&who, p, &who.project);
             }
         }
-        if let Some(v) = header_of(&scope) {
-            req.headers_mut().insert(SCOPE_HEADER, v);
-        }
-        if let Some(v) = header_of(&visible) {
-            req.headers_mut().insert(VISIBLE_HEADER, v);
+        // Paths are checked ASCII: a header is always made; should one not be, the request
+        // is refused rather than sent without a limit.
+        match (header_of(&scope), header_of(&visible)) {
+            (Some(s), Some(v)) => {
+                req.headers_mut().insert(SCOPE_HEADER, s);
+                req.headers_mut().insert(VISIBLE_HEADER, v);
+            }
+            _ => return denied(&who, p, &who.project),
         }
     }
     req.extensions_mut().insert(who);

@@ -15,7 +15,7 @@ use warren_types::error::{ApiError, ErrorBody};
 
 use super::S;
 use crate::iam::store::{self, Actor, KeyRow, NewKey, Quota};
-use crate::iam::{IamError, Perm, Principal};
+use crate::iam::{IamError, Principal};
 
 type Who = Extension<Arc<Principal>>;
 
@@ -137,39 +137,40 @@ pub async fn delete_project(
     Path(path): Path<String>,
     Query(q): Query<DeleteProjectQuery>,
 ) -> Result<StatusCode, Error> {
+    // Everything but its sandboxes first: the path, the permission, children, identities.
+    store::check_delete_project(c.iam.db(), actor(&who, &headers), &path)
+        .await
+        .map_err(err)?;
     // Its sandboxes, asked of every node (a node that does not answer fails the delete: its
-    // sandboxes would be orphaned).
+    // sandboxes would be orphaned). The path is checked: no comma, so the scope is this
+    // subtree alone.
     let scope = path.clone();
     let scope = &scope;
-    let parent_admin = who.allows(
-        Perm::ProjectAdmin,
-        crate::iam::model::parent(&path).unwrap_or("root"),
-    );
-    let mut count = 0;
-    if parent_admin {
-        let parts = crate::fanout::ask(c.nodes.all(), |n| async move {
-            let f = crate::node_api::SandboxFilter {
-                scope: Some(scope.clone()),
-                ..Default::default()
-            };
-            n.api().sandboxes(&f).await
-        })
-        .await
-        .under(crate::fanout::Policy::AllOrFail, "deleting a project")?;
-        let sandboxes: Vec<_> = parts.answer.into_iter().flat_map(|l| l.sandboxes).collect();
-        if q.force {
-            for sb in &sandboxes {
-                if let Some(n) = c.nodes.get(&sb.node) {
-                    let _ = n
-                        .client
-                        .request(reqwest::Method::DELETE, &format!("/v1/sandboxes/{}", sb.id))
-                        .send()
-                        .await;
-                }
+    let parts = crate::fanout::ask(c.nodes.all(), |n| async move {
+        let f = crate::node_api::SandboxFilter {
+            scope: Some(scope.clone()),
+            ..Default::default()
+        };
+        n.api().sandboxes(&f).await
+    })
+    .await
+    .under(crate::fanout::Policy::AllOrFail, "deleting a project")?;
+    let sandboxes: Vec<_> = parts.answer.into_iter().flat_map(|l| l.sandboxes).collect();
+    let mut count = sandboxes.len();
+    if q.force {
+        for sb in &sandboxes {
+            if let Some(n) = c.nodes.get(&sb.node) {
+                // Scoped to the project: the node kills nothing outside it.
+                let _ = n
+                    .client
+                    .request(reqwest::Method::DELETE, &format!("/v1/sandboxes/{}", sb.id))
+                    .header(warren_types::project::SCOPE_HEADER, scope.as_str())
+                    .header(warren_types::project::VISIBLE_HEADER, scope.as_str())
+                    .send()
+                    .await;
             }
-        } else {
-            count = sandboxes.len();
         }
+        count = 0;
     }
     store::delete_project(c.iam.db(), actor(&who, &headers), &path, count)
         .await

@@ -493,14 +493,27 @@ pub async fn stats(axum::extract::State(c): S) -> Result<Json<Gathered<ImageStat
     security(("api_key" = [])))]
 pub async fn commit(
     axum::extract::State(c): S,
+    axum::Extension(who): axum::Extension<std::sync::Arc<crate::iam::Principal>>,
+    headers: axum::http::HeaderMap,
     Path(id): Path<String>,
     Json(req): Json<CommitRequest>,
 ) -> Result<(StatusCode, Json<Image>), Error> {
     warren_images::names::check_name(&req.name).map_err(image_error)?;
     let (id, node) = super::forward::route(&c, &id)?;
-    let sb = node.api().sandbox(&id).await.map_err(|e| one(&node, e))?;
+    // Only a sandbox the key may read files of (a commit is a copy of its files).
+    let files = who.scope(crate::iam::Perm::SandboxFiles).join(",");
+    let visible = super::access::scope_of(&headers).unwrap_or_default();
+    let sb = node
+        .api()
+        .sandbox_scoped(&id, &files, &visible)
+        .await
+        .map_err(|e| one(&node, e))?;
     let gate = c.catalog.writing().await;
-    let layer = node.api().commit(&id).await.map_err(|e| one(&node, e))?;
+    let layer = node
+        .api()
+        .commit_scoped(&id, &who.identity, &files, &visible)
+        .await
+        .map_err(|e| one(&node, e))?;
     // The new image keeps the defaults of the images it was built on.
     let base = c.catalog.resolve(&sb.image).await.unwrap_or_default();
     let mut layers = sb.layers.clone();
@@ -510,7 +523,7 @@ pub async fn commit(
         crate::catalog::NewImage {
             name: req.name,
             layers,
-            creator: "admin".into(),
+            creator: who.identity.clone(),
             parents: sb.image.split(',').map(|s| s.trim().to_string()).collect(),
             source: "build".into(),
             env: base.env,

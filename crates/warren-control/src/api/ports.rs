@@ -41,13 +41,15 @@ pub async fn connect(
     mut req: Request,
 ) -> Result<Response, Error> {
     warren_http::tunnel::check(req.headers()).map_err(Error)?;
-    let (_, node) = forward::route(&c, &id)?;
+    let (id, node) = forward::route(&c, &id)?;
+    let id = id.to_string();
     let permit = c
         .tunnels
         .clone()
         .try_acquire_owned()
         .map_err(|_| too_many())?;
-    let up = open(&node, &id, port, true).await?;
+    let scope = Scope::of(req.headers());
+    let up = open(&node, &id, port, true, Some(&scope)).await?;
     Ok(warren_http::tunnel::accept(
         &mut req,
         up,
@@ -74,18 +76,46 @@ fn too_many() -> Error {
 
 /// Asks the node of sandbox `id` for a stream to its exposed `port` (`resume`: a paused
 /// sandbox is resumed first; else refused).
+/// The subtrees a request may act on and see, as the access check set them.
+struct Scope {
+    scope: String,
+    visible: String,
+}
+
+impl Scope {
+    fn of(h: &axum::http::HeaderMap) -> Scope {
+        let get = |n: &str| {
+            h.get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        };
+        Scope {
+            scope: get(warren_types::project::SCOPE_HEADER),
+            visible: get(warren_types::project::VISIBLE_HEADER),
+        }
+    }
+}
+
+/// Opens a stream to `port` of sandbox `id`; `scope` limits it to the caller's projects
+/// (none: the public host route, which the sandbox's exposure itself allows).
 async fn open(
     node: &NodeEntry,
     id: &str,
     port: u16,
     resume: bool,
+    scope: Option<&Scope>,
 ) -> Result<reqwest::Upgraded, Error> {
-    let resp = node
-        .client
-        .request(
-            reqwest::Method::GET,
-            &format!("/v1/sandboxes/{id}/ports/{port}/connect?resume={resume}"),
-        )
+    let mut rb = node.client.request(
+        reqwest::Method::GET,
+        &format!("/v1/sandboxes/{id}/ports/{port}/connect?resume={resume}"),
+    );
+    if let Some(s) = scope {
+        rb = rb
+            .header(warren_types::project::SCOPE_HEADER, s.scope.as_str())
+            .header(warren_types::project::VISIBLE_HEADER, s.visible.as_str());
+    }
+    let resp = rb
         .header("connection", "upgrade")
         .header("upgrade", warren_http::tunnel::PROTOCOL)
         .send()
@@ -202,7 +232,7 @@ async fn proxy(c: &Control, port: u16, id: &str, mut req: Request) -> Result<Res
         .try_acquire_owned()
         .map_err(|_| too_many())?;
     // Never resumes: whoever knows the address must not thaw a task its trainer paused.
-    let up = open(&node, id, port, false).await?;
+    let up = open(&node, id, port, false, None).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(up))
         .await
         .map_err(|e| bad_gateway(port, id, &e))?;

@@ -38,7 +38,7 @@ use crate::scheduler::{self, InFlight};
 pub async fn create(
     axum::extract::State(c): S,
     axum::Extension(who): axum::Extension<Arc<crate::iam::Principal>>,
-    headers: HeaderMap,
+    mut headers: HeaderMap,
     Json(mut req): Json<CreateSandbox>,
 ) -> Result<Response, Error> {
     // Its project: the key's unless it names one, where the key must hold sandbox.create.
@@ -95,6 +95,19 @@ pub async fn create(
                 .map_err(super::images::image_error)?,
         )
     };
+    // Idempotency keys are per project: the same key from two projects makes two sandboxes
+    // (and never hands one project the other's).
+    if let Some(k) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(req.project.as_deref().unwrap_or_default().as_bytes());
+        h.update([0]);
+        h.update(k.as_bytes());
+        let derived: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        if let Ok(v) = axum::http::HeaderValue::from_str(&derived) {
+            headers.insert("idempotency-key", v);
+        }
+    }
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok());
     check_selector(&req.node_selector)?;
     // The requests (a node's defaults are 64Mi and 10m), for the overlay and eligibility.

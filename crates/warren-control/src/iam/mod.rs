@@ -20,19 +20,32 @@ pub use store::IamError;
 
 use crate::db::Db;
 
-/// Most keys (known or not) cached; past it the cache starts afresh.
+/// Most keys (known or not) cached; past it unknown ones go, then all.
 const MAX_CACHED: usize = 100_000;
+/// How long a cached principal is used without a look at the database, whatever else happens
+/// (a replica that cannot read the IAM version still drops it then).
+const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A key's principal (none: not a key) and when it was read.
+type Cached = (std::time::Instant, Option<Arc<Principal>>);
+
+/// What was read of every project (paths, quotas), and whether a change has made it stale: a
+/// stale value is read again, and used as it is while the database does not answer.
+type Kept<T> = RwLock<Option<(bool, Arc<T>)>>;
 
 /// IAM for one replica: the database and what it cached.
 #[derive(Debug)]
 pub struct Iam {
     db: Db,
-    cache: RwLock<HashMap<String, Option<Arc<Principal>>>>,
+    cache: RwLock<HashMap<String, Cached>>,
     /// Every project's path, once read.
-    projects: RwLock<Option<std::collections::HashSet<String>>>,
+    projects: Kept<std::collections::HashSet<String>>,
     /// Every project's quota that sets a limit, once read.
-    quotas: RwLock<Option<Arc<HashMap<String, store::Quota>>>>,
+    quotas: Kept<HashMap<String, store::Quota>>,
     version: AtomicI64,
+    /// Bumped whenever the cache is dropped: a read from the database that began before is
+    /// not cached.
+    epoch: std::sync::atomic::AtomicU64,
     /// Keys used since the last flush: id → when.
     used: Mutex<HashMap<String, i64>>,
 }
@@ -41,14 +54,19 @@ impl Iam {
     /// IAM on `db` (migrated).
     pub async fn new(db: Db) -> Result<Iam, IamError> {
         let v = store::version(&db).await?;
-        Ok(Iam {
+        let iam = Iam {
             db,
             cache: RwLock::default(),
             projects: RwLock::default(),
             quotas: RwLock::default(),
             version: AtomicI64::new(v),
+            epoch: Default::default(),
             used: Mutex::default(),
-        })
+        };
+        // Read now, so that a database outage later finds them known.
+        iam.project_exists(model::ROOT).await?;
+        iam.quotas().await?;
+        Ok(iam)
     }
 
     /// The database.
@@ -59,6 +77,11 @@ impl Iam {
     /// The principal of `key`, if it is a key that works now. `Err` only when the database
     /// does not answer (and the key is not cached).
     pub async fn authenticate(&self, key: &str) -> Result<Option<Arc<Principal>>, IamError> {
+        // Only Warren's and E2B's key forms are ever keys: anything else is no key, without
+        // a look in the database (or a place in the cache).
+        if !(key.starts_with("wrn_") || key.starts_with("e2b_")) || key.len() > 128 {
+            return Ok(None);
+        }
         let hash = crate::auth::hash(key);
         let cached = self
             .cache
@@ -67,17 +90,38 @@ impl Iam {
             .get(&hash)
             .cloned();
         let p = match cached {
-            Some(p) => p,
-            None => {
-                let p = store::principal(&self.db, &hash).await?.map(Arc::new);
-                let mut c = self.cache.write().unwrap_or_else(|p| p.into_inner());
-                if c.len() >= MAX_CACHED {
-                    c.clear();
+            Some((at, p)) if at.elapsed() < MAX_AGE => p,
+            stale => {
+                let before = self.epoch.load(Ordering::Acquire);
+                let p = match store::principal(&self.db, &hash).await {
+                    Ok(p) => p.map(Arc::new),
+                    // The database away: what was known of the key stands (sandboxes keep
+                    // working through an outage), an unknown key gets the error.
+                    Err(e) => match stale {
+                        Some((_, p)) => return Ok(self.used(p)),
+                        None => return Err(e),
+                    },
+                };
+                // Cached only if no change was seen meanwhile (else it may be from before it).
+                if self.epoch.load(Ordering::Acquire) == before {
+                    let mut c = self.cache.write().unwrap_or_else(|p| p.into_inner());
+                    if c.len() >= MAX_CACHED {
+                        // Unknown keys go first; keys in use stay unless they are all there is.
+                        c.retain(|_, (_, p)| p.is_some());
+                        if c.len() >= MAX_CACHED {
+                            c.clear();
+                        }
+                    }
+                    c.insert(hash, (std::time::Instant::now(), p.clone()));
                 }
-                c.insert(hash, p.clone());
                 p
             }
         };
+        Ok(self.used(p))
+    }
+
+    /// `p` if it has not expired, its use noted.
+    fn used(&self, p: Option<Arc<Principal>>) -> Option<Arc<Principal>> {
         let now = store::now_ms();
         let p = p.filter(|p| p.expires_ms.is_none_or(|e| e > now));
         if let Some(p) = &p {
@@ -86,26 +130,24 @@ impl Iam {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(p.key_id.clone(), now);
         }
-        Ok(p)
+        p
     }
 
-    /// Whether project `path` exists (cached like keys).
+    /// Whether project `path` exists (cached; through a database outage, as last read). A
+    /// path not in the cache is looked for again: one made a moment ago through another
+    /// replica exists.
     pub async fn project_exists(&self, path: &str) -> Result<bool, IamError> {
-        if let Some(p) = self
-            .projects
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            return Ok(p.contains(path));
+        let load = || async {
+            let all: Vec<(String,)> = sqlx::query_as("SELECT path FROM projects")
+                .fetch_all(&self.db)
+                .await?;
+            Ok(all.into_iter().map(|(p,)| p).collect())
+        };
+        if kept(&self.projects, load).await?.contains(path) {
+            return Ok(true);
         }
-        let all: Vec<(String,)> = sqlx::query_as("SELECT path FROM projects")
-            .fetch_all(&self.db)
-            .await?;
-        let set: std::collections::HashSet<String> = all.into_iter().map(|(p,)| p).collect();
-        let there = set.contains(path);
-        *self.projects.write().unwrap_or_else(|p| p.into_inner()) = Some(set);
-        Ok(there)
+        stale(&self.projects);
+        Ok(kept(&self.projects, load).await?.contains(path))
     }
 
     /// Drops the cache when IAM changed since it was filled; returns whether it did.
@@ -120,28 +162,22 @@ impl Iam {
 
     /// Drops the cache now (after a change made through this replica).
     pub fn changed(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
         self.cache
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
-        *self.projects.write().unwrap_or_else(|p| p.into_inner()) = None;
-        *self.quotas.write().unwrap_or_else(|p| p.into_inner()) = None;
+        stale(&self.projects);
+        stale(&self.quotas);
     }
 
-    /// Every project's quota that sets a limit (cached like keys).
+    /// Every project's quota that sets a limit (cached; through a database outage, as last
+    /// read).
     pub async fn quotas(&self) -> Result<Arc<HashMap<String, store::Quota>>, IamError> {
-        if let Some(q) = self
-            .quotas
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            return Ok(q);
-        }
-        let q: Arc<HashMap<String, store::Quota>> =
-            Arc::new(store::quotas(&self.db).await?.into_iter().collect());
-        *self.quotas.write().unwrap_or_else(|p| p.into_inner()) = Some(q.clone());
-        Ok(q)
+        kept(&self.quotas, || async {
+            Ok(store::quotas(&self.db).await?.into_iter().collect())
+        })
+        .await
     }
 
     /// Reads the version every `interval`, and writes keys' last use every minute, until the
@@ -180,5 +216,36 @@ impl Iam {
                 }
             }
         });
+    }
+}
+
+/// Marks a kept value stale.
+fn stale<T>(k: &Kept<T>) {
+    if let Some((s, _)) = k.write().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        *s = true;
+    }
+}
+
+/// The kept value, read again with `load` when missing or stale; a stale one stands while
+/// `load` fails.
+async fn kept<T, F, Fut>(k: &Kept<T>, load: F) -> Result<Arc<T>, IamError>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<T, IamError>>,
+{
+    let now = k.read().unwrap_or_else(|p| p.into_inner()).clone();
+    match now {
+        Some((false, v)) => Ok(v),
+        old => match load().await {
+            Ok(v) => {
+                let v = Arc::new(v);
+                *k.write().unwrap_or_else(|p| p.into_inner()) = Some((false, v.clone()));
+                Ok(v)
+            }
+            Err(e) => match old {
+                Some((_, v)) => Ok(v),
+                None => Err(e),
+            },
+        },
     }
 }

@@ -368,6 +368,48 @@ pub async fn set_quota(db: &Db, actor: Actor<'_>, path: &str, q: Quota) -> Resul
     Ok(())
 }
 
+/// What keeps project `path` from being deleted, other than sandboxes: it does not exist, it
+/// has child projects, or identities were made in it.
+async fn deletable(tx: &mut Tx<'_>, path: &str) -> Result<()> {
+    if !project_exists(tx, path).await? {
+        return Err(IamError::NotFound(format!("no project {path}")));
+    }
+    let (children,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM projects WHERE parent = $1")
+        .bind(path)
+        .fetch_one(&mut **tx)
+        .await?;
+    if children > 0 {
+        return Err(IamError::Conflict(format!(
+            "project {path} has {children} child projects: delete them first"
+        )));
+    }
+    let ids: Vec<(String,)> = sqlx::query_as("SELECT name FROM identities WHERE project = $1")
+        .bind(path)
+        .fetch_all(&mut **tx)
+        .await?;
+    if !ids.is_empty() {
+        return Err(IamError::Conflict(format!(
+            "identities were made in project {path} ({}): delete them first",
+            ids.into_iter().map(|(n,)| n).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Checks, before anything is done, that the actor may delete project `path` and that only its
+/// sandboxes (if any) stand in the way.
+pub async fn check_delete_project(db: &Db, actor: Actor<'_>, path: &str) -> Result<()> {
+    check_path(path).map_err(IamError::Invalid)?;
+    let Some(parent) = model::parent(path) else {
+        return Err(IamError::Invalid(
+            "the root project cannot be deleted".into(),
+        ));
+    };
+    need(&actor, Perm::ProjectAdmin, parent)?;
+    let mut tx = db.begin().await?;
+    deletable(&mut tx, path).await
+}
+
 /// Deletes project `path` (never root); the actor needs `project.admin` on its parent. It
 /// must have no child projects and no identities made in it; `sandboxes` is how many
 /// sandboxes it holds now (the caller asks the nodes): none, or the delete is refused. Its
@@ -387,28 +429,7 @@ pub async fn delete_project(db: &Db, actor: Actor<'_>, path: &str, sandboxes: us
         )));
     }
     let mut tx = db.begin().await?;
-    if !project_exists(&mut tx, path).await? {
-        return Err(IamError::NotFound(format!("no project {path}")));
-    }
-    let (children,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM projects WHERE parent = $1")
-        .bind(path)
-        .fetch_one(&mut *tx)
-        .await?;
-    if children > 0 {
-        return Err(IamError::Conflict(format!(
-            "project {path} has {children} child projects: delete them first"
-        )));
-    }
-    let ids: Vec<(String,)> = sqlx::query_as("SELECT name FROM identities WHERE project = $1")
-        .bind(path)
-        .fetch_all(&mut *tx)
-        .await?;
-    if !ids.is_empty() {
-        return Err(IamError::Conflict(format!(
-            "identities were made in project {path} ({}): delete them first",
-            ids.into_iter().map(|(n,)| n).collect::<Vec<_>>().join(", ")
-        )));
-    }
+    deletable(&mut tx, path).await?;
     sqlx::query("DELETE FROM bindings WHERE project = $1")
         .bind(path)
         .execute(&mut *tx)
@@ -656,7 +677,12 @@ pub async fn list_bindings(db: &Db, actor: Actor<'_>) -> Result<Vec<BindingRow>>
             created_ms: r.try_get(3)?,
             created_by: r.try_get(4)?,
         };
-        if ids.iter().any(|i| i.name == b.identity) {
+        // Of identities it manages, and where it may look (its own identity's bindings
+        // elsewhere are not a key's business).
+        if ids.iter().any(|i| i.name == b.identity)
+            && (actor.who.allows(Perm::IamDelegate, &b.project)
+                || (b.identity == actor.who.identity && sees(&actor, &b.project)))
+        {
             out.push(b);
         }
     }
@@ -800,10 +826,11 @@ macro_rules! key_columns {
     };
 }
 
-/// Whether the actor manages key `k`: its own identity's, or one acting where it holds
-/// `iam.delegate`.
+/// Whether the actor manages key `k`: one acting where the actor holds `iam.delegate`, or the
+/// actor's own key. (Other keys of the same identity are not: a job's key must not revoke or
+/// list the keys of whoever made it.)
 fn manages_key(actor: &Actor, k: &KeyRow) -> bool {
-    k.identity == actor.who.identity || actor.who.allows(Perm::IamDelegate, &k.project)
+    k.id == actor.who.key_id || actor.who.allows(Perm::IamDelegate, &k.project)
 }
 
 /// The keys the actor manages.
@@ -927,7 +954,7 @@ pub async fn audit_log(
     }
     let rows = sqlx::query(
         "SELECT id, at_ms, actor, key_id, action, target, project, source, detail FROM audit \
-         WHERE at_ms >= $1 ORDER BY id DESC",
+         WHERE at_ms >= $1 ORDER BY id DESC LIMIT 100000",
     )
     .bind(since_ms)
     .fetch_all(db)
