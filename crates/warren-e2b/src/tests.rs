@@ -53,12 +53,13 @@ async fn keys_are_required_and_checked() {
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert_eq!(j["code"], 401);
     assert!(j["message"].as_str().unwrap().contains("X-API-KEY"), "{j}");
+    // A key that is not the gateway's goes to Warren to be checked (it may be one made with
+    // `warren key create --form e2b`); with Warren unreachable the gateway cannot tell, and says
+    // so with a 503, never a 401 that would blame a key that may be good. A key Warren does not
+    // know gets 401 in `sdk/e2b/tests/test_iam.py`, against a real Warren.
     let (s, j) = call(&app, post("/v2/sandboxes", Some(&keys::new_key()), "{}")).await;
-    assert_eq!(s, StatusCode::UNAUTHORIZED);
-    assert!(
-        j["message"].as_str().unwrap().contains("invalid API key"),
-        "{j}"
-    );
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{j}");
+    assert!(j["message"].as_str().unwrap().contains("Warren"), "{j}");
     // Every control-plane route checks it.
     for (m, p) in [
         ("GET", "/v2/sandboxes"),
@@ -74,7 +75,6 @@ async fn keys_are_required_and_checked() {
         let req = Request::builder()
             .method(m)
             .uri(p)
-            .header("x-api-key", format!("{key}0"))
             .body(Body::empty())
             .unwrap();
         assert_eq!(call(&app, req).await.0, StatusCode::UNAUTHORIZED, "{m} {p}");

@@ -80,3 +80,8 @@ def test_an_e2b_key_acts_as_its_warren_identity(gateway):
     _warren(gateway, "DELETE", f"/v1/keys/{key['id']}")
     with pytest.raises((AuthenticationException, SandboxException)):
         Sandbox.create("base", timeout=60, api_key=secret)
+    # Revoked, and never made: both are the caller's mistake, a 401 that says which keys work.
+    for bad in (secret, "e2b_" + "0" * 40):
+        r = httpx.get(f"{gateway.url}/v2/sandboxes", headers={"X-API-KEY": bad}, timeout=30)
+        assert r.status_code == 401, r.text
+        assert "invalid API key" in r.json()["message"], r.text
