@@ -10,7 +10,7 @@ use warren_images::{ImageError, Store};
 use warren_types::api::{Image, ResolvedImage};
 
 /// What a new image is made of.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct NewImage {
     /// Its name.
     pub name: String,
@@ -18,6 +18,8 @@ pub struct NewImage {
     pub layers: Vec<String>,
     /// Who makes it.
     pub creator: String,
+    /// The project it belongs to.
+    pub project: String,
     /// Images it was built on.
     pub parents: Vec<String>,
     /// What it was made from.
@@ -28,6 +30,33 @@ pub struct NewImage {
     pub user: Option<String>,
     /// Default working directory.
     pub workdir: Option<String>,
+}
+
+impl Default for NewImage {
+    fn default() -> NewImage {
+        NewImage {
+            name: String::new(),
+            layers: Vec::new(),
+            creator: String::new(),
+            project: warren_types::project::root(),
+            parents: Vec::new(),
+            source: String::new(),
+            env: BTreeMap::new(),
+            user: None,
+            workdir: None,
+        }
+    }
+}
+
+/// What a new name may replace.
+#[derive(Debug, Clone, Copy)]
+pub enum Replacing<'a> {
+    /// Whatever is there.
+    Any,
+    /// Nothing: the name must be free.
+    Nothing,
+    /// An image of this project.
+    OfProject(&'a str),
 }
 
 /// Most names in one image list, and most layers after resolving it.
@@ -52,6 +81,7 @@ fn db_err(e: sqlx::Error) -> ImageError {
 type Row = (
     String,
     String,
+    String,
     i64,
     i64,
     String,
@@ -63,9 +93,10 @@ type Row = (
 );
 
 fn from_row(r: Row) -> Image {
-    let (name, layers, size, created_ms, creator, parents, source, env, user, workdir) = r;
+    let (name, project, layers, size, created_ms, creator, parents, source, env, user, workdir) = r;
     Image {
         name,
+        project,
         layers: serde_json::from_str(&layers).unwrap_or_default(),
         size: size as u64,
         created_at: warren_images::rfc3339(created_ms as u64),
@@ -81,7 +112,8 @@ fn from_row(r: Row) -> Image {
 /// The columns, in [`Row`]'s order.
 macro_rules! columns {
     () => {
-        "name, layers, size, created_ms, creator, parents, source, env, user_name, workdir"
+        "name, project, layers, size, created_ms, creator, parents, source, env, user_name, \
+         workdir"
     };
 }
 
@@ -107,6 +139,18 @@ impl Catalog {
     /// Names `new.layers` (replacing an image of the same name). Every layer must be in
     /// `store`.
     pub async fn put(&self, store: &Store, new: NewImage) -> Result<Image, ImageError> {
+        self.put_replacing(store, new, Replacing::Any).await
+    }
+
+    /// Names `new.layers`, replacing only what `replacing` allows: the caller checked its
+    /// rights on the image it saw under the name (none, or one of a project), and a name taken
+    /// or moved to another project since then is refused (409), never overwritten.
+    pub async fn put_replacing(
+        &self,
+        store: &Store,
+        new: NewImage,
+        replacing: Replacing<'_>,
+    ) -> Result<Image, ImageError> {
         warren_images::names::check_name(&new.name)?;
         if new.layers.is_empty() {
             return Err(ImageError::Invalid(format!(
@@ -118,28 +162,56 @@ impl Catalog {
         for d in &new.layers {
             size += store.layer(d)?.size;
         }
-        sqlx::query(concat!(
-            "INSERT INTO images (",
-            columns!(),
-            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ",
-            "ON CONFLICT (name) DO UPDATE SET layers = excluded.layers, size = excluded.size, ",
-            "created_ms = excluded.created_ms, creator = excluded.creator, ",
-            "parents = excluded.parents, source = excluded.source, env = excluded.env, ",
-            "user_name = excluded.user_name, workdir = excluded.workdir"
-        ))
-        .bind(&new.name)
-        .bind(json(&new.layers))
-        .bind(size as i64)
-        .bind(warren_images::now_ms() as i64)
-        .bind(&new.creator)
-        .bind(json(&new.parents))
-        .bind(&new.source)
-        .bind(json(&new.env))
-        .bind(&new.user)
-        .bind(&new.workdir)
-        .execute(&self.db)
-        .await
-        .map_err(db_err)?;
+        macro_rules! insert {
+            ($on_conflict:expr) => {
+                concat!(
+                    "INSERT INTO images (",
+                    columns!(),
+                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ",
+                    "ON CONFLICT (name) ",
+                    $on_conflict
+                )
+            };
+        }
+        macro_rules! update {
+            () => {
+                concat!(
+                    "DO UPDATE SET project = excluded.project, ",
+                    "layers = excluded.layers, size = excluded.size, ",
+                    "created_ms = excluded.created_ms, creator = excluded.creator, ",
+                    "parents = excluded.parents, source = excluded.source, env = excluded.env, ",
+                    "user_name = excluded.user_name, workdir = excluded.workdir"
+                )
+            };
+        }
+        let sql: &'static str = match replacing {
+            Replacing::Any => insert!(update!()),
+            Replacing::Nothing => insert!("DO NOTHING"),
+            Replacing::OfProject(_) => insert!(concat!(update!(), " WHERE images.project = $12")),
+        };
+        let mut q = sqlx::query(sql)
+            .bind(&new.name)
+            .bind(&new.project)
+            .bind(json(&new.layers))
+            .bind(size as i64)
+            .bind(warren_images::now_ms() as i64)
+            .bind(&new.creator)
+            .bind(json(&new.parents))
+            .bind(&new.source)
+            .bind(json(&new.env))
+            .bind(&new.user)
+            .bind(&new.workdir);
+        if let Replacing::OfProject(p) = replacing {
+            q = q.bind(p);
+        }
+        let done = q.execute(&self.db).await.map_err(db_err)?;
+        if done.rows_affected() == 0 {
+            return Err(ImageError::Conflict(format!(
+                "the name {:?} was taken or changed meanwhile; look again (warren image ls) \
+                 and retry",
+                new.name
+            )));
+        }
         self.get(&new.name).await
     }
 
@@ -184,9 +256,28 @@ impl Catalog {
         Ok(())
     }
 
+    /// Resolves an image list for a sandbox of `project`: each image must be that project's
+    /// or an ancestor's (images flow down the tree; a sibling's are not there to use). One
+    /// that is not is reported as not found (names of other projects' images do not leak).
+    pub async fn resolve_for(
+        &self,
+        spec: &str,
+        project: &str,
+    ) -> Result<ResolvedImage, ImageError> {
+        self.resolve_checked(spec, Some(project)).await
+    }
+
     /// Resolves an image list (`a,b,c`, bottom first): layers bottom first, a layer listed
     /// twice kept once at its upper place; defaults merged, upper images winning.
     pub async fn resolve(&self, spec: &str) -> Result<ResolvedImage, ImageError> {
+        self.resolve_checked(spec, None).await
+    }
+
+    async fn resolve_checked(
+        &self,
+        spec: &str,
+        project: Option<&str>,
+    ) -> Result<ResolvedImage, ImageError> {
         let names: Vec<&str> = spec.split(',').map(str::trim).collect();
         if names.len() > MAX_NAMES {
             return Err(ImageError::Invalid(format!(
@@ -196,7 +287,17 @@ impl Catalog {
         }
         let mut images = Vec::new();
         for name in names {
-            images.push(self.get(name).await?);
+            let image = self.get(name).await?;
+            if let Some(p) = project
+                && !warren_types::project::within(p, &image.project)
+            {
+                return Err(ImageError::NotFound(format!(
+                    "image {name:?} not found for project {p}: its sandboxes may use images of \
+                     {p} and of the projects above it (`warren image ls` lists those you may \
+                     read)"
+                )));
+            }
+            images.push(image);
         }
         let r = merge(images);
         if r.layers.len() > MAX_LAYERS {
@@ -348,5 +449,67 @@ mod tests {
         assert_eq!(img.layers, vec![a.clone()]);
         assert_eq!(img.user, None);
         assert_eq!(c.list().await.unwrap().len(), 1);
+        // Images flow down the project tree: root's to all, a project's to it and below.
+        assert_eq!(img.project, "root");
+        c.put(
+            &store,
+            NewImage {
+                name: "t/job".into(),
+                layers: vec![b.clone()],
+                project: "root/rl".into(),
+                ..NewImage::default()
+            },
+        )
+        .await
+        .unwrap();
+        for (spec, project, ok) in [
+            ("t/b", "root/x", true),
+            ("t/job", "root/rl", true),
+            ("t/job", "root/rl/job-1", true),
+            ("t/b,t/job", "root/rl/job-1", true),
+            ("t/job", "root", false),
+            ("t/job", "root/rlx", false),
+            ("t/b,t/job", "root/other", false),
+        ] {
+            let r = c.resolve_for(spec, project).await;
+            assert_eq!(r.is_ok(), ok, "{spec} for {project}: {r:?}");
+            if let Err(e) = r {
+                assert!(matches!(e, ImageError::NotFound(_)), "{e:?}");
+            }
+        }
+        assert_eq!(c.get("t/job").await.unwrap().project, "root/rl");
+        // A name is replaced only as the caller saw it.
+        let named = |project: &str| NewImage {
+            name: "t/job".into(),
+            layers: vec![a.clone()],
+            project: project.into(),
+            ..NewImage::default()
+        };
+        for replacing in [Replacing::Nothing, Replacing::OfProject("root/other")] {
+            let e = c
+                .put_replacing(&store, named("root/other"), replacing)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, ImageError::Conflict(_)), "{e:?}");
+        }
+        assert_eq!(c.get("t/job").await.unwrap().layers, vec![b.clone()]);
+        let img = c
+            .put_replacing(&store, named("root/rl/x"), Replacing::OfProject("root/rl"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (img.project.as_str(), img.layers),
+            ("root/rl/x", vec![a.clone()])
+        );
+        c.put_replacing(&store, named("root"), Replacing::Nothing)
+            .await
+            .unwrap_err();
+        let fresh = NewImage {
+            name: "t/new".into(),
+            ..named("root/rl")
+        };
+        c.put_replacing(&store, fresh, Replacing::Nothing)
+            .await
+            .unwrap();
     }
 }

@@ -48,7 +48,7 @@ fn post(path: &str, key: Option<&str>, body: &str) -> Request<Body> {
 
 #[tokio::test]
 async fn keys_are_required_and_checked() {
-    let (app, key) = gateway();
+    let (app, _) = gateway();
     let (s, j) = call(&app, post("/v2/sandboxes", None, "{}")).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert_eq!(j["code"], 401);

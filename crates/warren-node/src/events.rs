@@ -40,6 +40,10 @@ struct Record {
     sandbox: SandboxId,
     #[serde(default)]
     task: Option<String>,
+    /// The sandbox's project (absent in records from before projects were kept: those are
+    /// shown only to cluster-wide readers once their sandbox is gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    project: Option<String>,
     kind: EventKind,
     detail: String,
     count: u64,
@@ -135,6 +139,16 @@ pub struct NetOccurrence {
     pub domain: Option<String>,
 }
 
+/// Whose sandbox an event is about: its task and its project.
+#[derive(Debug, Clone, Copy)]
+pub struct Owner<'a> {
+    /// The sandbox's task, if it has one.
+    pub task: Option<&'a str>,
+    /// The sandbox's project (none when it is no longer known: a sandbox gone before its
+    /// event was counted; such events are shown only to cluster-wide readers).
+    pub project: Option<&'a str>,
+}
+
 /// Which events to list.
 #[derive(Debug, Default, Clone)]
 pub struct EventFilter {
@@ -143,6 +157,10 @@ pub struct EventFilter {
     pub kind: Option<EventKind>,
     /// Only events whose last occurrence is at or after this, ms since the epoch.
     pub since_ms: Option<u64>,
+    /// Only events of sandboxes of these projects and their subtrees (a comma-separated
+    /// list, as the control plane sends it; absent: all). Events recorded without a project
+    /// match only a scope that holds the root.
+    pub scope: Option<String>,
 }
 
 /// The store.
@@ -199,12 +217,12 @@ impl EventStore {
     pub fn occur(
         &self,
         sandbox: &SandboxId,
-        task: Option<&str>,
+        owner: Owner<'_>,
         kind: EventKind,
         detail: String,
         n: u64,
     ) {
-        self.occur_with(sandbox, task, kind, detail, n, None);
+        self.occur_with(sandbox, owner, kind, detail, n, None);
     }
 
     /// Adds `n` refused network attempts to one destination (or name): within the window,
@@ -213,7 +231,7 @@ impl EventStore {
     pub fn occur_network(
         &self,
         sandbox: &SandboxId,
-        task: Option<&str>,
+        owner: Owner<'_>,
         what: NetOccurrence,
         n: u64,
     ) {
@@ -223,7 +241,7 @@ impl EventStore {
             Some(d) => format!("{} to {d} ({}) refused", what.protocol, what.destination),
             None => format!("{} to {} refused", what.protocol, what.destination),
         };
-        self.occur_with(sandbox, task, EventKind::Network, detail, n, Some(what));
+        self.occur_with(sandbox, owner, EventKind::Network, detail, n, Some(what));
     }
 
     /// Adds `n` occurrences to the open event of (sandbox, kind, detail), or opens one; a
@@ -231,7 +249,7 @@ impl EventStore {
     fn occur_with(
         &self,
         sandbox: &SandboxId,
-        task: Option<&str>,
+        owner: Owner<'_>,
         kind: EventKind,
         detail: String,
         n: u64,
@@ -276,7 +294,8 @@ impl EventStore {
                 Record {
                     id,
                     sandbox: sandbox.clone(),
-                    task: task.map(str::to_string),
+                    task: owner.task.map(str::to_string),
+                    project: owner.project.map(str::to_string),
                     kind,
                     detail: key.2,
                     count: n,
@@ -303,7 +322,7 @@ impl EventStore {
 
     /// Takes in a record the sandbox's guest reported (a later report of the same record
     /// replaces it).
-    pub fn from_guest(&self, sandbox: &SandboxId, task: Option<&str>, i: &Incident) {
+    pub fn from_guest(&self, sandbox: &SandboxId, owner: Owner<'_>, i: &Incident) {
         let kind = match i.kind.as_str() {
             "management" => EventKind::Management,
             _ => EventKind::Seccomp,
@@ -317,14 +336,15 @@ impl EventStore {
             if full {
                 // Counted in the overflow event of its kind, like the node's own past the cap
                 // (a guest's details can be made to differ at will: a pid, say).
-                self.occur_with(sandbox, task, kind, String::new(), i.count.max(1), None);
+                self.occur_with(sandbox, owner, kind, String::new(), i.count.max(1), None);
                 return;
             }
         }
         let rec = Record {
             id,
             sandbox: sandbox.clone(),
-            task: task.map(str::to_string),
+            task: owner.task.map(str::to_string),
+            project: owner.project.map(str::to_string),
             kind,
             detail: i.detail.chars().take(256).collect(),
             count: i.count,
@@ -347,11 +367,18 @@ impl EventStore {
             .filter(|r| f.task.as_ref().is_none_or(|t| r.task.as_ref() == Some(t)))
             .filter(|r| f.kind.is_none_or(|k| k == r.kind))
             .filter(|r| f.since_ms.is_none_or(|s| r.last_ms >= s))
+            .filter(|r| {
+                f.scope.as_deref().is_none_or(|scope| {
+                    let project = r.project.as_deref().unwrap_or(warren_types::project::ROOT);
+                    warren_types::project::in_scope_list(scope, project)
+                })
+            })
             .map(|r| Event {
                 id: r.id.clone(),
                 node: node.clone(),
                 sandbox: r.sandbox.clone(),
                 task: r.task.clone(),
+                project: r.project.clone(),
                 kind: r.kind,
                 detail: r.detail.clone(),
                 count: r.count,
@@ -442,6 +469,11 @@ impl Inner {
 mod tests {
     use super::*;
 
+    const ROOT_OWNER: Owner<'static> = Owner {
+        task: None,
+        project: Some("root"),
+    };
+
     #[test]
     fn occurrences_add_up_and_survive_a_reopen() {
         let d = tempfile::tempdir().unwrap();
@@ -452,7 +484,10 @@ mod tests {
         for _ in 0..1000 {
             s.occur(
                 &sid(),
-                Some("t"),
+                Owner {
+                    task: Some("t"),
+                    project: Some("root/a"),
+                },
                 EventKind::OutputTruncated,
                 "stdout".into(),
                 1,
@@ -468,8 +503,8 @@ mod tests {
             pid: Some(9),
             comm: Some("x".into()),
         };
-        s.from_guest(&sid(), None, &i);
-        s.from_guest(&sid(), None, &Incident { count: 9, ..i });
+        s.from_guest(&sid(), ROOT_OWNER, &i);
+        s.from_guest(&sid(), ROOT_OWNER, &Incident { count: 9, ..i });
         let all = s.list(&node, &EventFilter::default());
         assert_eq!(all.len(), 2, "{all:?}");
         assert_eq!(all[0].kind, EventKind::Seccomp, "oldest first");
@@ -489,6 +524,48 @@ mod tests {
             ..EventFilter::default()
         };
         assert_eq!(s.list(&node, &f).len(), 1);
+        // A scoped reader sees the events of its projects' sandboxes, kept with them.
+        let scoped = |scope: &str| {
+            s.list(
+                &node,
+                &EventFilter {
+                    scope: Some(scope.into()),
+                    ..EventFilter::default()
+                },
+            )
+        };
+        assert_eq!(scoped("root/a").len(), 1);
+        assert_eq!(
+            scoped("root/a").first().unwrap().project.as_deref(),
+            Some("root/a")
+        );
+        assert_eq!(scoped("root/b,root/a").len(), 1);
+        assert_eq!(scoped("root/ab").len(), 0, "a sibling with a common prefix");
+        assert_eq!(
+            scoped("root/a/x").len(),
+            0,
+            "a child does not see its parent's"
+        );
+        assert_eq!(scoped("").len(), 0);
+        assert_eq!(scoped("root").len(), 2);
+    }
+
+    #[test]
+    fn records_from_before_projects_are_the_roots() {
+        let d = tempfile::tempdir().unwrap();
+        let node = NodeId::from_random(rand::random());
+        let id = SandboxId::new(&node, rand::random());
+        let old = format!(
+            r#"{{"id":"{id}-n1","sandbox":"{id}","kind":"pids_limit","detail":"x","count":1,"first_ms":1,"last_ms":1}}"#
+        );
+        std::fs::write(d.path().join("events.jsonl"), old + "\n").unwrap();
+        let s = EventStore::open(d.path());
+        let f = |scope: &str| EventFilter {
+            scope: Some(scope.into()),
+            ..EventFilter::default()
+        };
+        assert_eq!(s.list(&node, &f("root/a")).len(), 0);
+        assert_eq!(s.list(&node, &f("root")).len(), 1);
     }
 
     #[test]
@@ -504,9 +581,9 @@ mod tests {
             domain: None,
         };
         for chunk in (1..=1024u16).collect::<Vec<_>>().chunks(100) {
-            s.occur_network(&id, None, hit(chunk.to_vec()), chunk.len() as u64);
+            s.occur_network(&id, ROOT_OWNER, hit(chunk.to_vec()), chunk.len() as u64);
         }
-        s.occur_network(&id, None, hit(vec![8080, 3000, 22]), 3);
+        s.occur_network(&id, ROOT_OWNER, hit(vec![8080, 3000, 22]), 3);
         let all = s.list(&node, &EventFilter::default());
         assert_eq!(all.len(), 1, "{all:?}");
         let e = &all[0];
@@ -516,7 +593,7 @@ mod tests {
         assert_eq!(n.port_count, 1026);
         // Ports far apart: the list is bounded, the count goes on.
         for p in (2000..60000u16).step_by(100) {
-            s.occur_network(&id, None, hit(vec![p]), 1);
+            s.occur_network(&id, ROOT_OWNER, hit(vec![p]), 1);
         }
         let n = s.list(&node, &EventFilter::default())[0]
             .network
@@ -540,9 +617,9 @@ mod tests {
             ports: vec![80],
             domain: None,
         };
-        s.occur_network(&quiet, None, to(0), 1);
+        s.occur_network(&quiet, ROOT_OWNER, to(0), 1);
         for i in 0..MAX_EVENTS_PER_SANDBOX + 500 {
-            s.occur_network(&noisy, None, to(i), 1);
+            s.occur_network(&noisy, ROOT_OWNER, to(i), 1);
         }
         let f = |sb: &SandboxId| EventFilter {
             sandbox: Some(sb.clone()),
@@ -566,7 +643,7 @@ mod tests {
                 pid: None,
                 comm: None,
             };
-            s.from_guest(&noisy, None, &i);
+            s.from_guest(&noisy, ROOT_OWNER, &i);
         }
         let mine = s.list(&node, &f(&noisy));
         assert_eq!(mine.len(), MAX_EVENTS_PER_SANDBOX + 2);

@@ -398,7 +398,7 @@ impl Node {
             if cut {
                 self.events.occur(
                     &sb.record.id,
-                    sb.record.task.as_deref(),
+                    sb.record.owner(),
                     warren_types::events::EventKind::OutputTruncated,
                     format!("{stream} cut at max_output"),
                     1,

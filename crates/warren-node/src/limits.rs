@@ -34,7 +34,7 @@ impl Node {
                 let limit = disk.map_or(0, |(_, l)| l);
                 self.events.occur(
                     &sb.record.id,
-                    sb.record.task.as_deref(),
+                    sb.record.owner(),
                     EventKind::DiskQuota,
                     format!(
                         "writable layer full at its quota ({})",
@@ -43,11 +43,11 @@ impl Node {
                     1,
                 );
             }
-            let task = sb.record.task.as_deref();
+            let owner = sb.record.owner();
             if oom > last.counters.oom_kills {
                 self.events.occur(
                     &sb.record.id,
-                    task,
+                    owner,
                     EventKind::OomKill,
                     format!("memory limit {}", sb.record.resources.memory),
                     oom - last.counters.oom_kills,
@@ -56,7 +56,7 @@ impl Node {
             if pids > last.counters.pids_max {
                 self.events.occur(
                     &sb.record.id,
-                    task,
+                    owner,
                     EventKind::PidsLimit,
                     format!("pids limit {}", sb.record.resources.pids),
                     pids - last.counters.pids_max,

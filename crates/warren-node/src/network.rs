@@ -270,12 +270,17 @@ impl Node {
             let Ok(id) = name.parse::<SandboxId>() else {
                 continue; // a warm init: no one to report
             };
-            let task = self
+            let (task, project) = self
                 .sandboxes
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&id)
-                .and_then(|s| s.record.task.clone());
+                .map(|s| (s.record.task.clone(), Some(s.record.project.clone())))
+                .unwrap_or_default();
+            let owner = crate::events::Owner {
+                task: task.as_deref(),
+                project: project.as_deref(),
+            };
             if dests.len() > SWEEP {
                 // A sweep across many addresses: one event per protocol.
                 let mut per: HashMap<String, (Vec<u16>, u64, usize)> = HashMap::new();
@@ -288,7 +293,7 @@ impl Node {
                 for (protocol, (ports, n, _)) in per {
                     self.events.occur_network(
                         &id,
-                        task.as_deref(),
+                        owner,
                         NetOccurrence {
                             protocol,
                             destination: "many addresses (a sweep)".into(),
@@ -303,7 +308,7 @@ impl Node {
             for ((protocol, destination, domain), (ports, n)) in dests {
                 self.events.occur_network(
                     &id,
-                    task.as_deref(),
+                    owner,
                     NetOccurrence {
                         protocol,
                         destination,

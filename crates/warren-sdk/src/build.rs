@@ -107,6 +107,10 @@ pub struct BuildSpec {
     /// What the builder sandbox may reach (a package index for `pip install`, a mirror for
     /// `apt-get`). Default: the node's, everything outbound denied.
     pub network: Option<crate::NetworkPolicy>,
+    /// The project the builder sandbox runs in and the image belongs to (default: the
+    /// key's). The images it starts from must be that project's or an ancestor's; the key
+    /// needs sandbox permissions (`runner`) and `image.build` (`builder`) there.
+    pub project: Option<String>,
 }
 
 impl BuildSpec {
@@ -119,6 +123,7 @@ impl BuildSpec {
             memory: ByteSize(2 << 30),
             step_timeout: Duration::from_secs(3600),
             network: None,
+            project: None,
         }
     }
 
@@ -210,6 +215,7 @@ impl Client {
                 labels: [(BUILD_LABEL.to_string(), spec.name.clone())].into(),
                 builder: true,
                 network: spec.network.clone(),
+                project: spec.project.clone(),
                 ..CreateSandbox::default()
             })
             .await?;

@@ -9,6 +9,17 @@ use warren_types::api::{
 use crate::error::{Error, Result};
 use crate::{Client, Sandbox};
 
+/// How an image is imported ([`Client::import_image_with`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ImportOptions<'a> {
+    /// What the client packed (`directory`), when the content does not show it.
+    pub source: Option<&'a str>,
+    /// Who owns every file: `user`, `root` or `UID:GID`; default: the archive's owners.
+    pub owner: Option<&'a str>,
+    /// The project the image belongs to; default: the key's.
+    pub project: Option<&'a str>,
+}
+
 impl Client {
     /// The address of `/v1/images/<name>`, the name's `/` kept as path separators.
     fn image_url(&self, name: &str) -> Result<reqwest::Url> {
@@ -49,12 +60,32 @@ impl Client {
         source: Option<&str>,
         owner: Option<&str>,
     ) -> Result<ImageDetail> {
+        let opts = ImportOptions {
+            source,
+            owner,
+            project: None,
+        };
+        self.import_image_with(name, body, &opts).await
+    }
+
+    /// [`Client::import_image`] with every option: what the client packed, who owns the
+    /// files, and the project the image belongs to (default: the key's; its sandboxes and
+    /// those of projects below it may use the image).
+    pub async fn import_image_with(
+        &self,
+        name: &str,
+        body: reqwest::Body,
+        opts: &ImportOptions<'_>,
+    ) -> Result<ImageDetail> {
         let mut query = vec![("name", name)];
-        if let Some(s) = source {
+        if let Some(s) = opts.source {
             query.push(("source", s));
         }
-        if let Some(o) = owner {
+        if let Some(o) = opts.owner {
             query.push(("owner", o));
+        }
+        if let Some(p) = opts.project {
+            query.push(("project", p));
         }
         let rb = self
             .request(Method::POST, self.endpoint("/v1/images", &query)?)
@@ -119,10 +150,19 @@ impl Sandbox {
     /// Makes the sandbox's changes a new layer on top of its image, named `name`
     /// (`POST /v1/sandboxes/{id}/commit`). The sandbox must be made from imported images.
     pub async fn commit(&self, name: &str) -> Result<Image> {
+        self.commit_in(name, None).await
+    }
+
+    /// [`Sandbox::commit`] into `project` (default: the sandbox's); the key needs
+    /// `image.build` there.
+    pub async fn commit_in(&self, name: &str, project: Option<&str>) -> Result<Image> {
         let rb = self
             .client()
             .request(Method::POST, self.endpoint("/commit", &[])?)
-            .json(&CommitRequest { name: name.into() });
+            .json(&CommitRequest {
+                name: name.into(),
+                project: project.map(str::to_string),
+            });
         self.client().json(rb).await
     }
 }

@@ -48,6 +48,7 @@ pub use config::Config;
 pub use error::{Error, Result};
 pub use exec::{ExecEvents, ExecResultExt, argv, decode_data, set_stdin, shell};
 pub use files::FileStream;
+pub use images::ImportOptions;
 pub use listing::Listing;
 pub use sandbox::Sandbox;
 

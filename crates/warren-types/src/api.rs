@@ -1316,8 +1316,12 @@ pub struct Image {
     pub size: u64,
     /// When it was made, RFC 3339.
     pub created_at: String,
-    /// Who made it (the API key's name).
+    /// Who made it (the identity of the key that built it).
     pub creator: String,
+    /// The project it belongs to: readable by keys of that subtree, usable by sandboxes of
+    /// that project and below (`root`'s by every sandbox).
+    #[serde(default = "crate::project::root")]
+    pub project: String,
     /// The images it was built on, bottom first (for `image build`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parents: Vec<String>,
@@ -1415,6 +1419,10 @@ pub struct CommitRequest {
         )
     )]
     pub name: String,
+    /// The project the image belongs to (default: the sandbox's). The key needs
+    /// `image.build` there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
 /// How one mounted layer has been read on one node (`GET /v1/images/stats`).
@@ -1488,6 +1496,10 @@ pub struct PullRequest {
     /// Registry password or token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
+    /// The project the image belongs to (default: the key's). The key needs `image.build`
+    /// there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
 #[cfg(test)]

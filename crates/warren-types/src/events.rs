@@ -74,6 +74,9 @@ pub struct Event {
     /// The sandbox's task, if it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<String>,
+    /// The sandbox's project (absent for events recorded before projects were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
     /// What happened.
     pub kind: EventKind,
     /// Which: the system call, the stream, the limit.

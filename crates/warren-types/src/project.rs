@@ -39,6 +39,11 @@ pub fn check_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The root project's path, as a value (a serde default).
+pub fn root() -> String {
+    ROOT.to_string()
+}
+
 /// The parent of a project path (`None` for root).
 pub fn parent(path: &str) -> Option<&str> {
     path.rsplit_once('/').map(|(p, _)| p)
@@ -58,6 +63,15 @@ pub fn in_scope_list(scope: &str, project: &str) -> bool {
     scope
         .split(',')
         .any(|s| !s.is_empty() && within(project, s))
+}
+
+/// Whether a key whose `image.read` reaches the subtrees `scope` may read an image of
+/// `project`: one in those subtrees, or one of an ancestor of them (images flow down the tree:
+/// root's are everyone's).
+pub fn image_readable(scope: &[String], project: &str) -> bool {
+    scope
+        .iter()
+        .any(|s| within(project, s) || within(s, project))
 }
 
 /// The header in which the control plane tells a node the subtrees a request may act on.

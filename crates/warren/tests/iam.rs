@@ -503,3 +503,212 @@ async fn quotas_hold_at_every_level() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 400);
 }
+
+/// A tar archive of a root file system with a static busybox as /bin/sh.
+fn busybox_tar() -> Vec<u8> {
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path();
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).is_file())
+        .expect("busybox is missing: install busybox-static (make test does)");
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    for tool in ["sh", "head", "yes", "true"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
+    }
+    let out = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(root)
+        .args(["-cf", "-", "."])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    out.stdout
+}
+
+fn image_names(images: Vec<warren_sdk::Image>) -> Vec<String> {
+    images.into_iter().map(|i| i.name).collect()
+}
+
+/// Images and events belong to projects: an image is built into a project (the key needs
+/// `image.build` there), read by keys of that subtree and its descendants, used by sandboxes
+/// of that project and below (root's by all); a sibling's is a 404 to read, use or delete,
+/// and its name a conflict. Events keep their sandbox's project, so a job's key still sees
+/// its events after the sandbox is gone and a sibling never does. Image and network-policy
+/// changes are in the audit log with where they came from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_and_events_belong_to_projects() {
+    require_root!();
+    let p = Platform::start();
+    let admin = p.client();
+    for path in ["root/rl", "root/rl/job", "root/rl/job/run", "root/rl/other"] {
+        admin.create_project(path).await.unwrap();
+    }
+    let tar = busybox_tar();
+    let import = |c: &Client, name: &str, project: Option<&str>| {
+        let (c, name, project, body) = (
+            c.clone(),
+            name.to_string(),
+            project.map(str::to_string),
+            tar.clone(),
+        );
+        async move {
+            let opts = warren_sdk::ImportOptions {
+                project: project.as_deref(),
+                ..Default::default()
+            };
+            c.import_image_with(&name, body.into(), &opts)
+                .await
+                .map(|d| d.image)
+        }
+    };
+    let base = import(&admin, "t/base:1", None).await.unwrap();
+    assert_eq!(base.project, "root");
+    let job = key_for(&admin, &p.url, "job", "root/rl/job", "project-admin").await;
+    let other = key_for(&admin, &p.url, "other", "root/rl/other", "project-admin").await;
+    let runner = key_for(&admin, &p.url, "jobrun", "root/rl/job", "runner").await;
+
+    // Built into the key's project unless it names one where it holds image.build.
+    let img = import(&job, "t/job:1", None).await.unwrap();
+    assert_eq!(
+        (img.project.as_str(), img.creator.as_str()),
+        ("root/rl/job", "job")
+    );
+    assert_eq!(
+        code(import(&runner, "t/run:1", None).await),
+        Some(ErrorCode::PermissionDenied),
+        "a runner builds nothing"
+    );
+    assert_eq!(
+        code(import(&job, "t/x:1", Some("root/rl/other")).await),
+        Some(ErrorCode::PermissionDenied),
+        "nor does a job key in its sibling"
+    );
+
+    // Read: its subtree's and its ancestors'.
+    let mine = image_names(job.images().await.unwrap());
+    assert!(
+        mine.contains(&"t/base:1".into()) && mine.contains(&"t/job:1".into()),
+        "{mine:?}"
+    );
+    let theirs = image_names(other.images().await.unwrap());
+    assert!(theirs.contains(&"t/base:1".into()), "{theirs:?}");
+    assert!(!theirs.contains(&"t/job:1".into()), "{theirs:?}");
+    assert_eq!(
+        code(other.image("t/job:1").await),
+        Some(ErrorCode::ImageNotFound)
+    );
+    assert_eq!(
+        code(other.remove_image("t/job:1").await),
+        Some(ErrorCode::ImageNotFound)
+    );
+    assert_eq!(
+        code(import(&other, "t/job:1", None).await),
+        Some(ErrorCode::Conflict),
+        "a name another project holds is taken, and not replaced"
+    );
+    assert_eq!(
+        job.image("t/job:1").await.unwrap().image.project,
+        "root/rl/job"
+    );
+
+    // Use: by sandboxes of its project and below, not by a sibling's nor by the root's.
+    let with = |image: &str, project: &str| CreateSandbox {
+        image: image.into(),
+        project: Some(project.into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        code(
+            other
+                .create(&with("t/job:1", "root/rl/other"))
+                .await
+                .map(|_| ())
+        ),
+        Some(ErrorCode::ImageNotFound)
+    );
+    assert_eq!(
+        code(admin.create(&with("t/job:1", "root")).await.map(|_| ())),
+        Some(ErrorCode::ImageNotFound)
+    );
+    let sb = runner
+        .create(&with("t/base:1,t/job:1", "root/rl/job/run"))
+        .await
+        .unwrap();
+
+    // An event of the job's sandbox (output cut at its limit), and a policy change.
+    let mut req = shell("yes | head -c 100000");
+    req.max_output = Some(warren_sdk::ByteSize(1000));
+    sb.exec(&req).await.unwrap();
+    sb.set_network(&NetworkPolicy::none()).await.unwrap();
+    let id = sb.id().to_string();
+    // The job's image built from it belongs to the sandbox's project.
+    let built = sb.commit("t/job:2").await;
+    assert_eq!(
+        code(built.map(|_| ())),
+        Some(ErrorCode::PermissionDenied),
+        "a runner commits nothing"
+    );
+    let committed = job.sandbox(&id).unwrap().commit("t/job:2").await.unwrap();
+    assert_eq!(committed.project, "root/rl/job/run");
+    sb.kill().await.unwrap();
+    let events = |c: &Client| {
+        let (c, id) = (c.clone(), id.clone());
+        async move {
+            c.events(&warren_sdk::EventFilter {
+                sandbox: Some(id),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .items
+        }
+    };
+    let seen = events(&runner).await;
+    assert!(
+        seen.iter()
+            .any(|e| e.project.as_deref() == Some("root/rl/job/run")),
+        "the job's key sees its gone sandbox's events: {seen:?}"
+    );
+    assert!(events(&other).await.is_empty(), "a sibling sees none");
+    assert!(!events(&admin).await.is_empty());
+
+    // Delete: the image's project's to do; a layer, the root's.
+    assert_eq!(
+        code(runner.remove_image("t/job:1").await),
+        Some(ErrorCode::PermissionDenied)
+    );
+    assert_eq!(
+        code(job.remove_image("t/base:1").await),
+        Some(ErrorCode::PermissionDenied),
+        "root's image is everyone's to use and root's to delete"
+    );
+    assert_eq!(
+        code(job.remove_image(&img.layers[0]).await),
+        Some(ErrorCode::PermissionDenied)
+    );
+    job.remove_image("t/job:2").await.unwrap();
+    job.remove_image("t/job:1").await.unwrap();
+
+    // The audit log has each, who, and from where.
+    let log = admin.audit(None, Some(1000)).await.unwrap().entries;
+    for (action, target, by) in [
+        ("image.import", "t/job:1", "job"),
+        ("image.commit", "t/job:2", "job"),
+        ("image.delete", "t/job:1", "job"),
+        ("network.set", format!("sandbox {id}").as_str(), "jobrun"),
+    ] {
+        let e = log
+            .iter()
+            .find(|e| e.action == action && e.target == target)
+            .unwrap_or_else(|| panic!("no {action} of {target} in {log:?}"));
+        assert_eq!(e.actor, by, "{e:?}");
+        assert!(
+            e.source
+                .as_deref()
+                .is_some_and(|s| s.starts_with("127.0.0.1:")),
+            "{e:?}"
+        );
+    }
+}

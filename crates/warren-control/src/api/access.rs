@@ -83,19 +83,16 @@ static ROUTES: LazyLock<HashMap<(Method, &'static str), Need>> = LazyLock::new(|
         (get.clone(), format!("{sb}/trajectory"), In(SandboxRead)),
         (get.clone(), format!("{sb}/metrics"), In(SandboxRead)),
         (get.clone(), "/v1/images".into(), In(ImageRead)),
-        (post.clone(), "/v1/images".into(), Root(ImageBuild)),
+        (post.clone(), "/v1/images".into(), In(ImageBuild)),
         // Names every sandbox and its image: cluster-wide.
         (get.clone(), "/v1/images/stats".into(), Root(ImageRead)),
-        (post.clone(), "/v1/images/pull".into(), Root(ImageBuild)),
-        (get.clone(), "/v1/layers".into(), In(ImageRead)),
+        (post.clone(), "/v1/images/pull".into(), In(ImageBuild)),
+        // Names every image that uses each layer: cluster-wide.
+        (get.clone(), "/v1/layers".into(), Root(ImageRead)),
         (post.clone(), "/v1/layers/prune".into(), Root(ImageDelete)),
         (get.clone(), "/v1/images/{*name}".into(), In(ImageRead)),
-        (
-            delete.clone(),
-            "/v1/images/{*name}".into(),
-            Root(ImageDelete),
-        ),
-        (post.clone(), format!("{sb}/commit"), Root(ImageBuild)),
+        (delete.clone(), "/v1/images/{*name}".into(), In(ImageDelete)),
+        (post.clone(), format!("{sb}/commit"), In(ImageBuild)),
         (get.clone(), "/v1/tasks".into(), In(SandboxRead)),
         (get.clone(), "/v1/events".into(), In(EventsRead)),
         (

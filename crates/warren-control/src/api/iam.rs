@@ -27,20 +27,82 @@ fn err(e: IamError) -> Error {
     Error(e.into())
 }
 
-/// The client's address as a proxy in front of Warren reports it (Warren itself does not see
-/// it through every listener).
-fn source(headers: &HeaderMap) -> Option<&str> {
-    headers
+/// Where a request came from, for the audit log: the peer address the listener saw, and what
+/// a proxy in front of Warren says in `X-Forwarded-For` (`203.0.113.5 via 127.0.0.1:4711`:
+/// the forwarded part is only as true as the proxy, so the peer is always kept beside it).
+#[derive(Debug, Clone, Default)]
+pub struct Source(pub Option<String>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Source {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Source, Self::Rejection> {
+        Ok(source_of(&parts.headers, parts.extensions.get()))
+    }
+}
+
+/// The source of a request with these headers from this peer.
+pub fn source_of(headers: &HeaderMap, peer: Option<&warren_http::serve::Peer>) -> Source {
+    let forwarded = headers
         .get("x-forwarded-for")
         .and_then(|v| v.to_str().ok())
         .map(|v| v.split(',').next().unwrap_or(v).trim())
-        .filter(|v| !v.is_empty() && v.len() <= 64)
+        .filter(|v| !v.is_empty() && v.len() <= 64);
+    let peer = peer.map(|p| &*p.0);
+    Source(match (forwarded, peer) {
+        (Some(f), Some(p)) => Some(format!("{f} via {p}")),
+        (Some(f), None) => Some(f.to_string()),
+        (None, Some(p)) => Some(p.to_string()),
+        (None, None) => None,
+    })
 }
 
-fn actor<'a>(who: &'a Principal, headers: &'a HeaderMap) -> Actor<'a> {
+/// Records an action outside IAM in the audit log. It is done already: a log that cannot be
+/// written is an error in the server's log, not the caller's failure.
+pub async fn audited(
+    c: &crate::Control,
+    who: &Principal,
+    from: &Source,
+    action: &str,
+    target: &str,
+    project: Option<&str>,
+    detail: Option<&str>,
+) {
+    if let Err(e) = store::record(
+        c.iam.db(),
+        actor(who, from),
+        action,
+        target,
+        project,
+        detail,
+    )
+    .await
+    {
+        tracing::error!(action, target, "the audit log could not record this: {e}");
+    }
+}
+
+/// A network policy as the audit log keeps it: its JSON, cut at 1,000 characters.
+pub fn policy_detail(p: &warren_types::net::NetworkPolicy) -> String {
+    let mut s = serde_json::to_string(p).unwrap_or_default();
+    if s.len() > 1000 {
+        let mut end = 1000;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
+fn actor<'a>(who: &'a Principal, from: &'a Source) -> Actor<'a> {
     Actor {
         who,
-        source: source(headers),
+        source: from.0.as_deref(),
     }
 }
 
@@ -82,9 +144,9 @@ fn project(p: store::ProjectRow) -> Project {
 pub async fn list_projects(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
 ) -> Result<Json<ProjectList>, Error> {
-    let rows = store::list_projects(c.iam.db(), actor(&who, &headers))
+    let rows = store::list_projects(c.iam.db(), actor(&who, &from))
         .await
         .map_err(err)?;
     Ok(Json(ProjectList {
@@ -101,10 +163,10 @@ pub async fn list_projects(
 pub async fn create_project(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
     Json(req): Json<CreateProject>,
 ) -> Result<(StatusCode, Json<Project>), Error> {
-    let p = store::create_project(c.iam.db(), actor(&who, &headers), &req.path)
+    let p = store::create_project(c.iam.db(), actor(&who, &from), &req.path)
         .await
         .map_err(err)?;
     c.iam.changed();
@@ -133,12 +195,12 @@ pub struct DeleteProjectQuery {
 pub async fn delete_project(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
     Path(path): Path<String>,
     Query(q): Query<DeleteProjectQuery>,
 ) -> Result<StatusCode, Error> {
     // Everything but its sandboxes first: the path, the permission, children, identities.
-    store::check_delete_project(c.iam.db(), actor(&who, &headers), &path)
+    store::check_delete_project(c.iam.db(), actor(&who, &from), &path)
         .await
         .map_err(err)?;
     // Its sandboxes, asked of every node (a node that does not answer fails the delete: its
@@ -172,7 +234,7 @@ pub async fn delete_project(
         }
         count = 0;
     }
-    store::delete_project(c.iam.db(), actor(&who, &headers), &path, count)
+    store::delete_project(c.iam.db(), actor(&who, &from), &path, count)
         .await
         .map_err(err)?;
     c.iam.changed();
@@ -188,7 +250,7 @@ pub async fn delete_project(
 pub async fn set_quota(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
     Path(path): Path<String>,
     Json(q): Json<ProjectQuota>,
 ) -> Result<StatusCode, Error> {
@@ -206,7 +268,7 @@ pub async fn set_quota(
             .map(|v| big(v.bytes(), "max_memory"))
             .transpose()?,
     };
-    store::set_quota(c.iam.db(), actor(&who, &headers), &path, quota)
+    store::set_quota(c.iam.db(), actor(&who, &from), &path, quota)
         .await
         .map_err(err)?;
     c.iam.changed();
@@ -230,9 +292,9 @@ fn identity(i: store::IdentityRow) -> Identity {
 pub async fn list_identities(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
 ) -> Result<Json<IdentityList>, Error> {
-    let rows = store::list_identities(c.iam.db(), actor(&who, &headers))
+    let rows = store::list_identities(c.iam.db(), actor(&who, &from))
         .await
         .map_err(err)?;
     Ok(Json(IdentityList {
@@ -249,12 +311,12 @@ pub async fn list_identities(
 pub async fn create_identity(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
     Json(req): Json<CreateIdentity>,
 ) -> Result<(StatusCode, Json<Identity>), Error> {
     let project = req.project.clone().unwrap_or_else(|| who.project.clone());
     let kind = req.kind.as_deref().unwrap_or("service");
-    let i = store::create_identity(c.iam.db(), actor(&who, &headers), &req.name, kind, &project)
+    let i = store::create_identity(c.iam.db(), actor(&who, &from), &req.name, kind, &project)
         .await
         .map_err(err)?;
     c.iam.changed();
@@ -278,9 +340,9 @@ fn binding(b: store::BindingRow) -> Binding {
 pub async fn list_bindings(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
 ) -> Result<Json<BindingList>, Error> {
-    let rows = store::list_bindings(c.iam.db(), actor(&who, &headers))
+    let rows = store::list_bindings(c.iam.db(), actor(&who, &from))
         .await
         .map_err(err)?;
     Ok(Json(BindingList {
@@ -297,12 +359,12 @@ pub async fn list_bindings(
 pub async fn grant(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
     Json(req): Json<GrantRequest>,
 ) -> Result<(StatusCode, Json<Binding>), Error> {
     let b = store::grant(
         c.iam.db(),
-        actor(&who, &headers),
+        actor(&who, &from),
         &req.identity,
         &req.project,
         &req.grant,
@@ -321,12 +383,12 @@ pub async fn grant(
 pub async fn revoke_grant(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
     Json(req): Json<GrantRequest>,
 ) -> Result<StatusCode, Error> {
     store::revoke_grant(
         c.iam.db(),
-        actor(&who, &headers),
+        actor(&who, &from),
         &req.identity,
         &req.project,
         &req.grant,
@@ -360,9 +422,9 @@ fn key(k: KeyRow) -> ApiKey {
 pub async fn list_keys(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
 ) -> Result<Json<ApiKeyList>, Error> {
-    let rows = store::list_keys(c.iam.db(), actor(&who, &headers))
+    let rows = store::list_keys(c.iam.db(), actor(&who, &from))
         .await
         .map_err(err)?;
     Ok(Json(ApiKeyList {
@@ -379,7 +441,7 @@ pub async fn list_keys(
 pub async fn create_key(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
     Json(req): Json<CreateKey>,
 ) -> Result<(StatusCode, Json<NewApiKey>), Error> {
     let project = req.project.clone().unwrap_or_else(|| who.project.clone());
@@ -400,7 +462,7 @@ pub async fn create_key(
     };
     let (k, secret) = store::create_key(
         c.iam.db(),
-        actor(&who, &headers),
+        actor(&who, &from),
         NewKey {
             name: &req.name,
             identity: req.identity.as_deref(),
@@ -438,10 +500,10 @@ pub async fn create_key(
 pub async fn revoke_key(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
     Path(id): Path<String>,
 ) -> Result<Json<ApiKey>, Error> {
-    let k = store::revoke_key(c.iam.db(), actor(&who, &headers), &id)
+    let k = store::revoke_key(c.iam.db(), actor(&who, &from), &id)
         .await
         .map_err(err)?;
     c.iam.changed();
@@ -468,7 +530,7 @@ pub struct AuditQuery {
 pub async fn audit(
     axum::extract::State(c): S,
     Extension(who): Who,
-    headers: HeaderMap,
+    from: Source,
     Query(q): Query<AuditQuery>,
 ) -> Result<Json<AuditList>, Error> {
     let limit = q.limit.unwrap_or(100);
@@ -476,7 +538,7 @@ pub async fn audit(
         return Err(Error(ApiError::invalid("limit must be 1 to 10000")));
     }
     let since = i64::try_from(q.since_ms.unwrap_or(0)).unwrap_or(i64::MAX);
-    let rows = store::audit_log(c.iam.db(), actor(&who, &headers), since, limit as i64)
+    let rows = store::audit_log(c.iam.db(), actor(&who, &from), since, limit as i64)
         .await
         .map_err(err)?;
     Ok(Json(AuditList {

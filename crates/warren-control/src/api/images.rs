@@ -22,7 +22,90 @@ use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 
 use super::S;
 use super::forward::unavailable;
+use super::iam::{Source, audited};
 use crate::Control;
+use crate::catalog::Replacing;
+use crate::iam::{Perm, Principal};
+
+type Who = axum::Extension<std::sync::Arc<Principal>>;
+
+/// Whether `who` may read `image`: one of a project where it holds `image.read` or below, or
+/// of an ancestor of one (images flow down the tree).
+fn readable(who: &Principal, image: &Image) -> bool {
+    warren_types::project::image_readable(&who.scope(Perm::ImageRead), &image.project)
+}
+
+/// An image `who` may read, else not found (names of other projects' images do not leak).
+async fn readable_image(c: &Control, who: &Principal, name: &str) -> Result<Image, Error> {
+    let image = c.catalog.get(name).await.map_err(image_error)?;
+    if readable(who, &image) {
+        Ok(image)
+    } else {
+        Err(image_error(ImageError::NotFound(format!(
+            "image {name:?} not found; `warren image ls` lists the images your key may read"
+        ))))
+    }
+}
+
+fn forbidden(who: &Principal, p: Perm, project: &str, then: &str) -> Error {
+    Error(ApiError::new(
+        ErrorCode::PermissionDenied,
+        format!(
+            "identity {} (key {}) does not hold {p} on {project}{then}",
+            who.identity, who.key_id
+        ),
+    ))
+}
+
+/// Where an image built under `name` goes (`asked`, else `default`) and which image of that
+/// name it may replace: the key must hold `image.build` on the new image's project and on
+/// the project of an image it replaces. A name held by an image of a project the key cannot
+/// read is a conflict that does not say whose.
+async fn build_target(
+    c: &Control,
+    who: &Principal,
+    asked: Option<&str>,
+    default: &str,
+    name: &str,
+) -> Result<(String, Option<String>), Error> {
+    let project = asked.unwrap_or(default).to_string();
+    warren_types::project::check_path(&project).map_err(|e| Error(ApiError::invalid(e)))?;
+    if !who.allows(Perm::ImageBuild, &project) {
+        return Err(forbidden(who, Perm::ImageBuild, &project, ""));
+    }
+    if !c
+        .iam
+        .project_exists(&project)
+        .await
+        .map_err(|e| Error(e.into()))?
+    {
+        return Err(Error(ApiError::new(
+            ErrorCode::NotFound,
+            format!("no project {project}: create it first (warren project create {project})"),
+        )));
+    }
+    match c.catalog.get(name).await {
+        Ok(old) if who.allows(Perm::ImageBuild, &old.project) => Ok((project, Some(old.project))),
+        Ok(old) if readable(who, &old) => Err(forbidden(
+            who,
+            Perm::ImageBuild,
+            &old.project,
+            &format!(", whose image {name} that name is: choose another name"),
+        )),
+        Ok(_) => Err(image_error(ImageError::Conflict(format!(
+            "the name {name} is taken by an image of another project: choose another name"
+        )))),
+        Err(ImageError::NotFound(_)) => Ok((project, None)),
+        Err(e) => Err(image_error(e)),
+    }
+}
+
+fn replacing(old: &Option<String>) -> Replacing<'_> {
+    match old {
+        Some(p) => Replacing::OfProject(p),
+        None => Replacing::Nothing,
+    }
+}
 use crate::fanout::{self, Policy};
 use crate::node_api::{CallError, SandboxFilter};
 
@@ -72,6 +155,10 @@ pub struct ImportQuery {
     /// archive's owners are kept (what a root file system needs). Not for an EROFS file.
     #[param(pattern = "^(user|root|[0-9]{1,10}:[0-9]{1,10})$", max_length = 21)]
     pub owner: Option<String>,
+    /// The project the image belongs to (default: the key's); the key needs `image.build`
+    /// there. Its sandboxes and those of projects below it may use it.
+    #[param(max_length = 1024)]
+    pub project: Option<String>,
 }
 
 /// Import an image. The body is a tar archive (plain, gzip or zstd) of a root file system, an
@@ -87,10 +174,14 @@ pub struct ImportQuery {
     security(("api_key" = [])))]
 pub async fn import(
     axum::extract::State(c): S,
+    axum::Extension(who): Who,
+    from: Source,
     Query(q): Query<ImportQuery>,
     body: Body,
 ) -> Result<(StatusCode, Json<ImageDetail>), Error> {
     warren_images::names::check_name(&q.name).map_err(image_error)?;
+    let (project, old) =
+        build_target(&c, &who, q.project.as_deref(), &who.project, &q.name).await?;
     let owner = q
         .owner
         .as_deref()
@@ -140,11 +231,12 @@ pub async fn import(
     }
     let name = q.name.clone();
     let source_hint = q.source.clone();
+    let creator = who.identity.clone();
     let imported = blocking(move || {
         let imported = warren_images::import::import_file_owned(
             &st,
             &path,
-            "admin",
+            &creator,
             warren_images::unpack::Limits::default(),
             owner,
         )?;
@@ -156,8 +248,23 @@ pub async fn import(
         (Some("directory"), "tar") => "directory".to_string(),
         (_, s) => s.to_string(),
     };
-    let (detail, replaced) = name_imported(&c, name, imported, source).await?;
+    let target = Target {
+        who: &who,
+        project,
+        old,
+    };
+    let (detail, replaced) = name_imported(&c, name, imported, source, target).await?;
     drop(gate);
+    audited(
+        &c,
+        &who,
+        &from,
+        "image.import",
+        &detail.image.name,
+        Some(&detail.image.project),
+        Some(&format!("{} layers, {n} bytes", detail.layer_info.len())),
+    )
+    .await;
     drop_unused(&c, replaced).await;
     tracing::info!(image = %detail.image.name, layers = detail.layer_info.len(), bytes = n, "image imported");
     Ok((StatusCode::CREATED, Json(detail)))
@@ -168,9 +275,14 @@ pub async fn import(
 async fn put_name(
     c: &Control,
     new: crate::catalog::NewImage,
+    old_project: &Option<String>,
 ) -> Result<(Image, Vec<String>), Error> {
     let old = c.catalog.get(&new.name).await.ok();
-    let image = c.catalog.put(store(c)?, new).await.map_err(image_error)?;
+    let image = c
+        .catalog
+        .put_replacing(store(c)?, new, replacing(old_project))
+        .await
+        .map_err(image_error)?;
     let replaced = old
         .map(|o| o.layers)
         .unwrap_or_default()
@@ -221,6 +333,13 @@ async fn drop_unused(c: &Control, digests: Vec<String>) {
     }
 }
 
+/// Who builds an image, into which project, replacing which project's image of its name.
+struct Target<'a> {
+    who: &'a Principal,
+    project: String,
+    old: Option<String>,
+}
+
 /// Names the layers an import or a pull made, in the catalog; also returns the layers the
 /// name pointed at before that it does not now.
 async fn name_imported(
@@ -228,19 +347,22 @@ async fn name_imported(
     name: String,
     imported: warren_images::import::Imported,
     source: String,
+    to: Target<'_>,
 ) -> Result<(ImageDetail, Vec<String>), Error> {
     let (image, replaced) = put_name(
         c,
         crate::catalog::NewImage {
             name,
             layers: imported.layers.iter().map(|l| l.digest.clone()).collect(),
-            creator: "admin".into(),
+            creator: to.who.identity.clone(),
+            project: to.project,
             parents: Vec::new(),
             source,
             env: imported.env,
             user: imported.user,
             workdir: imported.workdir,
         },
+        &to.old,
     )
     .await?;
     Ok((
@@ -255,8 +377,12 @@ async fn name_imported(
 /// List named images.
 #[utoipa::path(get, path = "/v1/images", tag = "images",
     responses((status = 200, body = ImageList)), security(("api_key" = [])))]
-pub async fn list(axum::extract::State(c): S) -> Result<Json<ImageList>, Error> {
-    let images = c.catalog.list().await.map_err(image_error)?;
+pub async fn list(
+    axum::extract::State(c): S,
+    axum::Extension(who): Who,
+) -> Result<Json<ImageList>, Error> {
+    let mut images = c.catalog.list().await.map_err(image_error)?;
+    images.retain(|i| readable(&who, i));
     Ok(Json(ImageList { images }))
 }
 
@@ -267,9 +393,10 @@ pub async fn list(axum::extract::State(c): S) -> Result<Json<ImageList>, Error> 
     security(("api_key" = [])))]
 pub async fn get(
     axum::extract::State(c): S,
+    axum::Extension(who): Who,
     Path(name): Path<String>,
 ) -> Result<Json<ImageDetail>, Error> {
-    let image = c.catalog.get(&name).await.map_err(image_error)?;
+    let image = readable_image(&c, &who, &name).await?;
     let st = store(&c)?.clone();
     let digests = image.layers.clone();
     let layer_info = blocking(move || digests.iter().map(|d| st.layer(d)).collect()).await?;
@@ -299,8 +426,29 @@ async fn all_sandboxes(c: &Control, what: &str) -> Result<Vec<Sandbox>, Error> {
     security(("api_key" = [])))]
 pub async fn remove(
     axum::extract::State(c): S,
+    axum::Extension(who): Who,
+    from: Source,
     Path(name): Path<String>,
 ) -> Result<StatusCode, Error> {
+    // A layer is anyone's to use: removing one by digest is the cluster's (root's) to do. An
+    // image is its project's.
+    let project = if name.starts_with("sha256:") {
+        if !who.allows(Perm::ImageDelete, warren_types::project::ROOT) {
+            return Err(forbidden(
+                &who,
+                Perm::ImageDelete,
+                warren_types::project::ROOT,
+                " (layers are removed cluster-wide): remove the image that names it instead",
+            ));
+        }
+        warren_types::project::root()
+    } else {
+        let image = readable_image(&c, &who, &name).await?;
+        if !who.allows(Perm::ImageDelete, &image.project) {
+            return Err(forbidden(&who, Perm::ImageDelete, &image.project, ""));
+        }
+        image.project
+    };
     let st = store(&c)?.clone();
     let _removing = c.catalog.removing().await;
     // The nodes' view of who uses which layer; a node that does not answer makes the answer
@@ -326,14 +474,21 @@ pub async fn remove(
                 users.join(", ")
             ))));
         }
+        let digest = name.clone();
         blocking(move || {
-            st.layer(&name)?;
-            st.remove_layer(&name)
+            st.layer(&digest)?;
+            st.remove_layer(&digest)
         })
         .await?;
+        audited(&c, &who, &from, "layer.remove", &name, Some(&project), None).await;
         return Ok(StatusCode::NO_CONTENT);
     }
     let image = c.catalog.get(&name).await.map_err(image_error)?;
+    if image.project != project {
+        return Err(image_error(ImageError::Conflict(format!(
+            "image {name} changed meanwhile; look again (warren image ls) and retry"
+        ))));
+    }
     let users: Vec<String> = sandboxes
         .iter()
         .filter(|s| s.image.split(',').any(|n| n.trim() == name))
@@ -360,6 +515,7 @@ pub async fn remove(
         Ok(())
     })
     .await?;
+    audited(&c, &who, &from, "image.delete", &name, Some(&project), None).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -493,8 +649,8 @@ pub async fn stats(axum::extract::State(c): S) -> Result<Json<Gathered<ImageStat
     security(("api_key" = [])))]
 pub async fn commit(
     axum::extract::State(c): S,
-    axum::Extension(who): axum::Extension<std::sync::Arc<crate::iam::Principal>>,
-    headers: axum::http::HeaderMap,
+    axum::Extension(who): Who,
+    from: Source,
     Path(id): Path<String>,
     Json(req): Json<CommitRequest>,
 ) -> Result<(StatusCode, Json<Image>), Error> {
@@ -502,12 +658,14 @@ pub async fn commit(
     let (id, node) = super::forward::route(&c, &id)?;
     // Only a sandbox the key may read files of (a commit is a copy of its files).
     let files = who.scope(crate::iam::Perm::SandboxFiles).join(",");
-    let visible = super::access::scope_of(&headers).unwrap_or_default();
+    let visible = who.scope(Perm::SandboxRead).join(",");
     let sb = node
         .api()
         .sandbox_scoped(&id, &files, &visible)
         .await
         .map_err(|e| one(&node, e))?;
+    let (project, old) =
+        build_target(&c, &who, req.project.as_deref(), &sb.project, &req.name).await?;
     let gate = c.catalog.writing().await;
     let layer = node
         .api()
@@ -524,15 +682,27 @@ pub async fn commit(
             name: req.name,
             layers,
             creator: who.identity.clone(),
+            project,
             parents: sb.image.split(',').map(|s| s.trim().to_string()).collect(),
             source: "build".into(),
             env: base.env,
             user: base.user,
             workdir: base.workdir,
         },
+        &old,
     )
     .await?;
     drop(gate);
+    audited(
+        &c,
+        &who,
+        &from,
+        "image.commit",
+        &image.name,
+        Some(&image.project),
+        Some(&format!("from sandbox {id}")),
+    )
+    .await;
     drop_unused(&c, replaced).await;
     Ok((StatusCode::CREATED, Json(image)))
 }
@@ -557,6 +727,8 @@ fn one(node: &crate::nodes::NodeEntry, e: CallError) -> Error {
     security(("api_key" = [])))]
 pub async fn pull(
     axum::extract::State(c): S,
+    axum::Extension(who): Who,
+    from: Source,
     Json(req): Json<PullRequest>,
 ) -> Result<(StatusCode, Json<ImageDetail>), Error> {
     use oci_client::secrets::RegistryAuth;
@@ -587,6 +759,8 @@ pub async fn pull(
             "{e} (the name comes from the reference: give one with `name`)"
         ))
     })?;
+    let (project, old) =
+        build_target(&c, &who, req.project.as_deref(), &who.project, &name).await?;
     let auth = match (&req.username, &req.password) {
         (Some(u), Some(p)) => RegistryAuth::Basic(u.clone(), p.clone()),
         (None, None) => RegistryAuth::Anonymous,
@@ -691,14 +865,31 @@ pub async fn pull(
     .await
     .map_err(io)?;
     let source = req.reference.clone();
+    let creator = who.identity.clone();
     let imported = blocking(move || {
-        let imported = warren_images::import::import_dir(&st, tmp.path(), "admin")?;
+        let imported = warren_images::import::import_dir(&st, tmp.path(), &creator)?;
         drop(tmp);
         Ok(imported)
     })
     .await?;
-    let (detail, replaced) = name_imported(&c, name, imported, format!("pull {source}")).await?;
+    let target = Target {
+        who: &who,
+        project,
+        old,
+    };
+    let (detail, replaced) =
+        name_imported(&c, name, imported, format!("pull {source}"), target).await?;
     drop(gate);
+    audited(
+        &c,
+        &who,
+        &from,
+        "image.pull",
+        &detail.image.name,
+        Some(&detail.image.project),
+        Some(&format!("from {}", req.reference)),
+    )
+    .await;
     drop_unused(&c, replaced).await;
     tracing::info!(image = %detail.image.name, reference = %req.reference, "image pulled");
     Ok((StatusCode::CREATED, Json(detail)))

@@ -83,18 +83,19 @@ pub async fn create(
     } else {
         None
     };
-    req.project = Some(project);
-    // Images other than the built-in one are resolved here, from the catalog: nodes get layers.
+    // Images other than the built-in one are resolved here, from the catalog: nodes get
+    // layers. Each must be the project's or an ancestor's.
     req.resolved = if req.image.trim() == "host" {
         None
     } else {
         Some(
             c.catalog
-                .resolve(&req.image)
+                .resolve_for(&req.image, &project)
                 .await
                 .map_err(super::images::image_error)?,
         )
     };
+    req.project = Some(project);
     // Idempotency keys are per project: the same key from two projects makes two sandboxes
     // (and never hands one project the other's).
     if let Some(k) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
@@ -524,6 +525,8 @@ pub async fn get_network(
     security(("api_key" = [])))]
 pub async fn set_network(
     axum::extract::State(c): S,
+    axum::Extension(who): axum::Extension<Arc<crate::iam::Principal>>,
+    from: super::iam::Source,
     Path(id): Path<String>,
     uri: Uri,
     headers: HeaderMap,
@@ -531,7 +534,20 @@ pub async fn set_network(
 ) -> Result<Response, Error> {
     req.parse()
         .map_err(|e| Error(ApiError::invalid(format!("network: {e}"))))?;
-    super::pass_json_as(&c, &id, Method::PUT, &uri, &headers, &req).await
+    let resp = super::pass_json_as(&c, &id, Method::PUT, &uri, &headers, &req).await?;
+    if resp.status().is_success() {
+        super::iam::audited(
+            &c,
+            &who,
+            &from,
+            "network.set",
+            &format!("sandbox {id}"),
+            None,
+            Some(&super::iam::policy_detail(&req)),
+        )
+        .await;
+    }
+    Ok(resp)
 }
 
 /// What the sandbox uses now: CPU time and its share of the CPU limit, memory (and page

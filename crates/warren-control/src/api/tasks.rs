@@ -82,6 +82,8 @@ pub async fn act(
     security(("api_key" = [])))]
 pub async fn set_network(
     axum::extract::State(c): S,
+    axum::Extension(who): axum::Extension<std::sync::Arc<crate::iam::Principal>>,
+    from: super::iam::Source,
     headers: axum::http::HeaderMap,
     Path(task): Path<String>,
     Json(policy): Json<NetworkPolicy>,
@@ -107,6 +109,21 @@ pub async fn set_network(
         total.succeeded += part.succeeded;
         total.failed.extend(part.failed);
     }
+    super::iam::audited(
+        &c,
+        &who,
+        &from,
+        "network.set",
+        &format!("task {task}"),
+        None,
+        Some(&format!(
+            "{} sandboxes took it, {} did not: {}",
+            total.succeeded,
+            total.failed.len(),
+            super::iam::policy_detail(&policy)
+        )),
+    )
+    .await;
     Ok(Json(Gathered {
         answer: total,
         unreachable: parts.unreachable,

@@ -213,6 +213,22 @@ async fn audit(
     Ok(())
 }
 
+/// Records an action taken outside IAM (an image built or deleted, a network policy
+/// changed) in the audit log.
+pub async fn record(
+    db: &Db,
+    actor: Actor<'_>,
+    action: &str,
+    target: &str,
+    project: Option<&str>,
+    detail: Option<&str>,
+) -> Result<()> {
+    let mut tx = db.begin().await?;
+    audit(&mut tx, &actor, action, target, project, detail).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 async fn bump(tx: &mut Tx<'_>) -> Result<()> {
     sqlx::query("UPDATE iam_version SET version = version + 1 WHERE id = 1")
         .execute(&mut **tx)

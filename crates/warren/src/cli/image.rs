@@ -106,6 +106,10 @@ pub struct ImportArgs {
     /// in the directory or archive are kept, as a root file system needs.
     #[arg(long, value_name = "user|root|UID:GID")]
     pub owner: Option<String>,
+    /// The project the image belongs to [default: the key's]: its sandboxes and those of
+    /// projects below it may use the image.
+    #[arg(long)]
+    pub project: Option<String>,
 }
 
 /// `warren image pull`.
@@ -125,6 +129,10 @@ pub struct PullArgs {
     /// Read the registry password or token from standard input.
     #[arg(long, requires = "username")]
     pub password_stdin: bool,
+    /// The project the image belongs to [default: the key's]: its sandboxes and those of
+    /// projects below it may use the image.
+    #[arg(long)]
+    pub project: Option<String>,
 }
 
 /// `warren image build`.
@@ -152,6 +160,10 @@ pub struct BuildArgs {
     /// workspace the agent edits), `root`, or `UID:GID` [default: root].
     #[arg(long, value_name = "user|root|UID:GID")]
     pub owner: Option<String>,
+    /// The project the builder runs in and the image belongs to [default: the key's]. The
+    /// --from images must be that project's or an ancestor's.
+    #[arg(long)]
+    pub project: Option<String>,
     /// What the builder may reach while the steps run (`--allow-domain pypi.org`, ...; see
     /// `warren network`). Default: everything outbound denied.
     #[command(flatten)]
@@ -206,6 +218,7 @@ pub async fn run(client: &Client, json: bool, cmd: ImageCommand) -> anyhow::Resu
                     insecure: a.insecure,
                     username: a.username,
                     password,
+                    project: a.project,
                 })
                 .await;
             pb.finish_and_clear();
@@ -265,10 +278,11 @@ pub async fn run(client: &Client, json: bool, cmd: ImageCommand) -> anyhow::Resu
                 output::json(&images)?;
                 return Ok(ExitCode::SUCCESS);
             }
-            let mut t = output::table(&["NAME", "LAYERS", "SIZE", "SOURCE", "CREATED"]);
+            let mut t = output::table(&["NAME", "PROJECT", "LAYERS", "SIZE", "SOURCE", "CREATED"]);
             for i in &images {
                 t.add_row([
                     i.name.clone(),
+                    i.project.clone(),
                     i.layers.len().to_string(),
                     size(i.size),
                     i.source.clone(),
@@ -476,11 +490,14 @@ async fn import(client: &Client, json: bool, a: ImportArgs) -> anyhow::Result<Ex
         }
     });
     let result = client
-        .import_image_owned(
+        .import_image_with(
             &a.name,
             reqwest::Body::wrap_stream(counted),
-            source,
-            a.owner.as_deref(),
+            &warren_sdk::ImportOptions {
+                source,
+                owner: a.owner.as_deref(),
+                project: a.project.as_deref(),
+            },
         )
         .await;
     pb.finish_and_clear();
@@ -578,6 +595,7 @@ fn build_spec(a: BuildArgs) -> anyhow::Result<BuildSpec> {
     let mut spec = BuildSpec::new(a.name, a.from);
     spec.memory = a.memory;
     spec.step_timeout = std::time::Duration::from_secs(a.step_timeout);
+    spec.project = a.project;
     if a.network.given() {
         spec.network = Some(a.network.policy()?);
     }
