@@ -149,6 +149,16 @@ pub struct Owner<'a> {
     pub project: Option<&'a str>,
 }
 
+impl<'a> Owner<'a> {
+    /// Whose a sandbox's events are: its record's task and project.
+    pub fn of(r: &'a state::Record) -> Owner<'a> {
+        Owner {
+            task: r.task.as_deref(),
+            project: Some(&r.project),
+        }
+    }
+}
+
 /// Which events to list.
 #[derive(Debug, Default, Clone)]
 pub struct EventFilter {

@@ -398,7 +398,7 @@ impl Node {
             if cut {
                 self.events.occur(
                     &sb.record.id,
-                    sb.record.owner(),
+                    crate::events::Owner::of(&sb.record),
                     warren_types::events::EventKind::OutputTruncated,
                     format!("{stream} cut at max_output"),
                     1,

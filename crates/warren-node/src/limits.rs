@@ -34,7 +34,7 @@ impl Node {
                 let limit = disk.map_or(0, |(_, l)| l);
                 self.events.occur(
                     &sb.record.id,
-                    sb.record.owner(),
+                    crate::events::Owner::of(&sb.record),
                     EventKind::DiskQuota,
                     format!(
                         "writable layer full at its quota ({})",
@@ -43,7 +43,7 @@ impl Node {
                     1,
                 );
             }
-            let owner = sb.record.owner();
+            let owner = crate::events::Owner::of(&sb.record);
             if oom > last.counters.oom_kills {
                 self.events.occur(
                     &sb.record.id,

@@ -98,15 +98,6 @@ pub struct Record {
     pub host_ports: std::collections::BTreeMap<u16, u16>,
 }
 
-impl Record {
-    /// Whose the sandbox's events are: its task and project.
-    pub fn owner(&self) -> crate::events::Owner<'_> {
-        crate::events::Owner {
-            task: self.task.as_deref(),
-            project: Some(&self.project),
-        }
-    }
-}
 
 /// The file a save writes before swapping it in; between saves it holds the previous record.
 const NEXT: &str = "state.json.tmp";
