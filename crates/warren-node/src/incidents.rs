@@ -82,7 +82,11 @@ impl Node {
                         return false;
                     };
                     for i in incidents {
-                        node.events.from_guest(&sb.record.id, crate::events::Owner::of(&sb.record), i);
+                        node.events.from_guest(
+                            &sb.record.id,
+                            crate::events::Owner::of(&sb.record),
+                            i,
+                        );
                     }
                     sb.incident_seq.store(seq, Ordering::Relaxed);
                     true
@@ -173,7 +177,8 @@ impl Node {
         };
         if let Ok(Some(incidents)) = tokio::time::timeout(Duration::from_millis(200), read).await {
             for i in &incidents {
-                self.events.from_guest(&sb.record.id, crate::events::Owner::of(&sb.record), i);
+                self.events
+                    .from_guest(&sb.record.id, crate::events::Owner::of(&sb.record), i);
             }
         }
     }

@@ -98,7 +98,6 @@ pub struct Record {
     pub host_ports: std::collections::BTreeMap<u16, u16>,
 }
 
-
 /// The file a save writes before swapping it in; between saves it holds the previous record.
 const NEXT: &str = "state.json.tmp";
 
