@@ -96,16 +96,25 @@ fn now_ms() -> i64 {
 }
 
 /// The key a request presents: `Authorization: Bearer <key>` or `X-API-Key: <key>`.
-pub fn presented(req: &Request) -> Option<&str> {
+pub fn presented(req: &Request) -> Option<std::borrow::Cow<'_, str>> {
     let h = req.headers();
-    h.get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").map(str::trim))
-        .or_else(|| {
-            h.get("x-api-key")
-                .and_then(|v| v.to_str().ok())
-                .map(str::trim)
-        })
+    let auth = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if let Some(k) = auth.and_then(|v| v.strip_prefix("Bearer ")) {
+        return Some(k.trim().into());
+    }
+    if let Some(k) = h.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(k.trim().into());
+    }
+    // HTTP Basic, the key as the password (any user name): what a client that takes only a
+    // URL can send (`http://fncall:KEY@host`, the `sandbox-fusion` package).
+    let basic = auth.and_then(|v| v.strip_prefix("Basic "))?;
+    use base64::Engine;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(basic.trim())
+        .ok()?;
+    let text = String::from_utf8(raw).ok()?;
+    let (_, key) = text.split_once(':')?;
+    Some(key.trim().to_string().into())
 }
 
 #[cfg(test)]

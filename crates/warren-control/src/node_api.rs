@@ -250,6 +250,23 @@ impl<'a> NodeApi<'a> {
         .await
     }
 
+    /// `POST /v1/node/fncall`: a function call on a worker of the node; `timeout` bounds the
+    /// whole call (its steps' limits, plus a worker's start).
+    pub async fn fncall(
+        &self,
+        call: &warren_types::fncall::NodeCall,
+        timeout: Duration,
+    ) -> Result<warren_types::fncall::NodeCallResult, CallError> {
+        let body = serde_json::to_vec(call).map_err(|e| CallError::Unreachable(e.to_string()))?;
+        self.call_with(
+            reqwest::Method::POST,
+            "/v1/node/fncall",
+            timeout,
+            Some(body),
+        )
+        .await
+    }
+
     /// `GET /v1/images/stats`: reads of the node's mounted layers and of its sandboxes.
     pub async fn image_stats(&self) -> Result<ImageStats, CallError> {
         self.read("/v1/images/stats").await

@@ -37,6 +37,7 @@ use crate::api;
         api::iam::create_identity, api::iam::list_bindings, api::iam::grant,
         api::iam::revoke_grant, api::iam::list_keys, api::iam::create_key, api::iam::revoke_key,
         api::iam::audit,
+        api::fncall::run, api::fncall::languages, api::fncall::run_code,
     ),
     modifiers(&Security, &Contract),
     tags(
@@ -48,6 +49,7 @@ use crate::api;
         (name = "images", description = "Layered images: import, inspect, remove, build (commit), read statistics."),
         (name = "events", description = "Incident events: what sandboxes tried that the platform stopped or cut."),
         (name = "system", description = "Health, nodes, this document."),
+        (name = "fncall", description = "Function calls: a program run once on a warm worker (online judges, rewards), and SandboxFusion's /run_code."),
         (name = "iam", description = "Projects, identities, keys, grants, quotas and the audit log: who may do what where."),
     )
 )]

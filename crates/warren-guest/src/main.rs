@@ -12,6 +12,7 @@
 //! pivoted away: nothing inside the sandbox can reach it, see its path, or read the guest's
 //! log (stderr, a host file).
 
+mod call;
 mod confine;
 mod default_user;
 mod files;
@@ -40,6 +41,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let code = match args.get(1).map(String::as_str) {
         Some("init") => init(),
+        Some("call-init") => call::init(&args[2..]),
         Some("serve") if args.len() == 3 => serve_path(&args[2]),
         Some("--version") => {
             println!("warren-guest {}", env!("CARGO_PKG_VERSION"));

@@ -106,6 +106,10 @@ async fn dispatch(
             Ok(())
         }
         Op::Spawn(spec) => start(g, &spec, r, w).await.map(|_| ()),
+        Op::Call(spec) => {
+            let result = crate::call::run(g, spec).await?;
+            write_msg(w, &Reply::Called(result)).await.map_err(io)
+        }
         Op::Attach { process } => {
             let proc = g.table.get(process)?;
             stream_output(w, &proc).await.map_err(io)

@@ -36,6 +36,7 @@ pub fn router(node: Arc<Node>, token: Option<String>) -> Router {
     let r = Router::new()
         .route("/v1/node", get(node_info))
         .route("/v1/node/sandboxes", get(changes))
+        .route("/v1/node/fncall", post(fncall))
         .route("/v1/sandboxes", post(create).get(list))
         .route("/v1/sandboxes/{id}", get(get_one).delete(kill))
         .route("/v1/sandboxes/{id}/pause", post(pause))
@@ -158,6 +159,14 @@ async fn changes(
     Query(q): Query<ChangesQuery>,
 ) -> Json<warren_types::api::SandboxChanges> {
     Json(n.changes_since(q.since))
+}
+
+/// A function call on a worker of this node.
+async fn fncall(
+    State(n): S,
+    Json(call): Json<warren_types::fncall::NodeCall>,
+) -> Result<Json<warren_types::fncall::NodeCallResult>, Error> {
+    Ok(Json(n.fncall(call).await?))
 }
 
 async fn create(

@@ -219,7 +219,32 @@ fn prepare_runtime(dir: &Path) -> io::Result<PathBuf> {
 }
 
 fn prepare_host(dir: &Path, host_root: &Path) -> io::Result<Rootfs> {
-    let skel = dir.join(format!("host-v{HOST_SKELETON_VERSION}"));
+    // Java's configuration lives in /etc (`/etc/java-17-openjdk`, linked from the JDK): the
+    // host's Java runtimes need theirs to start.
+    let mut java: Vec<String> = fs::read_dir(host_root.join("etc"))
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("java-") && n.len() <= 64)
+                .map(|n| format!("etc/{n}"))
+                .collect()
+        })
+        .unwrap_or_default();
+    java.sort();
+    // The skeleton holds a mount point for each /etc path bound: one per set of them.
+    let set: String = java.iter().map(|j| format!("{j};")).collect();
+    let tag = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        set.hash(&mut h);
+        format!("{:08x}", h.finish() as u32)
+    };
+    let skel = if java.is_empty() {
+        dir.join(format!("host-v{HOST_SKELETON_VERSION}"))
+    } else {
+        dir.join(format!("host-v{HOST_SKELETON_VERSION}-{tag}"))
+    };
     let mut binds = vec![BindMount {
         source: host_root.join("usr").to_string_lossy().into_owned(),
         target: "/usr".into(),
@@ -243,6 +268,7 @@ fn prepare_host(dir: &Path, host_root: &Path) -> io::Result<Rootfs> {
     let etc: Vec<&str> = HOST_ETC
         .iter()
         .copied()
+        .chain(java.iter().map(String::as_str))
         .filter(|p| host_root.join(p).exists())
         .collect();
     for p in &etc {

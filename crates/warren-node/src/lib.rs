@@ -14,6 +14,7 @@ pub mod adopt;
 pub mod create;
 pub mod exec;
 pub mod files;
+pub mod fncall;
 pub mod image_ops;
 pub mod incidents;
 pub mod lifecycle;
@@ -41,6 +42,7 @@ pub mod layers;
 pub mod phase;
 pub mod state;
 pub mod validate;
+pub mod workers;
 
 use std::collections::HashMap;
 use std::os::unix::fs::DirBuilderExt;
@@ -234,6 +236,7 @@ impl Node {
             prefetch_gate: Arc::new(tokio::sync::Semaphore::new(1)),
             _state_lock: state_lock,
             idempotency: Mutex::new(HashMap::new()),
+            fncall: Default::default(),
             changes: Mutex::new(crate::node::Changes::new()),
         });
         let report = node.adopt().await;

@@ -71,6 +71,8 @@ pub struct Node {
     /// The state directory's lock, held while the node lives.
     pub(crate) _state_lock: std::fs::File,
     pub(crate) idempotency: Mutex<HashMap<String, IdemSlot>>,
+    /// Function-call workers.
+    pub(crate) fncall: crate::workers::Workers,
 }
 
 /// The numbered changes to a node's set of sandboxes, the latest [`MAX_CHANGES`] of them.

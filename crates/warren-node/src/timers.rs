@@ -58,6 +58,11 @@ impl Node {
                         node.layers.sweep(false)
                     });
                 }
+                if n.is_multiple_of(240) {
+                    // Function-call workers idle too long (every minute).
+                    let node = node.clone();
+                    tokio::spawn(async move { node.expire_workers().await });
+                }
                 if n.is_multiple_of(240)
                     && let Some(pool) = node.dirs.disk.clone()
                 {

@@ -34,6 +34,7 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod fncall;
 pub mod iam;
 pub mod images;
 pub mod listing;
@@ -68,6 +69,9 @@ pub use warren_types::api::{
 };
 pub use warren_types::events::NetEvent;
 pub use warren_types::events::{Event, EventKind};
+pub use warren_types::fncall::{
+    FnCallRequest, FnCallResult, FnCallStatus, LanguageInfo, StepOutcome,
+};
 pub use warren_types::net::{
     ExposedPort, NetRule, NetworkMode, NetworkPolicy, NetworkStatus, Protocol,
 };

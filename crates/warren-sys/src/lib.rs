@@ -23,6 +23,7 @@ pub mod confine;
 pub mod creds;
 pub mod mount;
 pub mod net;
+pub mod ns;
 pub mod process;
 pub mod pty;
 pub mod sched;

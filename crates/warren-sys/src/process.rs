@@ -410,3 +410,83 @@ garbage\n\
         assert_eq!(super::prefetch_swapped(i32::MAX).unwrap(), 0);
     }
 }
+
+/// Resource limits a function call's step gets (see the guest's `call` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepLimits {
+    /// CPU seconds (`RLIMIT_CPU`).
+    pub cpu_seconds: u64,
+    /// Processes and threads of its uid (`RLIMIT_NPROC`).
+    pub processes: u64,
+    /// Largest file it may write, bytes (`RLIMIT_FSIZE`).
+    pub file_size: u64,
+}
+
+/// Makes `cmd`'s child get `status` as its descriptor 3 (and only as that: the original is
+/// close-on-exec) and `limits`, after the switch to its user and before anything else runs.
+pub fn on_exec_status_and_limits(
+    cmd: &mut std::process::Command,
+    status: std::os::fd::BorrowedFd<'_>,
+    limits: StepLimits,
+) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let fd = status.as_raw_fd();
+    let set = [
+        (libc::RLIMIT_CPU, limits.cpu_seconds),
+        (libc::RLIMIT_NPROC, limits.processes),
+        (libc::RLIMIT_FSIZE, limits.file_size),
+    ];
+    // SAFETY: the closure makes only async-signal-safe calls (dup2, fcntl, setrlimit) on
+    // values copied into it; the descriptor is open in the parent until the spawn returns.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == 3 {
+                if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, 3) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            for (res, v) in set {
+                let lim = libc::rlimit {
+                    rlim_cur: v,
+                    rlim_max: v,
+                };
+                if libc::setrlimit(res, &lim) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Descriptor 3 as a file, made close-on-exec: the status pipe a function call's step init
+/// was given by [`on_exec_status_and_limits`]. Call it once, at start, and only there.
+pub fn take_status_fd() -> io::Result<std::fs::File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: fcntl on a number; it fails with EBADF if 3 is not open.
+    if unsafe { libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: descriptor 3 is open (checked above) and nothing else in this process owns it:
+    // the caller takes it once, at start.
+    Ok(unsafe { std::fs::File::from_raw_fd(3) })
+}
+
+/// What this process's waited-for children used: CPU time (user and system) in microseconds,
+/// and the largest resident set among them in bytes.
+pub fn children_usage() -> (u64, u64) {
+    // SAFETY: all-zero is a valid rusage (plain integers).
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is valid for writes.
+    if unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) } < 0 {
+        return (0, 0);
+    }
+    let us = |t: libc::timeval| t.tv_sec.max(0) as u64 * 1_000_000 + t.tv_usec.max(0) as u64;
+    (
+        us(ru.ru_utime) + us(ru.ru_stime),
+        ru.ru_maxrss.max(0) as u64 * 1024,
+    )
+}

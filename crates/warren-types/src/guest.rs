@@ -346,6 +346,122 @@ pub enum Op {
         /// The `seq` of the last reply the host has (0: everything kept).
         after: u64,
     },
+    /// Run a function call in a fresh view of the pristine image: [`Reply::Called`].
+    Call(CallSpec),
+}
+
+/// A function call as the guest runs it: its files are written into a fresh working
+/// directory ([`CALL_DIR`]) of a fresh view of the image's pristine layers (a tmpfs of its own
+/// for everything written, its own `/dev/shm` and IPC namespace); each step runs as the
+/// grader's uid in a PID namespace of its own, so when a step ends nothing of it is left
+/// running; when the call ends the view goes, with everything written in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallSpec {
+    /// Files to write into the working directory.
+    pub files: Vec<CallFile>,
+    /// Steps, in order (a compile and a run, or a run).
+    pub steps: Vec<CallStep>,
+    /// Environment of every step (beside `PATH`, `HOME`, `LANG`).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Files to read back from the working directory after the last step.
+    #[serde(default)]
+    pub fetch: Vec<String>,
+    /// Most bytes of all fetched files together.
+    #[serde(default)]
+    pub max_fetch: u64,
+    /// Most processes (threads included) a step may run at once.
+    pub pids: u32,
+    /// Largest file a step may write, bytes (`RLIMIT_FSIZE`).
+    pub file_size: u64,
+    /// Size of the call's writable layer (its tmpfs), bytes.
+    pub tmp_size: u64,
+}
+
+/// The working directory of a function call, inside its view.
+pub const CALL_DIR: &str = "/work";
+
+/// A file of a function call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallFile {
+    /// Path relative to [`CALL_DIR`] (`main.py`, `data/in.txt`): no `..`, not absolute.
+    pub path: String,
+    /// Content, base64.
+    pub data: String,
+    /// Executable.
+    #[serde(default)]
+    pub executable: bool,
+}
+
+/// One step of a function call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallStep {
+    /// Program and arguments (the program found on `PATH`, or relative to [`CALL_DIR`]).
+    pub argv: Vec<String>,
+    /// Standard input, base64 (empty: none).
+    #[serde(default)]
+    pub stdin: String,
+    /// Wall-clock limit, ms.
+    pub timeout_ms: u64,
+    /// Most bytes kept of stdout and of stderr each: past it the step is killed.
+    pub max_output: u64,
+    /// Later steps run only if this one exited 0 (a compile).
+    #[serde(default)]
+    pub required: bool,
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepResult {
+    /// Whether it ran (a step after a failed required one does not).
+    pub ran: bool,
+    /// Exit code, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Signal that ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Killed at its wall-clock limit.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// Killed for printing more than `max_output`.
+    #[serde(default)]
+    pub output_limit: bool,
+    /// Its program could not be started (not found, not executable): why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_started: Option<String>,
+    /// Standard output, base64.
+    pub stdout: String,
+    /// Standard error, base64.
+    pub stderr: String,
+    /// Wall-clock time, microseconds.
+    pub wall_us: u64,
+    /// CPU time (user and system), microseconds.
+    pub cpu_us: u64,
+    /// Peak resident set, bytes.
+    pub max_rss: u64,
+}
+
+/// What a function call did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallResult {
+    /// Each step, in order.
+    pub steps: Vec<StepResult>,
+    /// Fetched files: path and content (base64), or why not.
+    pub files: Vec<FetchedFile>,
+}
+
+/// A file read back after a call.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchedFile {
+    /// Its path, as asked.
+    pub path: String,
+    /// Content, base64, when it was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    /// Why it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Replies from the guest.
@@ -401,6 +517,8 @@ pub enum Reply {
         /// Some were lost to the bound since the last call.
         overflowed: bool,
     },
+    /// Answer to [`Op::Call`].
+    Called(CallResult),
     /// The operation succeeded.
     Done,
     /// The operation failed.

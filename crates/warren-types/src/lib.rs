@@ -17,6 +17,7 @@
 pub mod api;
 pub mod error;
 pub mod events;
+pub mod fncall;
 pub mod guest;
 pub mod id;
 pub mod net;

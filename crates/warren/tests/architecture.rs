@@ -254,6 +254,7 @@ fn node_modules_stand_in_layers_without_loops() {
             "state",
             "validate",
             "trajectory::log",
+            "workers",
         ];
         if FOUNDATION.contains(&m) {
             0

@@ -158,6 +158,10 @@ static ROUTES: LazyLock<HashMap<(Method, &'static str), Need>> = LazyLock::new(|
             format!("{sb}/watches/{{watch}}/events"),
             In(SandboxFiles),
         ),
+        // Function calls: the handler checks fncall.run on the call's project.
+        (post.clone(), "/v1/fncall/run".into(), Key),
+        (get.clone(), "/v1/fncall/languages".into(), Key),
+        (post.clone(), "/run_code".into(), Key),
         // IAM: each handler checks the actor's grants on what it touches.
         (get.clone(), "/v1/whoami".into(), Key),
         (get.clone(), "/v1/projects".into(), Key),
@@ -209,7 +213,8 @@ pub async fn authorize(State(c): State<Arc<Control>>, mut req: Request, next: Ne
         ))
         .into_response();
     };
-    let who = match c.iam.authenticate(key).await {
+    let key = key.into_owned();
+    let who = match c.iam.authenticate(&key).await {
         Ok(Some(p)) => p,
         Ok(None) => {
             return warren_http::Error(ApiError::new(

@@ -9,6 +9,7 @@ pub(crate) mod cluster;
 pub(crate) mod commands;
 pub(crate) mod events;
 pub(crate) mod files;
+pub(crate) mod fncall;
 pub mod forward;
 pub(crate) mod iam;
 pub(crate) mod images;
@@ -118,6 +119,9 @@ pub fn router(c: Arc<Control>) -> Router {
             "/v1/sandboxes/{id}/watches/{watch}",
             axum::routing::delete(files::watch_remove),
         )
+        .route("/v1/fncall/run", post(fncall::run))
+        .route("/v1/fncall/languages", get(fncall::languages))
+        .route("/run_code", post(fncall::run_code))
         .route("/v1/whoami", get(iam::whoami))
         .route(
             "/v1/projects",

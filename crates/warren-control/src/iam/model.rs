@@ -47,10 +47,12 @@ pub enum Perm {
     AuditRead = 1 << 14,
     /// Cordon, drain and remove nodes.
     ClusterAdmin = 1 << 15,
+    /// Run function calls (a program run once on a warm worker).
+    FnCallRun = 1 << 16,
 }
 
 /// Every permission, in the order they are documented.
-pub const ALL_PERMS: [Perm; 16] = [
+pub const ALL_PERMS: [Perm; 17] = [
     Perm::SandboxCreate,
     Perm::SandboxRead,
     Perm::SandboxExec,
@@ -67,6 +69,7 @@ pub const ALL_PERMS: [Perm; 16] = [
     Perm::IamDelegate,
     Perm::AuditRead,
     Perm::ClusterAdmin,
+    Perm::FnCallRun,
 ];
 
 impl Perm {
@@ -89,6 +92,7 @@ impl Perm {
             Perm::IamDelegate => "iam.delegate",
             Perm::AuditRead => "audit.read",
             Perm::ClusterAdmin => "cluster.admin",
+            Perm::FnCallRun => "fncall.run",
         }
     }
 }
@@ -164,6 +168,7 @@ pub fn roles() -> Vec<(&'static str, &'static str, Perms)> {
         SandboxDelete,
         SandboxNetwork,
         TaskManage,
+        FnCallRun,
     ]));
     let builder = Perms::of(&[ImageRead, ImageBuild, ImageDelete]);
     let project_admin = runner
@@ -173,7 +178,8 @@ pub fn roles() -> Vec<(&'static str, &'static str, Perms)> {
         ("viewer", "see sandboxes, images and events", viewer),
         (
             "runner",
-            "run sandboxes: create, exec, files, lifecycle, network, tasks (not images)",
+            "run sandboxes: create, exec, files, lifecycle, network, tasks, function calls \
+             (not images)",
             runner,
         ),
         (

@@ -1,0 +1,145 @@
+//! The FnCall backend on a node: warm worker sandboxes, per image and memory size, that run
+//! function calls one at a time.
+//!
+//! A worker is a container sandbox of the image with no network, made by the node itself
+//! (label [`WORKER_LABEL`], task [`WORKER_TASK`], project root). A call takes an idle worker
+//! (or starts one), and its guest runs the call in a fresh view of the pristine image (see the
+//! guest's `call` module): nothing of one call is left for the next. After the call the worker
+//! goes back to the idle list, or is killed when that list is full or the call broke the
+//! worker (its guest did not answer). A pool whose last idle worker was taken starts one more
+//! in the background, so the next call finds it warm. Idle workers unused for
+//! [`crate::workers::IDLE_TTL`] are killed by the timer sweep.
+
+use std::sync::Arc;
+
+use warren_types::api::CreateSandbox;
+use warren_types::fncall::{NodeCall, NodeCallResult};
+use warren_types::guest::{Op, Reply};
+use warren_types::id::SandboxId;
+
+use crate::error::NodeError;
+use crate::node::Node;
+use crate::workers::Key;
+
+/// The label that marks a worker, with its image as the value.
+pub const WORKER_LABEL: &str = "warren.fncall.worker";
+/// The task of every worker (a task operation on it acts on the pools).
+pub const WORKER_TASK: &str = "warren-fncall";
+/// What a worker holds beyond the call's memory: its guest, the step's init.
+const OVERHEAD: u64 = 48 << 20;
+
+impl Node {
+    /// Runs a function call on a worker of its image and memory.
+    pub async fn fncall(self: &Arc<Self>, call: NodeCall) -> Result<NodeCallResult, NodeError> {
+        let key = Key {
+            image: call.image.clone(),
+            memory: call.memory.bytes(),
+        };
+        let mut warm = true;
+        let worker = loop {
+            match self.fncall.take(&key) {
+                Some((id, last)) => {
+                    if self.get(&id).is_err() {
+                        continue; // killed since (its timeout, a task stop)
+                    }
+                    if last {
+                        self.refill(&call);
+                    }
+                    break id;
+                }
+                None => {
+                    warm = false;
+                    break self.start_worker(&call).await?;
+                }
+            }
+        };
+        let r = self.call_on(&worker, call.spec).await;
+        match &r {
+            Ok(_) if self.fncall.give_back(key, worker.clone()) => {}
+            // A full pool, or a worker the call broke: it goes.
+            _ => {
+                let _ = self.kill(&worker).await;
+            }
+        }
+        r.map(|(result, memory_limit)| NodeCallResult {
+            result,
+            memory_limit,
+            warm,
+        })
+    }
+
+    /// Runs `spec` in `worker`; also says whether its memory limit was hit meanwhile.
+    async fn call_on(
+        &self,
+        worker: &SandboxId,
+        spec: warren_types::guest::CallSpec,
+    ) -> Result<(warren_types::guest::CallResult, bool), NodeError> {
+        let sb = self.get(worker)?;
+        let before = sb.instance.counters().oom_kills;
+        let (sb, mut conn) = self.open(worker, Op::Call(spec)).await?;
+        let reply = conn
+            .reply()
+            .await
+            .map_err(|e| crate::exec::guest_failure(&sb, e))?;
+        let after = sb.instance.counters().oom_kills;
+        match reply {
+            Reply::Called(result) => Ok((result, after > before)),
+            other => Err(crate::exec::unexpected(other)),
+        }
+    }
+
+    /// Starts a worker for `call`'s image and memory.
+    async fn start_worker(self: &Arc<Self>, call: &NodeCall) -> Result<SandboxId, NodeError> {
+        let memory = warren_types::ByteSize(call.memory.bytes() + OVERHEAD);
+        let req = CreateSandbox {
+            image: call.image.clone(),
+            resolved: call.resolved.clone(),
+            task: Some(WORKER_TASK.into()),
+            project: Some(warren_types::project::root()),
+            memory: Some(memory),
+            memory_limit: Some(memory),
+            pids: Some(call.spec.pids.saturating_add(64)),
+            timeout: Some(24 * 3600),
+            labels: [(WORKER_LABEL.to_string(), call.image.clone())].into(),
+            network: Some(warren_types::net::NetworkPolicy::none()),
+            ..CreateSandbox::default()
+        };
+        let (view, _) = self.create(req, None).await?;
+        Ok(view.id)
+    }
+
+    /// Starts one more worker for `call`'s pool in the background.
+    fn refill(self: &Arc<Self>, call: &NodeCall) {
+        let node = self.clone();
+        let call = NodeCall {
+            spec: warren_types::guest::CallSpec {
+                pids: call.spec.pids,
+                ..Default::default()
+            },
+            ..call.clone()
+        };
+        tokio::spawn(async move {
+            let key = Key {
+                image: call.image.clone(),
+                memory: call.memory.bytes(),
+            };
+            match node.start_worker(&call).await {
+                Ok(id) => {
+                    if !node.fncall.give_back(key, id.clone()) {
+                        let _ = node.kill(&id).await;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(image = %call.image, "starting a function-call worker: {e}")
+                }
+            }
+        });
+    }
+
+    /// Kills idle workers unused for [`crate::workers::IDLE_TTL`] (from the timer sweep).
+    pub(crate) async fn expire_workers(&self) {
+        for id in self.fncall.expired() {
+            let _ = self.kill(&id).await;
+        }
+    }
+}
