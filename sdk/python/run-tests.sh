@@ -22,7 +22,8 @@ if [ ! -x "$venv/bin/python" ]; then
     exit 1
   fi
 fi
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "$here" pytest pytest-asyncio
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$here" pytest pytest-asyncio \
+  sandbox-fusion==0.3.7
 
 # The tests' nodes give their sandboxes networks: interfaces, routes and an nftables table in
 # the network namespace they run in, and one such node per namespace. So pytest runs in a network

@@ -294,6 +294,31 @@ async fn files_go_in_and_come_back_and_bad_input_is_refused() {
 
     // A key without fncall.run is refused; a runner's works.
     admin_roles(&p, &c).await;
+
+    // The CLI: output as printed, the program's exit code as its own.
+    let d = tempfile::tempdir().unwrap();
+    let prog = d.path().join("prog.py");
+    std::fs::write(
+        &prog,
+        "import sys\nprint(open('in.txt').read().strip())\nsys.exit(4)",
+    )
+    .unwrap();
+    let input = d.path().join("in.txt");
+    std::fs::write(&input, "from a file\n").unwrap();
+    let out = p.cli(&[
+        "fncall",
+        "run",
+        "--lang",
+        "python",
+        prog.to_str().unwrap(),
+        "--file",
+        input.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from a file\n");
+    let out = p.cli(&["fncall", "languages", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"javascript\""));
 }
 
 async fn admin_roles(p: &Platform, admin: &Client) {

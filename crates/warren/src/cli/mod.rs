@@ -7,6 +7,7 @@ mod args;
 mod cp;
 mod events;
 mod exec;
+mod fncall;
 mod health;
 mod iam;
 mod image;
@@ -158,6 +159,13 @@ enum Command {
         Each event sums a burst: a million denied calls in a minute is one line with its count."
     )]
     Events(events::EventsArgs),
+    /// Function calls: run a program once on a warm worker (online judges, rewards).
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  warren fncall run --lang python solve.py < input.txt\n  \
+            warren fncall languages"
+    )]
+    Fncall(fncall::FnCallCommand),
     /// Tools for developing Warren: a whole cluster on this machine.
     #[command(
         subcommand,
@@ -296,6 +304,7 @@ async fn run(global: Global, command: Command) -> anyhow::Result<ExitCode> {
         Command::Ps(args) => ps::run(&client, json, args).await,
         Command::Node(node::NodeArgs { cmd: Some(cmd), .. }) => node::run(&client, json, cmd).await,
         Command::Events(args) => events::run(&client, json, args).await,
+        Command::Fncall(cmd) => fncall::run(&client, json, cmd).await,
         Command::Health => health::run(&client, json).await,
         Command::Project(cmd) => iam::project(&client, json, cmd).await,
         Command::Identity(cmd) => iam::identity(&client, json, cmd).await,

@@ -39,6 +39,8 @@ from .events import ExecEvent
 from .sandbox import EventStream, PortStream, Sandbox
 from .types import (
     ErrorInfo,
+    FnCallResult,
+    StepOutcome,
     ExecResult,
     ExitStatus,
     ExposedPort,
@@ -112,6 +114,8 @@ __all__ = [
     "Resources",
     "SandboxInfo",
     "ApiKey",
+    "FnCallResult",
+    "StepOutcome",
     "SandboxMetrics",
     "WatchEvents",
     "TaskFailure",

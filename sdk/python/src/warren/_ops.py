@@ -17,6 +17,7 @@ from .trajectory import TrajectoryEntry, parse_jsonl
 from .types import (
     ApiKey,
     ExecResult,
+    FnCallResult,
     FileEntry,
     Health,
     IncidentEvent,
@@ -680,3 +681,56 @@ def revoke_key(key_id: Any) -> Call[None]:
 
 def whoami() -> Call[Dict[str, Any]]:
     return Call("GET", "/v1/whoami", parse=json_body)
+
+
+def fncall(
+    language: Any,
+    code: Any,
+    *,
+    stdin: Any = None,
+    files: Any = None,
+    timeout: Any = None,
+    compile_timeout: Any = None,
+    memory: Any = None,
+    max_output: Any = None,
+    fetch_files: Any = None,
+    image: Any = None,
+    project: Any = None,
+) -> Call[FnCallResult]:
+    import base64
+
+    body: Dict[str, Any] = {
+        "language": v.string(language, "language"),
+        "code": v.string(code, "code", empty=True),
+    }
+    if stdin is not None:
+        body["stdin"] = v.data(stdin).decode("utf-8", "surrogateescape")
+    if files:
+        if not isinstance(files, Mapping):
+            raise InvalidArgument("files must be a dict of path to str or bytes")
+        body["files"] = {
+            v.string(k, "file path"): base64.b64encode(v.data(d)).decode()
+            for k, d in files.items()
+        }
+    for name, val in (("timeout", timeout), ("compile_timeout", compile_timeout)):
+        s = v.seconds(val, name, zero_ok=False)
+        if s is not None:
+            body[name] = s
+    for name, val in (("memory", memory), ("max_output", max_output)):
+        n = v.size(val, name)
+        if n is not None:
+            body[name] = n
+    if fetch_files:
+        body["fetch_files"] = [v.string(f, "fetch_files entry") for f in fetch_files]
+    if image is not None:
+        body["image"] = v.string(image, "image")
+    if project is not None:
+        body["project"] = v.string(project, "project")
+    wait = (body.get("timeout") or 10.0) + (body.get("compile_timeout") or 30.0) + 120.0
+    return Call(
+        "POST",
+        "/v1/fncall/run",
+        json=body,
+        read_timeout=wait,
+        parse=lambda r: FnCallResult.from_json(json_body(r)),
+    )

@@ -19,6 +19,7 @@ from .async_sandbox import AsyncSandbox
 from .client import NetworkArg, Size
 from .trajectory import LogSource, load
 from .types import (
+    FnCallResult,
     Health,
     IncidentEvent,
     Listing,
@@ -172,6 +173,17 @@ class AsyncEvents:
         return await self._t.call(_ops.list_events(sandbox, task, kind, since))
 
 
+class AsyncFnCalls:
+    """Function calls: ``client.fncall``, as :class:`warren.client.FnCalls`."""
+
+    def __init__(self, t: AsyncTransport) -> None:
+        self._t = t
+
+    async def run(self, *, language: str, code: str, **kw: Any) -> FnCallResult:
+        """Runs ``code`` once; arguments and answer as :meth:`warren.client.FnCalls.run`."""
+        return await self._t.call(_ops.fncall(language, code, **kw))
+
+
 class AsyncClient:
     """A client of Warren's REST API for asyncio; arguments as :class:`warren.Client`, with a
     pool of ``max_connections=1000`` by default. Use ``async with``, or ``await close()``."""
@@ -202,6 +214,7 @@ class AsyncClient:
         self.sandboxes = AsyncSandboxes(self._t)
         self.tasks = AsyncTasks(self._t)
         self.events = AsyncEvents(self._t)
+        self.fncall = AsyncFnCalls(self._t)
 
     @property
     def url(self) -> str:

@@ -17,7 +17,7 @@ same :class:`~warren.sandbox.Sandbox` handle.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _ops
 from . import _validate as v
@@ -27,6 +27,7 @@ from .sandbox import Sandbox
 from .trajectory import LogSource, load
 from .types import (
     ApiKey,
+    FnCallResult,
     Health,
     IncidentEvent,
     Listing,
@@ -257,6 +258,52 @@ class Events:
         return self._t.call(_ops.list_events(sandbox, task, kind, since))
 
 
+class FnCalls:
+    """Function calls: ``client.fncall``. A program run once on a warm worker — an online
+    judge's submission, a reward script — with nothing kept between calls."""
+
+    def __init__(self, t: SyncTransport) -> None:
+        self._t = t
+
+    def run(
+        self,
+        *,
+        language: str,
+        code: str,
+        stdin: Optional[Union[str, bytes]] = None,
+        files: Optional[Dict[str, Union[str, bytes]]] = None,
+        timeout: Optional[float] = None,
+        compile_timeout: Optional[float] = None,
+        memory: Optional[Union[int, str]] = None,
+        max_output: Optional[Union[int, str]] = None,
+        fetch_files: Optional[List[str]] = None,
+        image: Optional[str] = None,
+        project: Optional[str] = None,
+    ) -> FnCallResult:
+        """Runs ``code`` in ``language`` (``"python"``, ``"bash"``, ``"c"``, ``"cpp"``,
+        ``"java"``, ``"javascript"``, ``"rust"``, ``"go"`` — those the image has toolchains
+        for) with ``stdin`` and ``files`` beside it, compiled first where the language is.
+        ``timeout`` (default 10 s) bounds the run, ``compile_timeout`` (30 s) the compile,
+        ``memory`` (512Mi) the program and its files, ``max_output`` (8Mi) each of stdout
+        and stderr. The answer's ``status`` says how it ended; ``fetch_files`` come back in
+        ``files``."""
+        return self._t.call(
+            _ops.fncall(
+                language,
+                code,
+                stdin=stdin,
+                files=files,
+                timeout=timeout,
+                compile_timeout=compile_timeout,
+                memory=memory,
+                max_output=max_output,
+                fetch_files=fetch_files,
+                image=image,
+                project=project,
+            )
+        )
+
+
 class Client:
     """A client of Warren's REST API (blocking; thread-safe; one connection pool).
 
@@ -302,6 +349,7 @@ class Client:
         self.sandboxes = Sandboxes(self._t)
         self.tasks = Tasks(self._t)
         self.events = Events(self._t)
+        self.fncall = FnCalls(self._t)
 
     @property
     def url(self) -> str:

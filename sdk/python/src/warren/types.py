@@ -958,3 +958,71 @@ class ApiKey:
             secret=d.get("secret"),
             expires_at=d.get("expires_at"),
         )
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step of a function call (its compile, or its run) did."""
+
+    stdout: str
+    stderr: str
+    exit_code: Optional[int]
+    signal: Optional[int]
+    timed_out: bool
+    output_limited: bool
+    wall_time: float
+    """Seconds, wall clock."""
+    cpu_time: float
+    """Seconds of CPU, user and system."""
+    peak_memory: int
+    """Bytes, the largest resident set."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> StepOutcome:
+        return cls(
+            stdout=d.get("stdout", ""),
+            stderr=d.get("stderr", ""),
+            exit_code=d.get("exit_code"),
+            signal=d.get("signal"),
+            timed_out=bool(d.get("timed_out", False)),
+            output_limited=bool(d.get("output_limited", False)),
+            wall_time=float(d.get("wall_time", 0.0)),
+            cpu_time=float(d.get("cpu_time", 0.0)),
+            peak_memory=int(d.get("peak_memory", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class FnCallResult:
+    """The answer to a function call (``client.fncall.run``). ``status`` is ``"ok"``,
+    ``"compile_error"``, ``"timeout"``, ``"memory_limit"``, ``"runtime_error"`` or
+    ``"output_limit"``."""
+
+    status: str
+    compile: Optional[StepOutcome]
+    run: Optional[StepOutcome]
+    files: Dict[str, bytes]
+    """Fetched files, path → content."""
+    missing_files: Dict[str, str]
+    """Files asked for that could not be returned, path → why."""
+    node: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def stdout(self) -> str:
+        """The run's standard output ("" when it did not run)."""
+        return self.run.stdout if self.run else ""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> FnCallResult:
+        return cls(
+            status=d["status"],
+            compile=StepOutcome.from_json(d["compile"]) if d.get("compile") else None,
+            run=StepOutcome.from_json(d["run"]) if d.get("run") else None,
+            files={k: base64.b64decode(v) for k, v in (d.get("files") or {}).items()},
+            missing_files=dict(d.get("missing_files") or {}),
+            node=d.get("node", ""),
+        )
