@@ -9,10 +9,11 @@
 #   btrfs-progs          disk quotas: mkfs.btrfs makes the node's disk pool (once)
 #   curl, git            what the E2B gateway's `base` template (the `host` image) offers, as
 #                        E2B's base has them (installed only where no such command exists)
+#   gcc, g++             function calls in C and C++ (the `host` image's toolchains)
 #   postgresql           (tests only) the control plane's shared database: the tests start
 #                        their own servers in their own data directories, never the system's
 set -euo pipefail
-want=(procps python3 bubblewrap runc nftables erofs-utils btrfs-progs)
+want=(procps python3 gcc g++ bubblewrap runc nftables erofs-utils btrfs-progs)
 if [ "${1:-}" = test ]; then
   want+=(postgresql)
 fi

@@ -13,6 +13,7 @@
 
 mod cluster;
 mod containment;
+mod fncall;
 mod host;
 mod iam;
 mod names;
@@ -113,6 +114,7 @@ usage: warren-bench [--quick]
        warren-bench prefetch [N]
        warren-bench cluster [SANDBOXES]
        warren-bench iam [N]
+       warren-bench fncall [N]
 
 Benchmarks Warren (through `warren up`'s REST API, and its node library in-process) against
 bubblewrap and runc on this machine and prints Markdown tables. Run as root, after
@@ -142,6 +144,10 @@ complete view, and k = 1, 2, 3 and least-loaded-of-all with and without the over
 `iam` measures what authorisation adds to a request (N times, default 100000): a key's
 principal from the cache and the create path's check, against the key check it replaced, and
 the uncached path, on SQLite and PostgreSQL.
+
+`fncall` measures function calls (N per row, default 2000): calls/s and latency of a trivial
+program in bash, Python and C at concurrency 1 and more, beside a bare namespaced spawn of the
+same program and one fresh container sandbox per call, in the same run.
 
 `containment` measures what the defences cost (N creates per variant, default 50): create and
 exec with and without the disk quota and the system-call filter, and the disk-quota
@@ -264,6 +270,23 @@ fn main() -> std::process::ExitCode {
             }
             Err(e) => {
                 eprintln!("warren-bench iam: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
+    if args.first().map(String::as_str) == Some("fncall") {
+        let n = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(2000);
+        let (exe_dir, rt) = match exe_dir_and_runtime() {
+            Ok(x) => x,
+            Err(code) => return code,
+        };
+        return match rt.block_on(fncall::run(&exe_dir, n)) {
+            Ok(out) => {
+                print!("{out}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("warren-bench fncall: {e:#}");
                 std::process::ExitCode::FAILURE
             }
         };

@@ -69,13 +69,16 @@ fn create_req() -> CreateSandbox {
 }
 
 /// A running `warren up`, stopped with SIGTERM when dropped if not before.
-struct WarrenUp {
+pub(crate) struct WarrenUp {
     child: Option<Child>,
     log: PathBuf,
 }
 
 impl WarrenUp {
-    fn start(exe_dir: &Path, work: &Path) -> anyhow::Result<(WarrenUp, String, PathBuf)> {
+    pub(crate) fn start(
+        exe_dir: &Path,
+        work: &Path,
+    ) -> anyhow::Result<(WarrenUp, String, PathBuf)> {
         let warren = exe_dir.join("warren");
         if !warren.is_file() {
             bail!(
@@ -120,7 +123,7 @@ impl WarrenUp {
         self.child.as_ref().map(|c| c.id() as i32)
     }
 
-    fn log_tail(&self, lines: usize) -> String {
+    pub(crate) fn log_tail(&self, lines: usize) -> String {
         let s = std::fs::read_to_string(&self.log).unwrap_or_default();
         let v: Vec<&str> = s.lines().collect();
         v[v.len().saturating_sub(lines)..].join("\n")
@@ -128,7 +131,7 @@ impl WarrenUp {
 
     /// SIGTERM, then waits up to 60 s (it kills its sandboxes on the way out); SIGKILL after
     /// that. Returns whether it exited on its own with status 0.
-    fn stop(&mut self) -> bool {
+    pub(crate) fn stop(&mut self) -> bool {
         let Some(mut child) = self.child.take() else {
             return true;
         };
@@ -159,7 +162,7 @@ impl Drop for WarrenUp {
     }
 }
 
-async fn wait_healthy(client: &Client, up: &mut WarrenUp) -> anyhow::Result<()> {
+pub(crate) async fn wait_healthy(client: &Client, up: &mut WarrenUp) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(c) = up.child.as_mut()
