@@ -37,7 +37,7 @@ use crate::api;
         api::iam::create_identity, api::iam::list_bindings, api::iam::grant,
         api::iam::revoke_grant, api::iam::list_keys, api::iam::create_key, api::iam::revoke_key,
         api::iam::audit,
-        api::fncall::run, api::fncall::languages, api::fncall::run_code,
+        api::fncall::run, api::fncall::batch, api::fncall::languages, api::fncall::run_code,
     ),
     modifiers(&Security, &Contract),
     tags(

@@ -293,10 +293,15 @@ async fn every_gathered_answer_names_the_nodes_that_did_not_reply() {
     assert_eq!(v["nodes"].as_array().unwrap().len(), 4, "{v}");
     assert_eq!(named(&v), ["gonedd"], "{v}");
 
-    // Removing an image needs every node's sandboxes: refused, naming the missing nodes.
+    // Removing a layer needs every node's sandboxes: refused, naming the missing nodes. (An
+    // image name is looked up first: one that does not exist is a 404 before any node is
+    // asked.)
     let (status, v) = p
         .call(reqwest::Method::DELETE, "/v1/images/some/image:1")
         .await;
+    assert_eq!(status, 404, "{v}");
+    let layer = format!("/v1/images/sha256:{}", "0".repeat(64));
+    let (status, v) = p.call(reqwest::Method::DELETE, &layer).await;
     assert_eq!(status, 503, "{v}");
     let msg = v["error"]["message"].as_str().unwrap();
     for n in missing {

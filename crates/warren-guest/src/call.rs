@@ -44,7 +44,7 @@ pub struct File {
 /// Most files in one call.
 const MAX_FILES: usize = 1000;
 /// Most steps in one call.
-const MAX_STEPS: usize = 8;
+const MAX_STEPS: usize = 64;
 /// Longest wall-clock limit of a step.
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Most bytes kept of a step's stdout or stderr.

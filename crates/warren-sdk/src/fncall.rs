@@ -37,3 +37,17 @@ impl Client {
         Ok(l.languages)
     }
 }
+
+impl Client {
+    /// Runs one program over many test cases (`POST /v1/fncall/batch`): compiled once, the
+    /// cases spread over workers, each judged by the checker.
+    pub async fn fncall_batch(
+        &self,
+        req: &warren_types::fncall::FnCallBatchRequest,
+    ) -> Result<warren_types::fncall::FnCallBatchResult> {
+        let rb = self
+            .request(Method::POST, self.endpoint("/v1/fncall/batch", &[])?)
+            .json(req);
+        self.json(rb).await
+    }
+}

@@ -70,7 +70,8 @@ pub use warren_types::api::{
 pub use warren_types::events::NetEvent;
 pub use warren_types::events::{Event, EventKind};
 pub use warren_types::fncall::{
-    FnCallRequest, FnCallResult, FnCallStatus, LanguageInfo, StepOutcome,
+    CaseResult, Checker, FnCallBatchRequest, FnCallBatchResult, FnCallRequest, FnCallResult,
+    FnCallStatus, LanguageInfo, StepOutcome, TestCase,
 };
 pub use warren_types::net::{
     ExposedPort, NetRule, NetworkMode, NetworkPolicy, NetworkStatus, Protocol,

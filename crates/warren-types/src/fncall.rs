@@ -187,3 +187,123 @@ pub struct NodeCallResult {
     /// A worker was there (false: one was started for this call).
     pub warm: bool,
 }
+
+/// `POST /v1/fncall/batch`: one program over many test cases — compiled once, each case run
+/// with its own stdin and judged by a checker.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct FnCallBatchRequest {
+    /// Language, as for `/v1/fncall/run`.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9+#_-]{1,32}$"))]
+    pub language: String,
+    /// The program's source.
+    #[cfg_attr(feature = "openapi", schema(max_length = 4194304))]
+    pub code: String,
+    /// The test cases, in order (1 to 1000).
+    pub cases: Vec<TestCase>,
+    /// How a case's output is judged against its `expected` (default `exact`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checker: Option<Checker>,
+    /// Image whose toolchains run it (default `host`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// More files beside the program: path → content, base64.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, String>,
+    /// Seconds each case may run (default 10, at most 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.001, maximum = 300))]
+    pub timeout: Option<f64>,
+    /// Seconds the compile may take (default 30, at most 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.001, maximum = 300))]
+    pub compile_timeout: Option<f64>,
+    /// Memory of each run (default 512Mi, 16Mi to 16Gi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "512Mi"))]
+    pub memory: Option<ByteSize>,
+    /// Output kept of each case's stdout and stderr (default 1Mi; all cases together at most
+    /// 64Mi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "1Mi"))]
+    pub max_output: Option<ByteSize>,
+    /// The project it runs for (default: the key's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+}
+
+/// One test case.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TestCase {
+    /// Standard input of the run.
+    #[serde(default)]
+    pub stdin: String,
+    /// The expected output; without it the case is only run (`passed` absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<String>,
+}
+
+/// How a case's output is compared with what is expected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Checker {
+    /// Byte for byte.
+    Exact,
+    /// The same words (runs of non-whitespace) in the same order: spacing and line ends do not
+    /// matter.
+    Whitespace,
+    /// Word by word; words that are both numbers may differ by `tolerance`, absolute or
+    /// relative to the expected value (default 1e-6).
+    Float {
+        /// Allowed difference.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tolerance: Option<f64>,
+    },
+    /// A program of your own, run for each case in a function call of its own language with
+    /// the files `input.txt`, `output.txt` and `expected.txt` in its working directory (and
+    /// their paths as arguments, testlib's order: input, output, expected). Exit 0 accepts;
+    /// what it prints is the case's `checker_message`.
+    Custom {
+        /// Its language.
+        language: String,
+        /// Its source.
+        code: String,
+    },
+}
+
+/// One case's outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CaseResult {
+    /// How the run ended.
+    pub status: FnCallStatus,
+    /// The run.
+    pub run: StepOutcome,
+    /// Whether the output matched (absent without `expected`, or when the run failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed: Option<bool>,
+    /// What a custom checker printed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checker_message: Option<String>,
+}
+
+/// The answer to a batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FnCallBatchResult {
+    /// `ok`, or `compile_error` (then no case ran).
+    pub status: FnCallStatus,
+    /// The compile, for compiled languages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile: Option<StepOutcome>,
+    /// Each case, in order.
+    pub cases: Vec<CaseResult>,
+    /// Cases that passed.
+    pub passed: usize,
+    /// Nodes that ran it.
+    pub nodes: Vec<String>,
+}

@@ -345,3 +345,157 @@ async fn admin_roles(p: &Platform, admin: &Client) {
         }
     }
 }
+
+/// A batch: compiled once, the cases spread over workers, each judged by its checker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_compiles_once_and_judges_every_case() {
+    require_root!();
+    use warren_sdk::{Checker, FnCallBatchRequest, TestCase};
+    let p = Platform::start();
+    let c = p.client();
+    let case = |stdin: &str, expected: &str| TestCase {
+        stdin: stdin.into(),
+        expected: Some(expected.into()),
+    };
+    // 40 cases (three workers' worth), one wrong answer, one crash, one timeout.
+    let mut cases: Vec<TestCase> = (0..40)
+        .map(|i| case(&format!("{i}\n"), &format!("{}\n", i * 2)))
+        .collect();
+    cases[7].expected = Some("wrong\n".into());
+    cases[8].stdin = "-1\n".into();
+    cases[9].stdin = "-2\n".into();
+    let code = "#include <stdio.h>\n#include <stdlib.h>\n#include <unistd.h>\n\
+        int main(){int n; scanf(\"%d\",&n); if(n==-1) abort(); if(n==-2) sleep(60); \
+        printf(\"%d\\n\", n*2); return 0;}";
+    let req = FnCallBatchRequest {
+        language: "c".into(),
+        code: code.into(),
+        cases,
+        timeout: Some(1.0),
+        ..Default::default()
+    };
+    let r = c.fncall_batch(&req).await.unwrap();
+    assert_eq!(r.status, FnCallStatus::Ok, "{r:?}");
+    assert!(r.compile.is_some());
+    assert_eq!(r.cases.len(), 40);
+    assert_eq!(
+        r.passed,
+        37,
+        "{:?}",
+        r.cases.iter().map(|c| c.passed).collect::<Vec<_>>()
+    );
+    assert_eq!(r.cases[7].passed, Some(false));
+    assert_eq!(r.cases[7].status, FnCallStatus::Ok);
+    assert_eq!(r.cases[8].status, FnCallStatus::RuntimeError);
+    assert_eq!(r.cases[8].run.signal, Some(6));
+    assert_eq!(r.cases[9].status, FnCallStatus::Timeout);
+    assert_eq!(r.cases[39].run.stdout, "78\n");
+
+    // A compile error: no case runs.
+    let bad = FnCallBatchRequest {
+        code: "int main( {".into(),
+        ..req.clone()
+    };
+    let r = c.fncall_batch(&bad).await.unwrap();
+    assert_eq!(r.status, FnCallStatus::CompileError);
+    assert!(r.cases.is_empty());
+
+    // The checkers: whitespace, float, and a program of one's own.
+    let py = |code: &str, cases: Vec<TestCase>, checker: Checker| FnCallBatchRequest {
+        language: "python".into(),
+        code: code.into(),
+        cases,
+        checker: Some(checker),
+        ..Default::default()
+    };
+    let r = c
+        .fncall_batch(&py(
+            "print(*input().split(), sep='   ')",
+            vec![case("a b c", "a b\nc"), case("a b", "a b c")],
+            Checker::Whitespace,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.cases.iter().map(|c| c.passed).collect::<Vec<_>>(),
+        [Some(true), Some(false)]
+    );
+    let r = c
+        .fncall_batch(&py(
+            "print(1/3)",
+            vec![case("", "0.3333334"), case("", "0.34")],
+            Checker::Float {
+                tolerance: Some(1e-6),
+            },
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.cases.iter().map(|c| c.passed).collect::<Vec<_>>(),
+        [Some(true), Some(false)]
+    );
+    // Accepts any output whose number is even; says why not.
+    let checker = "import sys\nn = int(open(sys.argv[2]).read())\n\
+        print('odd' if n % 2 else 'even')\nsys.exit(n % 2)";
+    let r = c
+        .fncall_batch(&py(
+            "print(int(input()) + 1)",
+            vec![
+                case("1", "ignored"),
+                case("2", "ignored"),
+                TestCase {
+                    stdin: "5".into(),
+                    expected: None,
+                },
+            ],
+            Checker::Custom {
+                language: "python".into(),
+                code: checker.into(),
+            },
+        ))
+        .await
+        .unwrap();
+    let got: Vec<_> = r
+        .cases
+        .iter()
+        .map(|c| (c.passed, c.checker_message.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Some(true), Some("even\n")),
+            (Some(false), Some("odd\n")),
+            (None, None)
+        ],
+        "{r:?}"
+    );
+
+    // Bounds.
+    for (bad, why) in [
+        (
+            FnCallBatchRequest {
+                cases: Vec::new(),
+                ..req.clone()
+            },
+            "cases",
+        ),
+        (
+            FnCallBatchRequest {
+                cases: vec![TestCase::default(); 1001],
+                ..req.clone()
+            },
+            "cases",
+        ),
+        (
+            FnCallBatchRequest {
+                max_output: Some(ByteSize(64 << 20)),
+                ..req.clone()
+            },
+            "max_output",
+        ),
+    ] {
+        let e = c.fncall_batch(&bad).await.unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::InvalidArgument), "{why}: {e}");
+        assert!(e.to_string().contains(why), "{why}: {e}");
+    }
+}

@@ -160,6 +160,7 @@ static ROUTES: LazyLock<HashMap<(Method, &'static str), Need>> = LazyLock::new(|
         ),
         // Function calls: the handler checks fncall.run on the call's project.
         (post.clone(), "/v1/fncall/run".into(), Key),
+        (post.clone(), "/v1/fncall/batch".into(), Key),
         (get.clone(), "/v1/fncall/languages".into(), Key),
         (post.clone(), "/run_code".into(), Key),
         // IAM: each handler checks the actor's grants on what it touches.

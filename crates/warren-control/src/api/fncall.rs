@@ -14,8 +14,8 @@ use base64::Engine;
 use warren_http::{Error, Json};
 use warren_types::error::{ApiError, ErrorBody, ErrorCode};
 use warren_types::fncall::{
-    FnCallRequest, FnCallResult, FnCallStatus, LanguageInfo, LanguageList, NodeCall,
-    NodeCallResult, StepOutcome,
+    CaseResult, Checker, FnCallBatchRequest, FnCallBatchResult, FnCallRequest, FnCallResult,
+    FnCallStatus, LanguageInfo, LanguageList, NodeCall, NodeCallResult, StepOutcome,
 };
 use warren_types::guest::{CallFile, CallSpec, CallStep, StepResult};
 
@@ -292,7 +292,7 @@ fn check_path(p: &str) -> Result<(), Error> {
 
 /// Runs a planned call on a node: power-of-k over the nodes that take containers, the next
 /// candidate when one is full.
-async fn dispatch(c: &Control, p: &Planned) -> Result<(NodeCallResult, String), Error> {
+async fn dispatch(c: &Control, call: &NodeCall) -> Result<(NodeCallResult, String), Error> {
     let nodes = c.nodes.snapshot();
     if nodes.is_empty() {
         return Err(Error(ApiError::new(
@@ -302,7 +302,7 @@ async fn dispatch(c: &Control, p: &Planned) -> Result<(NodeCallResult, String), 
     }
     let selector = BTreeMap::new();
     let ask = scheduler::Ask {
-        memory: p.call.memory.bytes(),
+        memory: call.memory.bytes(),
         cpu: 1000,
         backend: warren_types::api::BackendKind::Container,
         selector: &selector,
@@ -316,8 +316,7 @@ async fn dispatch(c: &Control, p: &Planned) -> Result<(NodeCallResult, String), 
         None,
         &mut rand::rng(),
     );
-    let budget: Duration = p
-        .call
+    let budget: Duration = call
         .spec
         .steps
         .iter()
@@ -326,7 +325,7 @@ async fn dispatch(c: &Control, p: &Planned) -> Result<(NodeCallResult, String), 
         + Duration::from_secs(90);
     let mut last = None;
     for node in &order {
-        match node.api().fncall(&p.call, budget).await {
+        match node.api().fncall(call, budget).await {
             Ok(r) => return Ok((r, node.id.to_string())),
             Err(CallError::Refused(e))
                 if matches!(e.code, ErrorCode::Capacity | ErrorCode::Unavailable) =>
@@ -387,17 +386,12 @@ fn judge(p: &Planned, answer: NodeCallResult, node: String) -> Result<FnCallResu
             ))));
         }
     };
-    let failed = |s: &StepResult| s.exit_code != Some(0);
     let status = match (compile, run) {
-        (Some(c), _) if failed(c) => FnCallStatus::CompileError,
+        (Some(c), _) if c.exit_code != Some(0) => FnCallStatus::CompileError,
         (_, None) => FnCallStatus::CompileError,
-        (_, Some(r)) if r.timed_out => FnCallStatus::Timeout,
-        (_, Some(r)) if r.output_limit => FnCallStatus::OutputLimit,
         // The worker's OOM count rose during the call and the run did not succeed: it ran out
         // of memory (the kernel killed it, or an allocation failed on the way there).
-        (_, Some(r)) if failed(r) && answer.memory_limit => FnCallStatus::MemoryLimit,
-        (_, Some(r)) if failed(r) => FnCallStatus::RuntimeError,
-        _ => FnCallStatus::Ok,
+        (_, Some(r)) => run_status(r, answer.memory_limit),
     };
     let mut files = BTreeMap::new();
     let mut missing = BTreeMap::new();
@@ -427,7 +421,7 @@ async fn authorize(
     c: &Control,
     who: &Principal,
     project: Option<&str>,
-    p: &mut Planned,
+    call: &mut NodeCall,
 ) -> Result<(), Error> {
     let project = project.unwrap_or(&who.project).to_string();
     warren_types::project::check_path(&project).map_err(|e| Error(ApiError::invalid(e)))?;
@@ -440,10 +434,10 @@ async fn authorize(
             ),
         )));
     }
-    if p.call.image.trim() != "host" {
-        p.call.resolved = Some(
+    if call.image.trim() != "host" {
+        call.resolved = Some(
             c.catalog
-                .resolve_for(&p.call.image, &project)
+                .resolve_for(&call.image, &project)
                 .await
                 .map_err(super::images::image_error)?,
         );
@@ -470,8 +464,8 @@ pub async fn run(
     Json(req): Json<FnCallRequest>,
 ) -> Result<Json<FnCallResult>, Error> {
     let mut p = plan(&c, &req)?;
-    authorize(&c, &who, req.project.as_deref(), &mut p).await?;
-    let (answer, node) = dispatch(&c, &p).await?;
+    authorize(&c, &who, req.project.as_deref(), &mut p.call).await?;
+    let (answer, node) = dispatch(&c, &p.call).await?;
     Ok(Json(judge(&p, answer, node)?))
 }
 
@@ -621,8 +615,8 @@ pub async fn run_code(
         project: None,
     };
     let mut p = plan(&c, &ours)?;
-    authorize(&c, &who, None, &mut p).await?;
-    let (answer, node) = dispatch(&c, &p).await?;
+    authorize(&c, &who, None, &mut p.call).await?;
+    let (answer, node) = dispatch(&c, &p.call).await?;
     let r = judge(&p, answer, node)?;
     Ok(Json(RunCodeResponse {
         status: if r.status == FnCallStatus::Ok {
@@ -636,4 +630,424 @@ pub async fn run_code(
         executor_pod_name: Some(r.node),
         files: r.files,
     }))
+}
+
+/// Most cases in one batch.
+const MAX_CASES: usize = 1000;
+/// Most cases one worker runs of a batch (more are spread over more workers).
+const CHUNK: usize = 16;
+/// Most output one chunk may bring back (its answer is one guest message).
+const CHUNK_OUTPUT: u64 = 4 << 20;
+/// Most output of all cases together.
+const BATCH_OUTPUT: u64 = 64 << 20;
+
+/// Languages whose compile makes one binary, `main`, that can be carried to other workers.
+fn one_binary(lang: &Lang) -> bool {
+    lang.compile.is_some() && lang.run == ["./main"]
+}
+
+fn run_step(
+    lang: &Lang,
+    stdin: &str,
+    timeout: Duration,
+    max_output: u64,
+    extra: &[String],
+) -> CallStep {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    CallStep {
+        argv: lang
+            .run
+            .iter()
+            .map(|s| s.to_string())
+            .chain(extra.iter().cloned())
+            .collect(),
+        stdin: b64.encode(stdin),
+        timeout_ms: timeout.as_millis() as u64,
+        max_output,
+        required: false,
+    }
+}
+
+fn compile_step(lang: &Lang, timeout: Duration, max_output: u64) -> Option<CallStep> {
+    lang.compile.map(|c| CallStep {
+        argv: c.iter().map(|s| s.to_string()).collect(),
+        stdin: String::new(),
+        timeout_ms: timeout.as_millis() as u64,
+        max_output,
+        required: true,
+    })
+}
+
+fn spec_with(lang: &Lang, files: Vec<CallFile>, steps: Vec<CallStep>, memory: u64) -> CallSpec {
+    CallSpec {
+        files,
+        steps,
+        env: lang
+            .env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        fetch: Vec::new(),
+        max_fetch: MAX_FETCH,
+        pids: PIDS,
+        file_size: memory,
+        tmp_size: memory,
+    }
+}
+
+/// The status of a run step of a call whose worker's OOM count did (`oom`) or did not rise.
+fn run_status(r: &StepResult, oom: bool) -> FnCallStatus {
+    let failed = r.exit_code != Some(0);
+    if r.timed_out {
+        FnCallStatus::Timeout
+    } else if r.output_limit {
+        FnCallStatus::OutputLimit
+    } else if failed && oom {
+        FnCallStatus::MemoryLimit
+    } else if failed {
+        FnCallStatus::RuntimeError
+    } else {
+        FnCallStatus::Ok
+    }
+}
+
+/// Whether `out` matches `expected` under a built-in checker.
+fn matches(checker: &Checker, out: &str, expected: &str) -> bool {
+    match checker {
+        Checker::Exact => out == expected,
+        Checker::Whitespace => out.split_whitespace().eq(expected.split_whitespace()),
+        Checker::Float { tolerance } => {
+            let tol = tolerance.unwrap_or(1e-6);
+            let (a, b): (Vec<&str>, Vec<&str>) = (
+                out.split_whitespace().collect(),
+                expected.split_whitespace().collect(),
+            );
+            a.len() == b.len()
+                && a.iter().zip(&b).all(|(x, y)| {
+                    x == y
+                        || match (x.parse::<f64>(), y.parse::<f64>()) {
+                            (Ok(x), Ok(y)) if x.is_finite() && y.is_finite() => {
+                                (x - y).abs() <= tol * y.abs().max(1.0)
+                            }
+                            _ => false,
+                        }
+                })
+        }
+        Checker::Custom { .. } => false,
+    }
+}
+
+/// Run one program over many test cases: compiled once (for compiled languages whose compile
+/// makes one binary, that binary is carried to every worker; Java compiles on each), the cases
+/// spread over workers 16 at a time, each run with its own stdin in its own PID namespace, and
+/// judged by the checker (`exact` by default; `whitespace`, `float` with a tolerance, or a
+/// program of your own). Cases on one worker share its working directory, as an online
+/// judge's runs of one submission do.
+#[utoipa::path(post, path = "/v1/fncall/batch", tag = "fncall",
+    request_body = FnCallBatchRequest,
+    responses((status = 200, body = FnCallBatchResult),
+        (status = 400, description = "Bad request, unknown language, or a toolchain the image lacks.", body = ErrorBody),
+        (status = 404, description = "Unknown image.", body = ErrorBody),
+        (status = 413, description = "Code, files or expected output too large.", body = ErrorBody),
+        (status = 429, description = "No node has room: retry after Retry-After seconds.", body = ErrorBody),
+        (status = 503, description = "No node answered.", body = ErrorBody)),
+    security(("api_key" = [])))]
+pub async fn batch(
+    axum::extract::State(c): S,
+    axum::Extension(who): axum::Extension<std::sync::Arc<Principal>>,
+    Json(req): Json<FnCallBatchRequest>,
+) -> Result<Json<FnCallBatchResult>, Error> {
+    if req.cases.is_empty() || req.cases.len() > MAX_CASES {
+        return Err(invalid(format!(
+            "{} cases; a batch has 1 to {MAX_CASES}",
+            req.cases.len()
+        )));
+    }
+    let max_output = req.max_output.map_or(1 << 20, |m| m.bytes());
+    if max_output == 0 || max_output * 2 > CHUNK_OUTPUT {
+        return Err(invalid(format!(
+            "max_output is 1 byte to {} in a batch",
+            warren_types::ByteSize(CHUNK_OUTPUT / 2)
+        )));
+    }
+    if max_output.saturating_mul(req.cases.len() as u64) > BATCH_OUTPUT {
+        return Err(invalid(format!(
+            "{} cases of {} output each is more than {} together: lower max_output or split \
+             the batch",
+            req.cases.len(),
+            warren_types::ByteSize(max_output),
+            warren_types::ByteSize(BATCH_OUTPUT)
+        )));
+    }
+    let input_bytes: usize = req
+        .cases
+        .iter()
+        .map(|t| t.stdin.len() + t.expected.as_ref().map_or(0, String::len))
+        .sum();
+    if input_bytes > MAX_FILES_BYTES {
+        return Err(Error(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "the cases' inputs and expected outputs are more than {MAX_FILES_BYTES} bytes together"
+            ),
+        )));
+    }
+    let checker = req.checker.clone().unwrap_or(Checker::Exact);
+    let custom = match &checker {
+        Checker::Custom { language, code } => {
+            let l = lang(language).ok_or_else(|| {
+                invalid(format!(
+                    "unknown checker language {language:?}; known: {}",
+                    known()
+                ))
+            })?;
+            Some((l, code.clone()))
+        }
+        Checker::Float { tolerance: Some(t) } if !(t.is_finite() && *t >= 0.0) => {
+            return Err(invalid(
+                "the float checker's tolerance is a number 0 or more",
+            ));
+        }
+        _ => None,
+    };
+    // The program and its files, checked as a single call's.
+    let single = FnCallRequest {
+        language: req.language.clone(),
+        code: req.code.clone(),
+        image: req.image.clone(),
+        stdin: None,
+        files: req.files.clone(),
+        timeout: req.timeout,
+        compile_timeout: req.compile_timeout,
+        memory: req.memory,
+        max_output: Some(warren_types::ByteSize(max_output)),
+        fetch_files: Vec::new(),
+        project: req.project.clone(),
+    };
+    let mut p = plan(&c, &single)?;
+    authorize(&c, &who, req.project.as_deref(), &mut p.call).await?;
+    let lang = p.lang;
+    let run_timeout = seconds(req.timeout, 10.0, "timeout")?;
+    let compile_timeout = seconds(req.compile_timeout, 30.0, "compile_timeout")?;
+    let memory = p.call.memory.bytes();
+    let mut files = p.call.spec.files.clone();
+    let mut nodes = Vec::new();
+
+    // Compile once; carry the binary where there is one.
+    let mut compile = None;
+    let mut compile_in_chunks = false;
+    if let Some(step) = compile_step(lang, compile_timeout, max_output) {
+        if one_binary(lang) {
+            let mut call = p.call.clone();
+            call.spec = spec_with(lang, files.clone(), vec![step], memory);
+            call.spec.fetch = vec!["main".into()];
+            let (answer, node) = dispatch(&c, &call).await?;
+            nodes.push(node);
+            let r = answer.result.steps.first().cloned().unwrap_or_default();
+            if let Some(why) = &r.not_started {
+                return Err(invalid(format!(
+                    "language {} needs `{}`, which image {} cannot run ({why})",
+                    lang.name, lang.needs, p.call.image
+                )));
+            }
+            let out = outcome(&r);
+            if r.exit_code != Some(0) {
+                return Ok(Json(FnCallBatchResult {
+                    status: FnCallStatus::CompileError,
+                    compile: Some(out),
+                    cases: Vec::new(),
+                    passed: 0,
+                    nodes,
+                }));
+            }
+            let Some(binary) = answer.result.files.first().and_then(|f| f.data.clone()) else {
+                return Err(Error(ApiError::internal(
+                    "the compile succeeded but its binary could not be read back",
+                )));
+            };
+            files.push(CallFile {
+                path: "main".into(),
+                data: binary,
+                executable: true,
+            });
+            compile = Some(out);
+        } else {
+            compile_in_chunks = true;
+        }
+    }
+
+    // The cases, spread over workers.
+    let per_chunk = CHUNK.min((CHUNK_OUTPUT / (2 * max_output)).max(1) as usize);
+    let chunks: Vec<&[warren_types::fncall::TestCase]> = req.cases.chunks(per_chunk).collect();
+    let calls = chunks.iter().map(|cases| {
+        let mut steps = Vec::new();
+        if compile_in_chunks && let Some(s) = compile_step(lang, compile_timeout, max_output) {
+            steps.push(s);
+        }
+        steps.extend(
+            cases
+                .iter()
+                .map(|t| run_step(lang, &t.stdin, run_timeout, max_output, &[])),
+        );
+        let mut call = p.call.clone();
+        call.spec = spec_with(lang, files.clone(), steps, memory);
+        call
+    });
+    let answers = futures_util::future::join_all(calls.map(|call| {
+        let c = &c;
+        async move { dispatch(c, &call).await }
+    }))
+    .await;
+    let mut cases = Vec::with_capacity(req.cases.len());
+    let mut outputs = Vec::with_capacity(req.cases.len());
+    for (answer, chunk) in answers.into_iter().zip(&chunks) {
+        let (answer, node) = answer?;
+        if !nodes.contains(&node) {
+            nodes.push(node);
+        }
+        let mut steps = answer.result.steps.iter();
+        if compile_in_chunks {
+            let r = steps.next().cloned().unwrap_or_default();
+            if let Some(why) = &r.not_started {
+                return Err(invalid(format!(
+                    "language {} needs `{}`, which image {} cannot run ({why})",
+                    lang.name, lang.needs, p.call.image
+                )));
+            }
+            if r.exit_code != Some(0) {
+                return Ok(Json(FnCallBatchResult {
+                    status: FnCallStatus::CompileError,
+                    compile: Some(outcome(&r)),
+                    cases: Vec::new(),
+                    passed: 0,
+                    nodes,
+                }));
+            }
+            compile.get_or_insert_with(|| outcome(&r));
+        }
+        for (t, r) in chunk.iter().zip(steps) {
+            if let Some(why) = &r.not_started {
+                return Err(invalid(format!(
+                    "language {} needs `{}`, which image {} cannot run ({why})",
+                    lang.name, lang.needs, p.call.image
+                )));
+            }
+            let status = run_status(r, answer.memory_limit);
+            let run = outcome(r);
+            let passed = match (&t.expected, status, &custom) {
+                (Some(e), FnCallStatus::Ok, None) => Some(matches(&checker, &run.stdout, e)),
+                (Some(_), FnCallStatus::Ok, Some(_)) => None, // judged below
+                (Some(_), _, _) => Some(false),
+                (None, _, _) => None,
+            };
+            outputs.push(run.stdout.clone());
+            cases.push(CaseResult {
+                status,
+                run,
+                passed,
+                checker_message: None,
+            });
+        }
+    }
+    if cases.len() != req.cases.len() {
+        return Err(Error(ApiError::internal(format!(
+            "the nodes answered {} cases of {}",
+            cases.len(),
+            req.cases.len()
+        ))));
+    }
+    if let Some((checker_lang, code)) = custom {
+        judge_custom(
+            &c,
+            &p.call,
+            checker_lang,
+            &code,
+            &req.cases,
+            &outputs,
+            &mut cases,
+        )
+        .await?;
+    }
+    let passed = cases.iter().filter(|c| c.passed == Some(true)).count();
+    Ok(Json(FnCallBatchResult {
+        status: FnCallStatus::Ok,
+        compile,
+        cases,
+        passed,
+        nodes,
+    }))
+}
+
+/// Runs a custom checker over the cases that ran to completion and have an expected output:
+/// in chunks, each case's input, output and expected output as files `N/input.txt`,
+/// `N/output.txt`, `N/expected.txt` and as the checker's three arguments.
+async fn judge_custom(
+    c: &Control,
+    base: &NodeCall,
+    lang: &'static Lang,
+    code: &str,
+    tests: &[warren_types::fncall::TestCase],
+    outputs: &[String],
+    cases: &mut [CaseResult],
+) -> Result<(), Error> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let todo: Vec<usize> = (0..cases.len())
+        .filter(|&i| tests[i].expected.is_some() && cases[i].status == FnCallStatus::Ok)
+        .collect();
+    let timeout = Duration::from_secs(10);
+    let max_output = 64 << 10;
+    for chunk in todo.chunks(CHUNK) {
+        let mut files = vec![CallFile {
+            path: lang.file.into(),
+            data: b64.encode(code),
+            executable: false,
+        }];
+        let mut steps: Vec<CallStep> = compile_step(lang, Duration::from_secs(60), max_output)
+            .into_iter()
+            .collect();
+        for &i in chunk {
+            for (name, text) in [
+                ("input.txt", tests[i].stdin.as_str()),
+                ("output.txt", outputs[i].as_str()),
+                (
+                    "expected.txt",
+                    tests[i].expected.as_deref().unwrap_or_default(),
+                ),
+            ] {
+                files.push(CallFile {
+                    path: format!("{i}/{name}"),
+                    data: b64.encode(text),
+                    executable: false,
+                });
+            }
+            let args = ["input.txt", "output.txt", "expected.txt"].map(|n| format!("{i}/{n}"));
+            steps.push(run_step(lang, "", timeout, max_output, &args));
+        }
+        let mut call = base.clone();
+        call.spec = spec_with(lang, files, steps, 256 << 20);
+        let (answer, _) = dispatch(c, &call).await?;
+        let mut results = answer.result.steps.iter();
+        if lang.compile.is_some() {
+            let r = results.next().cloned().unwrap_or_default();
+            if r.not_started.is_some() || r.exit_code != Some(0) {
+                return Err(invalid(format!(
+                    "the checker did not compile: {}",
+                    outcome(&r).stderr.chars().take(2000).collect::<String>()
+                )));
+            }
+        }
+        for (&i, r) in chunk.iter().zip(results) {
+            if let Some(why) = &r.not_started {
+                return Err(invalid(format!(
+                    "the checker's language {} needs `{}` ({why})",
+                    lang.name, lang.needs
+                )));
+            }
+            let o = outcome(r);
+            cases[i].passed = Some(r.exit_code == Some(0) && !r.timed_out);
+            let msg = format!("{}{}", o.stdout, o.stderr);
+            cases[i].checker_message = (!msg.is_empty()).then_some(msg);
+        }
+    }
+    Ok(())
 }

@@ -120,6 +120,7 @@ pub fn router(c: Arc<Control>) -> Router {
             axum::routing::delete(files::watch_remove),
         )
         .route("/v1/fncall/run", post(fncall::run))
+        .route("/v1/fncall/batch", post(fncall::batch))
         .route("/v1/fncall/languages", get(fncall::languages))
         .route("/run_code", post(fncall::run_code))
         .route("/v1/whoami", get(iam::whoami))
