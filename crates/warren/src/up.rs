@@ -49,6 +49,15 @@ pub struct UpArgs {
     /// E2B_SANDBOX_URL=http://ADDR.
     #[arg(long, env = "WARREN_E2B_LISTEN")]
     pub e2b_listen: Option<String>,
+    /// Address of a keyless SandboxFusion `/run_code` listener, for frameworks that cannot
+    /// send a key [default: none]. Every request on it acts as the key in --run-code-key-file:
+    /// bind it to loopback or to an address only the job reaches (see docs/fncall.md).
+    #[arg(long, env = "WARREN_RUN_CODE_LISTEN", requires = "run_code_key_file")]
+    pub run_code_listen: Option<String>,
+    /// The file holding the key the keyless /run_code listener acts as (read at each request),
+    /// e.g. one made with `warren key create --project root/rl --role runner`.
+    #[arg(long, env = "WARREN_RUN_CODE_KEY_FILE")]
+    pub run_code_key_file: Option<PathBuf>,
 }
 
 /// The config file of `warren up`.
@@ -58,6 +67,8 @@ pub(crate) struct FileConfig {
     pub(crate) data_dir: Option<PathBuf>,
     pub(crate) listen: Option<String>,
     pub(crate) e2b_listen: Option<String>,
+    pub(crate) run_code_listen: Option<String>,
+    pub(crate) run_code_key_file: Option<PathBuf>,
     pub(crate) node: Option<NodeConfig>,
     pub(crate) control: Option<ControlConfig>,
 }
@@ -94,6 +105,18 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         .or(file.e2b_listen)
         .unwrap_or_else(|| "127.0.0.1:7701".to_string());
     let e2b_listen = (e2b_listen != "off").then_some(e2b_listen);
+    let run_code = match (
+        args.run_code_listen.clone().or(file.run_code_listen),
+        args.run_code_key_file.clone().or(file.run_code_key_file),
+    ) {
+        (Some(a), Some(k)) => Some((a, k)),
+        (None, _) => None,
+        (Some(_), None) => anyhow::bail!(
+            "run_code_listen needs run_code_key_file: the key every request on that listener \
+             acts as (make one with `warren key create --project root/rl --role runner` and \
+             save it to a file only root reads)"
+        ),
+    };
     let mut node_cfg = file.node.unwrap_or_default();
     if file_sets_no_state_dir(&node_cfg) {
         node_cfg.state_dir = data_dir.join("node");
@@ -122,6 +145,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         data_dir,
         listen,
         e2b_listen,
+        run_code,
         node_cfg,
         control_cfg,
         args.kill_sandboxes_on_exit,
@@ -182,6 +206,7 @@ async fn serve(
     data_dir: PathBuf,
     listen: String,
     e2b_listen: Option<String>,
+    run_code: Option<(String, PathBuf)>,
     node_cfg: NodeConfig,
     control_cfg: ControlConfig,
     kill_on_exit: bool,
@@ -204,6 +229,13 @@ async fn serve(
     let e2b_tcp = match &e2b_listen {
         Some(a) => Some(listen_tcp(a).await.with_context(|| {
             format!("the E2B gateway listening on {a} (choose another with --e2b-listen, or `off`)")
+        })?),
+        None => None,
+    };
+
+    let run_code_tcp = match &run_code {
+        Some((a, _)) => Some(listen_tcp(a).await.with_context(|| {
+            format!("the keyless /run_code listener on {a} (choose another with --run-code-listen)")
         })?),
         None => None,
     };
@@ -248,12 +280,30 @@ async fn serve(
         }
         _ => None,
     };
+    let run_code_server = match (run_code_tcp, &run_code) {
+        (Some(tcp), Some((addr, key_file))) => {
+            eprintln!(
+                "warren: serving SandboxFusion's /run_code without a key on http://{addr}: \
+                 every request there acts as the key in {}",
+                key_file.display()
+            );
+            Some(tokio::spawn(warren_http::serve::serve(
+                tcp.tap_io(no_delay),
+                warren_control::api::keyless_router(started.control.clone(), key_file.clone()),
+                std::future::pending(),
+            )))
+        }
+        _ => None,
+    };
     eprintln!(
         "warren: serving http://{listen} (node {}, {} sandboxes re-adopted). Try: warren sandbox create --image host",
         node.id, report.adopted
     );
     serve_until_stopped(tcp, app).await;
     if let Some(s) = e2b_server {
+        s.abort();
+    }
+    if let Some(s) = run_code_server {
         s.abort();
     }
     // The control plane goes first, so its collector stops polling the node.

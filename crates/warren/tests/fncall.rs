@@ -499,3 +499,66 @@ async fn a_batch_compiles_once_and_judges_every_case() {
         assert!(e.to_string().contains(why), "{why}: {e}");
     }
 }
+
+/// The keyless `/run_code` listener: requests without credentials act as the key in its file
+/// (read at each request); it serves nothing else; a bad key in the file is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keyless_run_code_listener_acts_as_its_key_and_serves_nothing_else() {
+    require_root!();
+    let d = tempfile::tempdir().unwrap();
+    let key_file = d.path().join("run-code.key");
+    std::fs::write(&key_file, "not yet a key").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let p = Platform::start_with(Some(&format!(
+        "run_code_listen = \"127.0.0.1:{port}\"\nrun_code_key_file = \"{}\"\n",
+        key_file.display()
+    )));
+    let admin = p.client();
+    let http = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}");
+    let body = serde_json::json!({"code": "print(6 * 7)", "language": "python"});
+    let post = || http.post(format!("{url}/run_code")).json(&body).send();
+    assert_eq!(
+        post().await.unwrap().status(),
+        401,
+        "a file without a valid key"
+    );
+    admin.create_project("root/verl").await.unwrap();
+    let k = admin
+        .create_key(&warren_sdk::CreateKey {
+            name: "verl".into(),
+            project: Some("root/verl".into()),
+            role: Some("runner".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    std::fs::write(&key_file, format!("{}\n", k.secret)).unwrap();
+    let r = post().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let j: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(j["status"], "Success", "{j}");
+    assert_eq!(j["run_result"]["stdout"], "42\n", "{j}");
+    // Its own key still counts when a client sends one.
+    let r = http
+        .post(format!("{url}/run_code"))
+        .bearer_auth("wrn_00000000000000000000000000000000")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    // Nothing but /run_code (and SandboxFusion's ping) is there.
+    let r = http
+        .get(format!("{url}/v1/sandboxes"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = http.get(format!("{url}/v1/ping")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "\"pong\"");
+}

@@ -33,6 +33,18 @@ def test_a_program_runs_once_and_says_how_it_ended(client: warren.Client) -> Non
         client.fncall.run(language="cobol", code="x")
 
 
+def test_a_batch_judges_every_case(client: warren.Client) -> None:
+    r = client.fncall.batch(
+        language="python",
+        code="print(int(input()) ** 2)",
+        cases=[("2", "4"), ("3", "9\n"), ("4", "17"), {"stdin": "5", "expected": None}],
+        checker="whitespace",
+    )
+    assert r.status == "ok" and r.passed == 2, r
+    assert [c.passed for c in r.cases] == [True, True, False, None]
+    assert r.cases[3].run.stdout == "25\n"
+
+
 def test_the_async_client_runs_calls_side_by_side(server: Server) -> None:
     async def main() -> list:
         async with server.aclient() as c:

@@ -1051,3 +1051,51 @@ async fn judge_custom(
     }
     Ok(())
 }
+
+/// A listener's router for SandboxFusion clients that cannot send a key at all: only
+/// `POST /run_code` (and SandboxFusion's `GET /v1/ping`), each request without credentials
+/// acting as the key in `key_file` (read at each request, so a new key takes effect without
+/// a restart). Anyone who reaches the listener runs code as that key: bind it to loopback or
+/// to an address only the training job reaches, and give the key `fncall.run` on one
+/// project and nothing more (see docs/fncall.md).
+pub fn keyless_router(c: std::sync::Arc<Control>, key_file: std::path::PathBuf) -> axum::Router {
+    use axum::routing::{get, post};
+    let key_file = std::sync::Arc::new(key_file);
+    let inject = move |mut req: axum::extract::Request, next: axum::middleware::Next| {
+        let key_file = key_file.clone();
+        async move {
+            let h = req.headers();
+            if !h.contains_key(axum::http::header::AUTHORIZATION) && !h.contains_key("x-api-key") {
+                let key = tokio::fs::read_to_string(&*key_file).await.map_err(|e| {
+                    tracing::error!(file = %key_file.display(), "the run_code listener's key: {e}");
+                    Error(ApiError::new(
+                        ErrorCode::Unavailable,
+                        "this listener's key file cannot be read; see the server's log",
+                    ))
+                })?;
+                let value = axum::http::HeaderValue::from_str(&format!("Bearer {}", key.trim()))
+                    .map_err(|_| {
+                        Error(ApiError::new(
+                            ErrorCode::Unavailable,
+                            "this listener's key file does not hold a key",
+                        ))
+                    })?;
+                req.headers_mut()
+                    .insert(axum::http::header::AUTHORIZATION, value);
+            }
+            Ok::<_, Error>(next.run(req).await)
+        }
+    };
+    axum::Router::new()
+        .route("/run_code", post(run_code))
+        .route_layer(axum::middleware::from_fn_with_state(
+            c.clone(),
+            super::access::authorize,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(super::MAX_JSON_BODY))
+        .route("/v1/ping", get(|| async { Json("pong") }))
+        .layer(axum::middleware::from_fn(inject))
+        .fallback(warren_http::not_found)
+        .layer(axum::middleware::from_fn(warren_http::drain::unread_body))
+        .with_state(c)
+}

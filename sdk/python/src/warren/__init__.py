@@ -38,6 +38,8 @@ from .errors import (
 from .events import ExecEvent
 from .sandbox import EventStream, PortStream, Sandbox
 from .types import (
+    BatchResult,
+    CaseResult,
     ErrorInfo,
     FnCallResult,
     StepOutcome,
@@ -114,6 +116,8 @@ __all__ = [
     "Resources",
     "SandboxInfo",
     "ApiKey",
+    "BatchResult",
+    "CaseResult",
     "FnCallResult",
     "StepOutcome",
     "SandboxMetrics",

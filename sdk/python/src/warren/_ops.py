@@ -17,6 +17,7 @@ from .trajectory import TrajectoryEntry, parse_jsonl
 from .types import (
     ApiKey,
     ExecResult,
+    BatchResult,
     FnCallResult,
     FileEntry,
     Health,
@@ -733,4 +734,61 @@ def fncall(
         json=body,
         read_timeout=wait,
         parse=lambda r: FnCallResult.from_json(json_body(r)),
+    )
+
+
+def fncall_batch(
+    language: Any,
+    code: Any,
+    cases: Any,
+    *,
+    checker: Any = None,
+    files: Any = None,
+    timeout: Any = None,
+    compile_timeout: Any = None,
+    memory: Any = None,
+    max_output: Any = None,
+    image: Any = None,
+    project: Any = None,
+) -> Call[BatchResult]:
+    single = fncall(
+        language,
+        code,
+        files=files,
+        timeout=timeout,
+        compile_timeout=compile_timeout,
+        memory=memory,
+        max_output=max_output,
+        image=image,
+        project=project,
+    )
+    body = dict(single.json)
+    out = []
+    for c in cases:
+        if isinstance(c, Mapping):
+            case = {"stdin": v.string(c.get("stdin", ""), "case stdin", empty=True)}
+            if c.get("expected") is not None:
+                case["expected"] = v.string(c["expected"], "case expected", empty=True)
+        elif isinstance(c, (tuple, list)) and len(c) == 2:
+            case = {"stdin": v.string(c[0], "case stdin", empty=True)}
+            if c[1] is not None:
+                case["expected"] = v.string(c[1], "case expected", empty=True)
+        else:
+            raise InvalidArgument("each case is (stdin, expected) or {'stdin', 'expected'}")
+        out.append(case)
+    body["cases"] = out
+    if checker is not None:
+        if isinstance(checker, str):
+            checker = {"kind": checker}
+        if not isinstance(checker, Mapping):
+            raise InvalidArgument("checker is 'exact', 'whitespace', or a dict such as "
+                                  "{'kind': 'float', 'tolerance': 1e-6}")
+        body["checker"] = dict(checker)
+    wait = (body.get("timeout") or 10.0) * len(out) + (body.get("compile_timeout") or 30.0) + 300
+    return Call(
+        "POST",
+        "/v1/fncall/batch",
+        json=body,
+        read_timeout=wait,
+        parse=lambda r: BatchResult.from_json(json_body(r)),
     )

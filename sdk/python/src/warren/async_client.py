@@ -19,6 +19,7 @@ from .async_sandbox import AsyncSandbox
 from .client import NetworkArg, Size
 from .trajectory import LogSource, load
 from .types import (
+    BatchResult,
     FnCallResult,
     Health,
     IncidentEvent,
@@ -182,6 +183,12 @@ class AsyncFnCalls:
     async def run(self, *, language: str, code: str, **kw: Any) -> FnCallResult:
         """Runs ``code`` once; arguments and answer as :meth:`warren.client.FnCalls.run`."""
         return await self._t.call(_ops.fncall(language, code, **kw))
+
+    async def batch(
+        self, *, language: str, code: str, cases: Sequence[Any], **kw: Any
+    ) -> BatchResult:
+        """One program over many test cases; as :meth:`warren.client.FnCalls.batch`."""
+        return await self._t.call(_ops.fncall_batch(language, code, cases, **kw))
 
 
 class AsyncClient:

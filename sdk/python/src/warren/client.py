@@ -27,6 +27,7 @@ from .sandbox import Sandbox
 from .trajectory import LogSource, load
 from .types import (
     ApiKey,
+    BatchResult,
     FnCallResult,
     Health,
     IncidentEvent,
@@ -302,6 +303,23 @@ class FnCalls:
                 project=project,
             )
         )
+
+
+    def batch(
+        self,
+        *,
+        language: str,
+        code: str,
+        cases: Sequence[Any],
+        checker: Optional[Union[str, Dict[str, Any]]] = None,
+        **kw: Any,
+    ) -> BatchResult:
+        """Runs one program over many test cases: ``cases`` are ``(stdin, expected)`` pairs
+        (or dicts; ``expected`` may be ``None``). Compiled once, spread over workers, each
+        case judged by ``checker``: ``"exact"`` (default), ``"whitespace"``,
+        ``{"kind": "float", "tolerance": 1e-6}`` or ``{"kind": "custom", "language": ...,
+        "code": ...}``. Other arguments as :meth:`run`."""
+        return self._t.call(_ops.fncall_batch(language, code, cases, checker=checker, **kw))
 
 
 class Client:

@@ -1026,3 +1026,44 @@ class FnCallResult:
             missing_files=dict(d.get("missing_files") or {}),
             node=d.get("node", ""),
         )
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One test case of a batch: how its run ended, the run, and whether it passed (``None``
+    without an expected output)."""
+
+    status: str
+    run: StepOutcome
+    passed: Optional[bool]
+    checker_message: Optional[str]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CaseResult:
+        return cls(
+            status=d["status"],
+            run=StepOutcome.from_json(d["run"]),
+            passed=d.get("passed"),
+            checker_message=d.get("checker_message"),
+        )
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """The answer to ``client.fncall.batch``: ``status`` ``"ok"`` or ``"compile_error"``."""
+
+    status: str
+    compile: Optional[StepOutcome]
+    cases: List[CaseResult]
+    passed: int
+    nodes: List[str]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BatchResult:
+        return cls(
+            status=d["status"],
+            compile=StepOutcome.from_json(d["compile"]) if d.get("compile") else None,
+            cases=[CaseResult.from_json(c) for c in d.get("cases", [])],
+            passed=int(d.get("passed", 0)),
+            nodes=list(d.get("nodes", [])),
+        )
