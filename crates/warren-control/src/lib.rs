@@ -46,6 +46,8 @@ pub struct Control {
     pub tunnels: Arc<tokio::sync::Semaphore>,
     /// The cluster token (nodes join with it; the control plane calls their APIs with it).
     pub cluster_token: String,
+    /// Nodes that ran function calls of each image and memory lately (they hold warm workers).
+    pub warm_calls: api::WarmCalls,
 }
 
 /// Why the control plane could not start.
@@ -179,6 +181,7 @@ impl Control {
             store,
             tunnels: Arc::new(tokio::sync::Semaphore::new(api::ports::MAX_TUNNELS)),
             cluster_token,
+            warm_calls: Default::default(),
         });
         Ok(Started {
             control,

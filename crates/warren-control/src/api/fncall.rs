@@ -290,7 +290,49 @@ fn check_path(p: &str) -> Result<(), Error> {
     }
 }
 
-/// Runs a planned call on a node: power-of-k over the nodes that take containers, the next
+/// Nodes that ran function calls of each (image, memory) lately, so likely to hold warm
+/// workers for them: this replica's memory only (another replica learns its own).
+#[derive(Debug, Default)]
+pub struct WarmCalls {
+    seen: std::sync::Mutex<
+        std::collections::HashMap<(String, u64), Vec<(String, std::time::Instant)>>,
+    >,
+}
+
+/// How long a node that ran a call of a kind is taken to hold a warm worker for it (the
+/// node's idle workers live 10 minutes).
+const WARM_FOR: Duration = Duration::from_secs(540);
+
+impl WarmCalls {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<(String, u64), Vec<(String, std::time::Instant)>>,
+    > {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn warm(&self, key: &(String, u64), node: &str) -> bool {
+        self.lock()
+            .get(key)
+            .is_some_and(|v| v.iter().any(|(n, at)| n == node && at.elapsed() < WARM_FOR))
+    }
+
+    fn ran(&self, key: (String, u64), node: &str) {
+        let mut m = self.lock();
+        if m.len() > 4096 {
+            m.retain(|_, v| v.iter().any(|(_, at)| at.elapsed() < WARM_FOR));
+        }
+        let v = m.entry(key).or_default();
+        v.retain(|(n, at)| n != node && at.elapsed() < WARM_FOR);
+        v.push((node.to_string(), std::time::Instant::now()));
+    }
+}
+
+/// Runs a planned call on a node: power-of-k over the nodes that take containers — of the
+/// first k candidates (the best of k sampled, then others at random), one that ran a call of
+/// this image and memory lately goes first (it likely holds a warm worker) — and the next
 /// candidate when one is full.
 async fn dispatch(c: &Control, call: &NodeCall) -> Result<(NodeCallResult, String), Error> {
     let nodes = c.nodes.snapshot();
@@ -308,7 +350,7 @@ async fn dispatch(c: &Control, call: &NodeCall) -> Result<(NodeCallResult, Strin
         selector: &selector,
         burst_above: None,
     };
-    let order = scheduler::candidates(
+    let mut order = scheduler::candidates(
         &nodes,
         c.cfg.schedule_k,
         c.cfg.schedule_attempts,
@@ -316,6 +358,12 @@ async fn dispatch(c: &Control, call: &NodeCall) -> Result<(NodeCallResult, Strin
         None,
         &mut rand::rng(),
     );
+    let key = (call.image.clone(), call.memory.bytes());
+    let sampled = c.cfg.schedule_k.max(1).min(order.len());
+    if let Some(i) = (0..sampled).find(|&i| c.warm_calls.warm(&key, &order[i].id.to_string())) {
+        let warm = order.remove(i);
+        order.insert(0, warm);
+    }
     let budget: Duration = call
         .spec
         .steps
@@ -326,7 +374,10 @@ async fn dispatch(c: &Control, call: &NodeCall) -> Result<(NodeCallResult, Strin
     let mut last = None;
     for node in &order {
         match node.api().fncall(call, budget).await {
-            Ok(r) => return Ok((r, node.id.to_string())),
+            Ok(r) => {
+                c.warm_calls.ran(key, &node.id.to_string());
+                return Ok((r, node.id.to_string()));
+            }
             Err(CallError::Refused(e))
                 if matches!(e.code, ErrorCode::Capacity | ErrorCode::Unavailable) =>
             {
@@ -1098,4 +1149,50 @@ pub fn keyless_router(c: std::sync::Arc<Control>, key_file: std::path::PathBuf) 
         .fallback(warren_http::not_found)
         .layer(axum::middleware::from_fn(warren_http::drain::unread_body))
         .with_state(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkers_judge_as_documented() {
+        assert!(matches(&Checker::Exact, "1 2\n", "1 2\n"));
+        assert!(!matches(&Checker::Exact, "1 2", "1 2\n"));
+        assert!(matches(&Checker::Whitespace, " 1\t2\n\n", "1 2"));
+        assert!(!matches(&Checker::Whitespace, "1 2 3", "1 2"));
+        let f = |t| Checker::Float { tolerance: t };
+        assert!(matches(&f(None), "0.3333333", "0.33333333"));
+        assert!(
+            matches(&f(Some(1e-3)), "1000.5 x", "1000 x"),
+            "relative to the expected"
+        );
+        assert!(!matches(&f(Some(1e-3)), "1.01", "1"));
+        assert!(!matches(&f(None), "1 2", "1"), "word counts differ");
+        assert!(!matches(&f(None), "nan", "1"));
+        assert!(matches(&f(None), "abc", "abc"));
+    }
+
+    #[test]
+    fn a_node_that_ran_a_kind_of_call_is_warm_for_it_only() {
+        let w = WarmCalls::default();
+        let k = ("host".to_string(), 512u64 << 20);
+        assert!(!w.warm(&k, "node01"));
+        w.ran(k.clone(), "node01");
+        assert!(w.warm(&k, "node01"));
+        assert!(!w.warm(&k, "node02"));
+        assert!(!w.warm(&("host".to_string(), 64 << 20), "node01"));
+    }
+
+    #[test]
+    fn languages_have_their_files_and_aliases() {
+        assert_eq!(lang("nodejs").unwrap().name, "javascript");
+        assert_eq!(lang("python3").unwrap().file, "main.py");
+        assert!(lang("cobol").is_none());
+        assert!(one_binary(lang("c").unwrap()) && !one_binary(lang("java").unwrap()));
+        assert!(check_path("a/b.txt").is_ok());
+        for bad in ["", "/etc/x", "a/../b", "./a", "a//b", "a\0b"] {
+            assert!(check_path(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -10,7 +10,7 @@ pub(crate) mod commands;
 pub(crate) mod events;
 pub(crate) mod files;
 pub(crate) mod fncall;
-pub use fncall::keyless_router;
+pub use fncall::{WarmCalls, keyless_router};
 pub mod forward;
 pub(crate) mod iam;
 pub(crate) mod images;
