@@ -290,13 +290,14 @@ fn check_path(p: &str) -> Result<(), Error> {
     }
 }
 
+/// (image, memory) → nodes that ran such a call, and when.
+type SeenMap = std::collections::HashMap<(String, u64), Vec<(String, std::time::Instant)>>;
+
 /// Nodes that ran function calls of each (image, memory) lately, so likely to hold warm
 /// workers for them: this replica's memory only (another replica learns its own).
 #[derive(Debug, Default)]
 pub struct WarmCalls {
-    seen: std::sync::Mutex<
-        std::collections::HashMap<(String, u64), Vec<(String, std::time::Instant)>>,
-    >,
+    seen: std::sync::Mutex<SeenMap>,
 }
 
 /// How long a node that ran a call of a kind is taken to hold a warm worker for it (the
@@ -304,12 +305,7 @@ pub struct WarmCalls {
 const WARM_FOR: Duration = Duration::from_secs(540);
 
 impl WarmCalls {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<
-        '_,
-        std::collections::HashMap<(String, u64), Vec<(String, std::time::Instant)>>,
-    > {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SeenMap> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
