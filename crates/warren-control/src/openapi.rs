@@ -97,6 +97,12 @@ const ENV_NAME_PATTERN: &str = "^[A-Za-z_][A-Za-z0-9_]*$";
 /// Label keys (`warren_node::create::validate`).
 const LABEL_KEY_PATTERN: &str = "^[A-Za-z0-9._:/-]{1,63}$";
 
+/// An identity's name (`iam::model::check_identity`).
+const IDENTITY_PATTERN: &str = "^[a-z0-9._@-]{1,63}$";
+
+/// A key's name: 1 to 63 characters, none a control character.
+const KEY_NAME_PATTERN: &str = r"^[^\u0000-\u001f\u007f-\u009f]{1,63}$";
+
 /// A string without NUL.
 const NO_NUL_PATTERN: &str = r"^[^\u0000]*$";
 
@@ -145,6 +151,61 @@ impl Modify for Contract {
                     p.min_length = Some(1);
                     p.max_length = Some(warren_types::path::MAX_PATH_LEN);
                 }
+            }
+            // Project paths, identities, key names, roles and identity kinds, as IAM checks
+            // them.
+            let project = warren_types::project::PATH_PATTERN;
+            let grants: Vec<String> = crate::iam::model::roles()
+                .into_iter()
+                .map(|(r, _, _)| r.to_string())
+                .chain(
+                    crate::iam::model::ALL_PERMS
+                        .iter()
+                        .map(|p| p.name().replace('.', "\\.")),
+                )
+                .collect();
+            let grant = format!("^({})$", grants.join("|"));
+            for (name, field, pattern) in [
+                ("CreateProject", "path", project),
+                ("CreateIdentity", "project", project),
+                ("CreateKey", "project", project),
+                ("CreateKey", "identity", IDENTITY_PATTERN),
+                ("CreateKey", "name", KEY_NAME_PATTERN),
+                ("GrantRequest", "project", project),
+                ("GrantRequest", "identity", IDENTITY_PATTERN),
+                ("CreateSandbox", "project", project),
+                ("FnCallRequest", "project", project),
+                ("FnCallBatchRequest", "project", project),
+                ("GrantRequest", "grant", &grant),
+                ("CreateKey", "role", &grant),
+                ("CreateIdentity", "kind", "^(user|service)$"),
+                ("CreateKey", "form", "^(warren|e2b)$"),
+            ] {
+                if let Some(p) = property(schemas, name, field) {
+                    p.pattern = Some(pattern.into());
+                }
+            }
+            // Function calls' languages: the names and aliases `api/fncall.rs` knows.
+            let langs = format!(
+                "^({})$",
+                api::fncall::language_names()
+                    .iter()
+                    .map(|n| n.replace('+', "\\+"))
+                    .collect::<Vec<_>>()
+                    .join("|")
+            );
+            for (name, field) in [
+                ("FnCallRequest", "language"),
+                ("FnCallBatchRequest", "language"),
+                ("RunCodeRequest", "language"),
+            ] {
+                if let Some(p) = property(schemas, name, field) {
+                    p.pattern = Some(langs.clone());
+                }
+            }
+            if let Some(p) = property(schemas, "CreateKey", "expires_in") {
+                p.minimum = Some(1.into());
+                p.maximum = Some((api::iam::MAX_EXPIRES_IN as f64).into());
             }
             // Exactly one of `cmd` (a string) and `argv` (a program and its arguments).
             if let Some(RefOr::T(exec)) = schemas.remove("ExecRequest") {
@@ -214,6 +275,10 @@ fn complete(path: &str, op: &mut Operation) {
             "401",
             error("No API key, or one that is not valid: the message says which."),
         );
+        add(
+            "403",
+            error("The key does not hold the permission this needs there: the message names it."),
+        );
     }
     let has_params = op.parameters.as_ref().is_some_and(|p| !p.is_empty());
     if has_params || op.request_body.is_some() {
@@ -260,6 +325,16 @@ fn complete(path: &str, op: &mut Operation) {
                 ObjectBuilder::new()
                     .schema_type(Type::String)
                     .pattern(Some(SANDBOX_ID_PATTERN))
+                    .into(),
+            );
+        }
+        if (p.parameter_in == ParameterIn::Path && p.name == "path")
+            || (p.parameter_in == ParameterIn::Query && p.name == "project")
+        {
+            p.schema = Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .pattern(Some(warren_types::project::PATH_PATTERN))
                     .into(),
             );
         }

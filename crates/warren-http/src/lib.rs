@@ -79,6 +79,17 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
             Ok(b) => b,
             Err(rej) => return Err(Error(json_rejection(JsonRejection::BytesRejection(rej)))),
         };
+        // Every body Warren takes is an object; serde would otherwise read an array as a
+        // struct's fields in order (`[null, null]` for a body of two optional fields).
+        if bytes
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|b| *b != b'{')
+        {
+            return Err(Error(ApiError::invalid(
+                "the body must be a JSON object ({...}), not an array or a single value",
+            )));
+        }
         match axum::Json::<T>::from_bytes(&bytes) {
             Ok(axum::Json(v)) => Ok(Json(v)),
             // JSON has one number type: 3.0 is the integer 3 to JSON Schema (and to Python,
@@ -275,6 +286,11 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.code, ErrorCode::InvalidArgument);
         assert!(e.message.contains("pids"), "{}", e.message);
+        // An array is not read as the fields in order.
+        let e = parse("application/json", r#" [3, null, 0]"#)
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("JSON object"), "{}", e.message);
         let e = parse("text/plain", r#"{"pids": 1, "offset": 0}"#)
             .await
             .unwrap_err();

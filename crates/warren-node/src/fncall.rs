@@ -61,11 +61,22 @@ impl Node {
                 let _ = self.kill(&worker).await;
             }
         }
-        r.map(|(result, memory_limit)| NodeCallResult {
-            result,
-            memory_limit,
-            warm,
-        })
+        match r {
+            Ok((result, memory_limit)) => Ok(NodeCallResult {
+                result,
+                memory_limit,
+                warm,
+            }),
+            // The worker ended under the call (killed, its init died): a call is stateless,
+            // so the caller may simply send it again.
+            Err(NodeError::Gone(_) | NodeError::NotFound(_)) => Err(NodeError::Busy {
+                message: "the worker running this function call stopped before it finished \
+                          (killed, or its node is stopping); send the call again"
+                    .into(),
+                retry_after: 1,
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Runs `spec` in `worker`; also says whether its memory limit was hit meanwhile.

@@ -16,7 +16,6 @@ use crate::size::ByteSize;
 pub struct FnCallRequest {
     /// Language: `python`, `bash`, `c`, `cpp`, `java`, `javascript` (or `nodejs`), `rust`,
     /// `go` — whichever toolchains the image has (`GET /v1/fncall/languages`).
-    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9+#_-]{1,32}$"))]
     pub language: String,
     /// The program's source.
     #[cfg_attr(feature = "openapi", schema(max_length = 4194304))]
@@ -195,12 +194,12 @@ pub struct NodeCallResult {
 #[serde(deny_unknown_fields)]
 pub struct FnCallBatchRequest {
     /// Language, as for `/v1/fncall/run`.
-    #[cfg_attr(feature = "openapi", schema(pattern = "^[a-z0-9+#_-]{1,32}$"))]
     pub language: String,
     /// The program's source.
     #[cfg_attr(feature = "openapi", schema(max_length = 4194304))]
     pub code: String,
     /// The test cases, in order (1 to 1000).
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 1000))]
     pub cases: Vec<TestCase>,
     /// How a case's output is judged against its `expected` (default `exact`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

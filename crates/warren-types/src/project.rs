@@ -7,7 +7,7 @@ pub const ROOT: &str = "root";
 pub const MAX_DEPTH: usize = 16;
 
 /// Checks a project path: `root`, then `/`-separated segments of 1 to 63 lowercase letters,
-/// digits, `-`, `_` and `.` (not `.` or `..`), at most [`MAX_DEPTH`] segments.
+/// digits, `-`, `_` and `.` (not first), at most [`MAX_DEPTH`] segments: [`PATH_PATTERN`].
 pub fn check_path(path: &str) -> Result<(), String> {
     let segs: Vec<&str> = path.split('/').collect();
     if segs.first() != Some(&ROOT) {
@@ -24,20 +24,22 @@ pub fn check_path(path: &str) -> Result<(), String> {
     for s in &segs[1..] {
         let ok = !s.is_empty()
             && s.len() <= 63
-            && *s != "."
-            && *s != ".."
+            && !s.starts_with('.')
             && s.bytes().all(|b| {
                 b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b == b'.'
             });
         if !ok {
             return Err(format!(
                 "project path {path:?}: segment {s:?} must be 1 to 63 lowercase letters, digits, \
-                 - _ . (not . or ..)"
+                 - _ . (not starting with .)"
             ));
         }
     }
     Ok(())
 }
+
+/// The pattern of a project path (what [`check_path`] accepts), for schemas.
+pub const PATH_PATTERN: &str = "^root(/[a-z0-9_-][a-z0-9._-]{0,62}){0,15}$";
 
 /// The root project's path, as a value (a serde default).
 pub fn root() -> String {

@@ -562,3 +562,67 @@ async fn the_keyless_run_code_listener_acts_as_its_key_and_serves_nothing_else()
     let r = http.get(format!("{url}/v1/ping")).send().await.unwrap();
     assert_eq!(r.text().await.unwrap(), "\"pong\"");
 }
+
+/// A worker killed in the middle of a call: the call answers a retryable 503 (never hangs),
+/// and the next call gets a new worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_call_is_replaced() {
+    require_root!();
+    let p = Platform::start();
+    let c = p.client();
+    let r = call(&c, req("python", "print('warm')")).await;
+    assert_eq!(r.status, FnCallStatus::Ok);
+    let mut slow = req(
+        "python",
+        "import time\nprint('started', flush=True)\ntime.sleep(60)",
+    );
+    slow.timeout = Some(120.0);
+    let c2 = c.clone();
+    let running = tokio::spawn(async move { c2.fncall(&slow).await });
+    // The worker that runs it: the one whose calls' processes include the sleeper.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let victim = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no worker runs the call"
+        );
+        let workers: Vec<String> = c
+            .list(&warren_sdk::ListFilter {
+                labels: [("warren.fncall.worker".to_string(), "host".to_string())].into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|s| s.id.to_string())
+            .collect();
+        let mut found = None;
+        for id in &workers {
+            let ps = c
+                .sandbox(id)
+                .unwrap()
+                .exec(&warren_sdk::shell("ps -eo args"))
+                .await;
+            if ps.is_ok_and(|r| r.stdout.contains("time.sleep")) {
+                found = Some(id.clone());
+            }
+        }
+        if let Some(id) = found {
+            break id;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    c.sandbox(&victim).unwrap().kill().await.unwrap();
+    let t = std::time::Instant::now();
+    let e = tokio::time::timeout(std::time::Duration::from_secs(30), running)
+        .await
+        .expect("the call answers when its worker is killed")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unavailable), "{e}");
+    assert!(e.to_string().contains("send the call again"), "{e}");
+    assert!(t.elapsed().as_secs() < 30);
+    let r = call(&c, req("python", "print('again')")).await;
+    assert_eq!(out(&r), "again\n", "{r:?}");
+}

@@ -123,6 +123,14 @@ fn lang(name: &str) -> Option<&'static Lang> {
         .find(|l| l.name == name || l.aliases.contains(&name))
 }
 
+/// Every language name and alias calls take.
+pub fn language_names() -> Vec<&'static str> {
+    LANGS
+        .iter()
+        .flat_map(|l| std::iter::once(l.name).chain(l.aliases.iter().copied()))
+        .collect()
+}
+
 fn known() -> String {
     LANGS.iter().map(|l| l.name).collect::<Vec<_>>().join(", ")
 }
@@ -551,8 +559,9 @@ pub struct RunCodeRequest {
     /// Seconds the run may take (default 10).
     #[serde(default)]
     pub run_timeout: Option<f64>,
-    /// Memory in MiB (-1 or absent: 1024).
+    /// Memory in MiB (-1, 0 or absent: 1024; less than 16: 16).
     #[serde(default, rename = "memory_limit_MB")]
+    #[schema(maximum = 16384)]
     pub memory_limit_mb: Option<i64>,
     /// Standard input.
     #[serde(default)]
@@ -635,12 +644,15 @@ pub async fn run_code(
     axum::Extension(who): axum::Extension<std::sync::Arc<Principal>>,
     Json(req): Json<RunCodeRequest>,
 ) -> Result<Json<RunCodeResponse>, Error> {
+    // SandboxFusion's -1 is "no limit": Warren's calls always have one, 1024 MiB (verl's
+    // default) then.
     let memory = match req.memory_limit_mb {
-        None | Some(-1) => 1024 << 20,
-        Some(m) if (16..=16384).contains(&m) => (m as u64) << 20,
+        None => 1024 << 20,
+        Some(m) if m <= 0 => 1024 << 20,
+        Some(m) if m <= 16384 => (m.max(16) as u64) << 20,
         Some(m) => {
             return Err(invalid(format!(
-                "memory_limit_MB {m} is outside 16 to 16384 (or -1 for the default, 1024)"
+                "memory_limit_MB {m} is more than 16384 (-1 or 0 for the default, 1024)"
             )));
         }
     };

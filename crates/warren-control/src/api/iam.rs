@@ -375,10 +375,11 @@ pub async fn grant(
     Ok((StatusCode::CREATED, Json(binding(b))))
 }
 
-/// Remove a binding (needs `iam.delegate` on its project).
+/// Remove a binding (needs `iam.delegate` on its project). The admin identity's admin grant
+/// on root stays (409): every other grant comes from it.
 #[utoipa::path(delete, path = "/v1/bindings", tag = "iam", request_body = GrantRequest,
     responses((status = 204), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
-        (status = 404, body = ErrorBody)),
+        (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn revoke_grant(
     axum::extract::State(c): S,
@@ -451,6 +452,12 @@ pub async fn create_key(
                 "expires_in must be at least 1 second",
             )));
         }
+        Some(s) if s > MAX_EXPIRES_IN => {
+            return Err(Error(ApiError::invalid(format!(
+                "expires_in {s} is more than {MAX_EXPIRES_IN} seconds (100 years): leave it out \
+                 for a key that does not expire"
+            ))));
+        }
         Some(s) => Some(
             i64::try_from(s)
                 .ok()
@@ -495,7 +502,8 @@ pub async fn create_key(
 /// Revoke a key: it stops working on every replica within about a second.
 #[utoipa::path(delete, path = "/v1/keys/{id}", tag = "iam",
     params(("id" = String, Path, description = "The key's id (key_...).")),
-    responses((status = 200, body = ApiKey), (status = 404, body = ErrorBody)),
+    responses((status = 200, body = ApiKey), (status = 404, body = ErrorBody),
+        (status = 409, description = "The key making the request: revoke it with another.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn revoke_key(
     axum::extract::State(c): S,
@@ -510,12 +518,19 @@ pub async fn revoke_key(
     Ok(Json(key(k)))
 }
 
+/// Longest a key may be made to last, seconds (100 years).
+pub const MAX_EXPIRES_IN: u64 = 100 * 365 * 86400;
+
+/// The largest integer JSON carries exactly.
+const MAX_SAFE: u64 = (1 << 53) - 1;
+
 /// `GET /v1/audit` filters.
 #[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct AuditQuery {
     /// Only records since then, ms since the epoch.
+    #[param(minimum = 0, maximum = 9007199254740991_u64)]
     pub since_ms: Option<u64>,
     /// Most records (default 100, at most 10,000).
     #[param(minimum = 1, maximum = 10000)]
@@ -537,7 +552,13 @@ pub async fn audit(
     if !(1..=10_000).contains(&limit) {
         return Err(Error(ApiError::invalid("limit must be 1 to 10000")));
     }
-    let since = i64::try_from(q.since_ms.unwrap_or(0)).unwrap_or(i64::MAX);
+    let since = q.since_ms.unwrap_or(0);
+    if since > MAX_SAFE {
+        return Err(Error(ApiError::invalid(format!(
+            "since_ms must be 0 to {MAX_SAFE} (ms since the epoch)"
+        ))));
+    }
+    let since = since as i64;
     let rows = store::audit_log(c.iam.db(), actor(&who, &from), since, limit as i64)
         .await
         .map_err(err)?;

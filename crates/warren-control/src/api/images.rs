@@ -169,6 +169,8 @@ pub struct ImportQuery {
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 201, body = ImageDetail),
         (status = 400, description = "Not an image, or an unsafe archive.", body = ErrorBody),
+        (status = 404, description = "No such project.", body = ErrorBody),
+        (status = 409, description = "The name is another project's image's.", body = ErrorBody),
         (status = 413, description = "Larger than max_image_upload.", body = ErrorBody),
         (status = 503, description = "The image store is full or unusable.", body = ErrorBody)),
     security(("api_key" = [])))]
@@ -645,7 +647,8 @@ pub async fn stats(axum::extract::State(c): S) -> Result<Json<Gathered<ImageStat
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commit", tag = "images",
     params(("id" = String, Path, description = "Sandbox id.")),
     request_body = CommitRequest,
-    responses((status = 201, body = Image), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    responses((status = 201, body = Image), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "The name is another project's image's.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn commit(
     axum::extract::State(c): S,
@@ -722,6 +725,8 @@ fn one(node: &crate::nodes::NodeEntry, e: CallError) -> Error {
     request_body = PullRequest,
     responses((status = 201, body = ImageDetail),
         (status = 400, description = "A bad reference or name.", body = ErrorBody),
+        (status = 404, description = "No such project.", body = ErrorBody),
+        (status = 409, description = "The name is another project's image's.", body = ErrorBody),
         (status = 413, description = "The image is larger than max_image_upload, or a blob longer than its manifest says.", body = ErrorBody),
         (status = 502, description = "The registry failed or refused.", body = ErrorBody)),
     security(("api_key" = [])))]

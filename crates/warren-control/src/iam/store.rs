@@ -417,7 +417,7 @@ async fn deletable(tx: &mut Tx<'_>, path: &str) -> Result<()> {
 pub async fn check_delete_project(db: &Db, actor: Actor<'_>, path: &str) -> Result<()> {
     check_path(path).map_err(IamError::Invalid)?;
     let Some(parent) = model::parent(path) else {
-        return Err(IamError::Invalid(
+        return Err(IamError::Conflict(
             "the root project cannot be deleted".into(),
         ));
     };
@@ -433,7 +433,7 @@ pub async fn check_delete_project(db: &Db, actor: Actor<'_>, path: &str) -> Resu
 pub async fn delete_project(db: &Db, actor: Actor<'_>, path: &str, sandboxes: usize) -> Result<()> {
     check_path(path).map_err(IamError::Invalid)?;
     let Some(parent) = model::parent(path) else {
-        return Err(IamError::Invalid(
+        return Err(IamError::Conflict(
             "the root project cannot be deleted".into(),
         ));
     };
@@ -640,6 +640,15 @@ pub async fn revoke_grant(
 ) -> Result<()> {
     check_path(project).map_err(IamError::Invalid)?;
     need(&actor, Perm::IamDelegate, project)?;
+    // The bootstrap admin's grant on root is what every other grant comes from: without it
+    // no key could ever manage the cluster again.
+    if identity_name == "admin" && project == ROOT && grant == "admin" {
+        return Err(IamError::Conflict(
+            "the admin identity's admin grant on root cannot be revoked: it is what every \
+             other grant comes from (revoke its keys instead, after making another admin's)"
+                .into(),
+        ));
+    }
     let mut tx = db.begin().await?;
     if identity(&mut tx, identity_name)
         .await?
@@ -733,7 +742,10 @@ fn e2b_secret() -> String {
 /// key's project, must hold every permission of the key's role there, and must manage its
 /// identity.
 pub async fn create_key(db: &Db, actor: Actor<'_>, new: NewKey<'_>) -> Result<(KeyRow, String)> {
-    if new.name.is_empty() || new.name.len() > 63 || new.name.chars().any(char::is_control) {
+    if new.name.is_empty()
+        || new.name.chars().count() > 63
+        || new.name.chars().any(char::is_control)
+    {
         return Err(IamError::Invalid(
             "a key's name must be 1 to 63 characters without control characters".into(),
         ));
@@ -870,6 +882,13 @@ pub async fn list_keys(db: &Db, actor: Actor<'_>) -> Result<Vec<KeyRow>> {
 
 /// Revokes key `id` (it stops working on every replica within a second or two).
 pub async fn revoke_key(db: &Db, actor: Actor<'_>, id: &str) -> Result<KeyRow> {
+    // A key does not revoke itself: a mistake that leaves the caller without a key (another
+    // key of the identity, or its creator, revokes it).
+    if id == actor.who.key_id {
+        return Err(IamError::Conflict(format!(
+            "key {id} is the key making this request: revoke it with another key"
+        )));
+    }
     let mut tx = db.begin().await?;
     let r = sqlx::query(concat!(
         "SELECT ",
@@ -1042,6 +1061,20 @@ mod tests {
                 .unwrap();
             create_project(db, act(&root), "root/other").await.unwrap();
             assert!(version(db).await.unwrap() > v0, "changes bump the version");
+            // No lock-out: the admin's grant on root stays, and a key does not revoke itself.
+            let e = revoke_grant(db, act(&root), "admin", "root", "admin")
+                .await
+                .unwrap_err();
+            assert!(matches!(e, IamError::Conflict(_)), "{e}");
+            let e = revoke_key(db, act(&root), &root.key_id).await.unwrap_err();
+            assert!(matches!(e, IamError::Conflict(_)), "{e}");
+            assert!(
+                principal(db, &crate::auth::hash("wrn_test-admin"))
+                    .await
+                    .unwrap()
+                    .is_some(),
+                "the admin key still works"
+            );
             // Bad input: clear errors, nothing written.
             for (path, want) in [
                 ("root/rl", "exists"),
