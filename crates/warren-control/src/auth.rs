@@ -106,7 +106,11 @@ pub fn presented(req: &Request) -> Option<std::borrow::Cow<'_, str>> {
         return Some(k.trim().into());
     }
     // HTTP Basic, the key as the password (any user name): what a client that takes only a
-    // URL can send (`http://fncall:KEY@host`, the `sandbox-fusion` package).
+    // URL can send (`http://fncall:KEY@host`, the `sandbox-fusion` package). Only there: on
+    // other routes a browser's remembered credentials must not act as a key.
+    if req.uri().path() != "/run_code" {
+        return None;
+    }
     let basic = auth.and_then(|v| v.strip_prefix("Basic "))?;
     use base64::Engine;
     let raw = base64::engine::general_purpose::STANDARD

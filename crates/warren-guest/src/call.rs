@@ -210,7 +210,6 @@ async fn run_step(
         status_w.as_fd(),
         warren_sys::process::StepLimits {
             cpu_seconds: step.timeout_ms.div_ceil(1000) + 1,
-            processes: u64::from(spec.pids.max(1)),
             file_size: spec.file_size,
         },
     );
@@ -317,6 +316,12 @@ async fn capped(rx: Option<pipe::Receiver>, max: u64, over: impl Fn()) -> Vec<u8
 /// 3; the program does not inherit descriptor 3. Never returns.
 pub fn init(argv: &[String]) -> ! {
     use std::io::Write;
+    // Not dumpable: the program runs as this process's uid, and must not trace it, read or
+    // write its memory, or take its descriptors (the status pipe, the output pipes) through
+    // /proc. (The program's own exec makes it dumpable again; this process does not exec.)
+    if warren_sys::creds::set_not_dumpable().is_err() {
+        std::process::exit(125);
+    }
     let Ok(mut status) = warren_sys::process::take_status_fd() else {
         std::process::exit(125);
     };

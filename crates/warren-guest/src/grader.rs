@@ -305,9 +305,24 @@ fn call_view(
             ipc: own(Kind::Ipc)?,
         })
     })();
-    mount::enter_mount_namespace(base.mnt.as_fd())?;
-    enter(base.ipc.as_fd(), Kind::Ipc)?;
+    restore(base);
     r
+}
+
+/// Puts the grader thread back in its own mount, IPC and PID (for children) namespaces. A
+/// thread that cannot come back would start the next grader command or call step in a call's
+/// namespaces: the guest stops instead (its sandbox ends).
+fn restore(base: &Base) {
+    use warren_sys::ns::{Kind, enter};
+    let back = mount::enter_mount_namespace(base.mnt.as_fd())
+        .and_then(|()| enter(base.ipc.as_fd(), Kind::Ipc))
+        .and_then(|()| enter(base.pid.as_fd(), Kind::Pid));
+    if let Err(e) = back {
+        eprintln!(
+            "warren-guest: the grader thread cannot return to its namespaces ({e}); stopping"
+        );
+        std::process::abort();
+    }
 }
 
 /// Writes a call's files into a directory of the call's own tmpfs (`g/w`: nothing but this
@@ -380,9 +395,7 @@ fn spawn_in_call(base: &Base, view: &View, mut cmd: Command) -> io::Result<Child
         unshare(Kind::Pid)?;
         cmd.spawn()
     })();
-    mount::enter_mount_namespace(base.mnt.as_fd())?;
-    enter(base.ipc.as_fd(), Kind::Ipc)?;
-    enter(base.pid.as_fd(), Kind::Pid)?;
+    restore(base);
     r
 }
 
@@ -433,7 +446,7 @@ fn fetch_in(
         }
         Ok(())
     })();
-    let _ = mount::enter_mount_namespace(base.mnt.as_fd());
+    restore(base);
     if let Err(e) = r {
         for p in paths.iter().skip(out.len()) {
             out.push(warren_types::guest::FetchedFile {

@@ -28,13 +28,41 @@ pub const WORKER_TASK: &str = "warren-fncall";
 /// What a worker holds beyond the call's memory: its guest, the step's init.
 const OVERHEAD: u64 = 48 << 20;
 
+/// A worker taken for a call; killed if the call is dropped before it gives the worker back.
+struct Taken {
+    node: Arc<Node>,
+    worker: Option<SandboxId>,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some(id) = self.worker.take() {
+            let node = self.node.clone();
+            tokio::spawn(async move {
+                let _ = node.kill(&id).await;
+            });
+        }
+    }
+}
+
+/// The pool of a call: its image as resolved (its layers, so a name pointed at new layers gets
+/// new workers) and its memory.
+fn key_of(call: &NodeCall) -> Key {
+    let layers = call
+        .resolved
+        .as_ref()
+        .map(|r| r.layers.join(","))
+        .unwrap_or_default();
+    Key {
+        image: format!("{}@{layers}", call.image),
+        memory: call.memory.bytes(),
+    }
+}
+
 impl Node {
     /// Runs a function call on a worker of its image and memory.
     pub async fn fncall(self: &Arc<Self>, call: NodeCall) -> Result<NodeCallResult, NodeError> {
-        let key = Key {
-            image: call.image.clone(),
-            memory: call.memory.bytes(),
-        };
+        let key = key_of(&call);
         let mut warm = true;
         let worker = loop {
             match self.fncall.take(&key) {
@@ -53,7 +81,14 @@ impl Node {
                 }
             }
         };
+        // Should this request be dropped mid-call (its client gone, a timeout above), the
+        // worker goes: it may still be running the call, and no one would give it back.
+        let mut guard = Taken {
+            node: self.clone(),
+            worker: Some(worker.clone()),
+        };
         let r = self.call_on(&worker, call.spec).await;
+        guard.worker = None;
         match &r {
             Ok(_) if self.fncall.give_back(key, worker.clone()) => {}
             // A full pool, or a worker the call broke: it goes.
@@ -130,10 +165,7 @@ impl Node {
             ..call.clone()
         };
         tokio::spawn(async move {
-            let key = Key {
-                image: call.image.clone(),
-                memory: call.memory.bytes(),
-            };
+            let key = key_of(&call);
             match node.start_worker(&call).await {
                 Ok(id) => {
                     if !node.fncall.give_back(key, id.clone()) {

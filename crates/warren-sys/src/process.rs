@@ -416,8 +416,6 @@ garbage\n\
 pub struct StepLimits {
     /// CPU seconds (`RLIMIT_CPU`).
     pub cpu_seconds: u64,
-    /// Processes and threads of its uid (`RLIMIT_NPROC`).
-    pub processes: u64,
     /// Largest file it may write, bytes (`RLIMIT_FSIZE`).
     pub file_size: u64,
 }
@@ -434,7 +432,6 @@ pub fn on_exec_status_and_limits(
     let fd = status.as_raw_fd();
     let set = [
         (libc::RLIMIT_CPU, limits.cpu_seconds),
-        (libc::RLIMIT_NPROC, limits.processes),
         (libc::RLIMIT_FSIZE, limits.file_size),
     ];
     // SAFETY: the closure makes only async-signal-safe calls (dup2, fcntl, setrlimit) on

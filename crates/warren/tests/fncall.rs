@@ -219,6 +219,22 @@ print(sorted(os.listdir('.')))
             "{r:?}"
         );
     }
+    // The step's init (its parent, the same uid) is out of reach: its descriptors (the
+    // status pipe) and its memory cannot be opened, so a program cannot keep it alive or
+    // forge its report.
+    let r = call(
+        &c,
+        req(
+            "python",
+            "import os\np = os.getppid()\nfor what in ['fd/3', 'mem', 'environ']:\n    try:\n        open(f'/proc/{p}/{what}', 'rb').read(1)\n        print(what, 'open')\n    except OSError:\n        print(what, 'refused')",
+        ),
+    )
+    .await;
+    assert_eq!(
+        out(&r),
+        "fd/3 refused\nmem refused\nenviron refused\n",
+        "{r:?}"
+    );
     // The image itself cannot be changed by a call (it is read-only), and no network.
     let r = call(
         &c,
@@ -292,6 +308,14 @@ async fn files_go_in_and_come_back_and_bad_input_is_refused() {
     let e = c.fncall(&huge).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::PayloadTooLarge), "{e}");
 
+    // HTTP Basic carries a key to /run_code only: elsewhere it is no key at all.
+    let r = reqwest::Client::new()
+        .get(format!("{}/v1/sandboxes", p.url))
+        .basic_auth("fncall", Some(&p.key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
     // A key without fncall.run is refused; a runner's works.
     admin_roles(&p, &c).await;
 
@@ -579,41 +603,22 @@ async fn a_worker_killed_mid_call_is_replaced() {
     slow.timeout = Some(120.0);
     let c2 = c.clone();
     let running = tokio::spawn(async move { c2.fncall(&slow).await });
-    // The worker that runs it: the one whose calls' processes include the sleeper.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let victim = loop {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no worker runs the call"
-        );
-        let workers: Vec<String> = c
-            .list(&warren_sdk::ListFilter {
-                labels: [("warren.fncall.worker".to_string(), "host".to_string())].into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .map(|s| s.id.to_string())
-            .collect();
-        let mut found = None;
-        for id in &workers {
-            let ps = c
-                .sandbox(id)
-                .unwrap()
-                .exec(&warren_sdk::shell("ps -eo args"))
-                .await;
-            if ps.is_ok_and(|r| r.stdout.contains("time.sleep")) {
-                found = Some(id.clone());
-            }
-        }
-        if let Some(id) = found {
-            break id;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
-    c.sandbox(&victim).unwrap().kill().await.unwrap();
+    // Once it runs (its worker's CPU time grows while Python starts), every worker goes:
+    // the one running it among them.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(!running.is_finished(), "the call is still running");
+    let workers = c
+        .list(&warren_sdk::ListFilter {
+            labels: [("warren.fncall.worker".to_string(), "host".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .items;
+    assert!(!workers.is_empty());
+    for w in &workers {
+        let _ = c.sandbox(&w.id.to_string()).unwrap().kill().await;
+    }
     let t = std::time::Instant::now();
     let e = tokio::time::timeout(std::time::Duration::from_secs(30), running)
         .await

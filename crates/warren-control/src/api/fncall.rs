@@ -194,6 +194,9 @@ fn plan(c: &Control, req: &FnCallRequest) -> Result<Planned, Error> {
             warren_types::ByteSize(memory)
         )));
     }
+    // Workers are pooled by memory: sizes are rounded up to a power of two, so there are a
+    // handful of pools, not one per byte count asked for.
+    let memory = memory.next_power_of_two();
     let max_output = req.max_output.map_or(8 << 20, |m| m.bytes());
     if max_output == 0 || max_output > 64 << 20 {
         return Err(invalid("max_output is 1 byte to 64Mi"));
@@ -382,9 +385,10 @@ async fn dispatch(c: &Control, call: &NodeCall) -> Result<(NodeCallResult, Strin
                 c.warm_calls.ran(key, &node.id.to_string());
                 return Ok((r, node.id.to_string()));
             }
-            Err(CallError::Refused(e))
-                if matches!(e.code, ErrorCode::Capacity | ErrorCode::Unavailable) =>
-            {
+            // Full: the next candidate may have room. (Not a call whose worker stopped under
+            // it: that one may have stopped it, and is not sent on to stop another; its 503
+            // says to send it again.)
+            Err(CallError::Refused(e)) if e.code == ErrorCode::Capacity => {
                 last = Some(Error(e));
             }
             Err(CallError::Refused(e)) => return Err(Error(e)),

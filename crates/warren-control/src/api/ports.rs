@@ -211,10 +211,19 @@ async fn proxy(c: &Control, port: u16, id: &str, mut req: Request) -> Result<Res
         .map(|v| {
             let v = v.trim();
             match v.split_once(' ') {
-                Some((scheme, t)) if scheme.eq_ignore_ascii_case("bearer") => t.trim(),
-                _ => v,
+                Some((scheme, t)) if scheme.eq_ignore_ascii_case("bearer") => t.trim().to_string(),
+                // HTTP Basic: a key may be its password (what /run_code takes).
+                Some((scheme, t)) if scheme.eq_ignore_ascii_case("basic") => {
+                    use base64::Engine;
+                    base64::engine::general_purpose::STANDARD
+                        .decode(t.trim())
+                        .ok()
+                        .and_then(|b| String::from_utf8(b).ok())
+                        .and_then(|s| s.split_once(':').map(|(_, k)| k.trim().to_string()))
+                        .unwrap_or_default()
+                }
+                _ => v.to_string(),
             }
-            .to_string()
         })
         .collect();
     let mut carries_key = false;
