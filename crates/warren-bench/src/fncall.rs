@@ -153,7 +153,10 @@ async fn measure(
     for (what, argv) in [
         ("bare spawn: sh -c true", vec!["sh", "-c", "true"]),
         ("bare spawn: C binary", vec![c_bin_s.as_str()]),
-        ("bare spawn: python3 -c pass", vec!["python3", "-c", "pass"]),
+        (
+            "bare spawn: /usr/bin/python3 -c pass",
+            vec!["/usr/bin/python3", "-c", "pass"],
+        ),
     ] {
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         for _ in 0..5 {
