@@ -493,6 +493,7 @@ async fn authorize(
             ),
         )));
     }
+    super::project_must_exist(c, &project).await?;
     if call.image.trim() != "host" {
         call.resolved = Some(
             c.catalog

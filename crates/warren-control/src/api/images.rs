@@ -73,17 +73,7 @@ async fn build_target(
     if !who.allows(Perm::ImageBuild, &project) {
         return Err(forbidden(who, Perm::ImageBuild, &project, ""));
     }
-    if !c
-        .iam
-        .project_exists(&project)
-        .await
-        .map_err(|e| Error(e.into()))?
-    {
-        return Err(Error(ApiError::new(
-            ErrorCode::NotFound,
-            format!("no project {project}: create it first (warren project create {project})"),
-        )));
-    }
+    super::project_must_exist(c, &project).await?;
     match c.catalog.get(name).await {
         Ok(old) if who.allows(Perm::ImageBuild, &old.project) => Ok((project, Some(old.project))),
         Ok(old) if readable(who, &old) => Err(forbidden(

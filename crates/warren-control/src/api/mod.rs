@@ -32,6 +32,25 @@ pub const MAX_JSON_BODY: usize = 64 << 20;
 
 type S = axum::extract::State<Arc<Control>>;
 
+/// A 404 that says how to make the project, unless it exists.
+pub(crate) async fn project_must_exist(
+    c: &Control,
+    project: &str,
+) -> Result<(), warren_http::Error> {
+    let exists = c
+        .iam
+        .project_exists(project)
+        .await
+        .map_err(|e| warren_http::Error(e.into()))?;
+    if exists {
+        return Ok(());
+    }
+    Err(warren_http::Error(warren_types::error::ApiError::new(
+        warren_types::error::ErrorCode::NotFound,
+        format!("no project {project}: create it first (warren project create {project})"),
+    )))
+}
+
 /// The public API.
 pub fn router(c: Arc<Control>) -> Router {
     let authed = Router::new()

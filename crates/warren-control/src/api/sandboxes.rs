@@ -53,17 +53,7 @@ pub async fn create(
             ),
         )));
     }
-    if !c
-        .iam
-        .project_exists(&project)
-        .await
-        .map_err(|e| Error(e.into()))?
-    {
-        return Err(Error(ApiError::new(
-            ErrorCode::NotFound,
-            format!("no project {project}: create it first (warren project create {project})"),
-        )));
-    }
+    super::project_must_exist(&c, &project).await?;
     // Quotas of the project and its ancestors, against what the nodes hold.
     let quotas = c.iam.quotas().await.map_err(|e| Error(e.into()))?;
     let reserved = if quotas
