@@ -1558,8 +1558,9 @@ pub struct Project {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateProject {
-    /// The new project's path; its parent must exist. Segments: 1 to 63 lowercase letters,
-    /// digits, `- _ .`.
+    /// The new project's path; missing ancestors are made with it (the key needs
+    /// `project.admin` on each one's parent). Segments: 1 to 63 lowercase letters, digits,
+    /// `- _ .`, not starting with `.`.
     #[cfg_attr(
         feature = "openapi",
         schema(pattern = "^root(/[a-z0-9._-]{1,63}){1,15}$")

@@ -256,31 +256,40 @@ async fn project_exists(tx: &mut Tx<'_>, path: &str) -> Result<bool> {
 /// `project.admin` on the parent.
 pub async fn create_project(db: &Db, actor: Actor<'_>, path: &str) -> Result<ProjectRow> {
     check_path(path).map_err(IamError::Invalid)?;
-    let Some(parent) = model::parent(path) else {
+    if model::parent(path).is_none() {
         return Err(IamError::Conflict("the root project always exists".into()));
-    };
-    need(&actor, Perm::ProjectAdmin, parent)?;
+    }
     let mut tx = db.begin().await?;
-    if !project_exists(&mut tx, parent).await? {
-        return Err(IamError::NotFound(format!(
-            "no project {parent}: create it first (warren project create {parent})"
-        )));
+    // Missing ancestors are made too (as `mkdir -p` does), each only where the actor holds
+    // project.admin on its parent; all of them or none.
+    let mut missing = vec![path];
+    let mut up = model::parent(path);
+    while let Some(p) = up {
+        if project_exists(&mut tx, p).await? {
+            break;
+        }
+        missing.push(p);
+        up = model::parent(p);
     }
     let now = now_ms();
-    let done = sqlx::query(
-        "INSERT INTO projects (path, parent, created_ms, created_by) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (path) DO NOTHING",
-    )
-    .bind(path)
-    .bind(parent)
-    .bind(now)
-    .bind(&actor.who.identity)
-    .execute(&mut *tx)
-    .await?;
-    if done.rows_affected() == 0 {
-        return Err(IamError::Conflict(format!("project {path} exists")));
+    for p in missing.iter().rev() {
+        let parent = model::parent(p).unwrap_or(ROOT);
+        need(&actor, Perm::ProjectAdmin, parent)?;
+        let done = sqlx::query(
+            "INSERT INTO projects (path, parent, created_ms, created_by) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (path) DO NOTHING",
+        )
+        .bind(*p)
+        .bind(parent)
+        .bind(now)
+        .bind(&actor.who.identity)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(IamError::Conflict(format!("project {p} exists")));
+        }
+        audit(&mut tx, &actor, "project.create", p, Some(p), None).await?;
     }
-    audit(&mut tx, &actor, "project.create", path, Some(path), None).await?;
     bump(&mut tx).await?;
     tx.commit().await?;
     Ok(ProjectRow {
@@ -1061,6 +1070,19 @@ mod tests {
                 .unwrap();
             create_project(db, act(&root), "root/other").await.unwrap();
             assert!(version(db).await.unwrap() > v0, "changes bump the version");
+            // Missing ancestors are made with it.
+            create_project(db, act(&root), "root/deep/er/still")
+                .await
+                .unwrap();
+            let listed: Vec<String> = list_projects(db, act(&root))
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|p| p.path)
+                .collect();
+            for p in ["root/deep", "root/deep/er", "root/deep/er/still"] {
+                assert!(listed.contains(&p.to_string()), "{p} in {listed:?}");
+            }
             // No lock-out: the admin's grant on root stays, and a key does not revoke itself.
             let e = revoke_grant(db, act(&root), "admin", "root", "admin")
                 .await
@@ -1078,7 +1100,6 @@ mod tests {
             // Bad input: clear errors, nothing written.
             for (path, want) in [
                 ("root/rl", "exists"),
-                ("root/nope/x", "no project root/nope"),
                 ("root/Bad", "lowercase"),
                 ("root/x'; DROP TABLE projects; --", "lowercase"),
                 ("root", "always exists"),

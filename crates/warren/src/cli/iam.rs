@@ -100,9 +100,9 @@ pub enum KeyCommand {
 /// Options of `key create`.
 #[derive(Debug, Args)]
 pub struct KeyCreateArgs {
-    /// A name for lists.
+    /// A name for lists [default: the project's last segment, or the key's own project's].
     #[arg(long)]
-    name: String,
+    name: Option<String>,
     /// The project subtree it acts in [default: this key's project].
     #[arg(long, value_name = "PATH")]
     project: Option<String>,
@@ -263,9 +263,16 @@ pub async fn identity(
 pub async fn key(client: &Client, json: bool, cmd: KeyCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         KeyCommand::Create(a) => {
+            let name = a.name.unwrap_or_else(|| {
+                a.project
+                    .as_deref()
+                    .and_then(|p| p.rsplit('/').next())
+                    .unwrap_or("key")
+                    .to_string()
+            });
             let k = client
                 .create_key(&CreateKey {
-                    name: a.name,
+                    name,
                     identity: a.identity,
                     project: a.project,
                     role: Some(a.role),
