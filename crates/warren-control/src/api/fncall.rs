@@ -422,17 +422,23 @@ fn outcome(s: &StepResult) -> StepOutcome {
     }
 }
 
+/// A toolchain the image lacks: the request's problem (this image cannot run this language),
+/// not the program's.
+fn missing_toolchain(lang: &Lang, image: &str, why: &str) -> Error {
+    invalid(format!(
+        "language {} needs `{}`, which image {image} cannot run ({why}); use an image that has \
+         it (`image`), or another language",
+        lang.name, lang.needs
+    ))
+}
+
 /// What a node's answer means.
 fn judge(p: &Planned, answer: NodeCallResult, node: String) -> Result<FnCallResult, Error> {
     let steps = &answer.result.steps;
     // A toolchain the image lacks is the request's problem (this image cannot run this
     // language), not the program's.
     if let Some(why) = steps.iter().find_map(|s| s.not_started.as_deref()) {
-        return Err(invalid(format!(
-            "language {} needs `{}`, which image {} cannot run ({why}); use an image that has \
-             it (`image`), or another language",
-            p.lang.name, p.lang.needs, p.call.image
-        )));
+        return Err(missing_toolchain(p.lang, &p.call.image, why));
     }
     let (compile, run) = match (p.lang.compile.is_some(), steps.as_slice()) {
         (true, [c, r]) => (Some(c), Some(r).filter(|r| r.ran)),
@@ -909,10 +915,7 @@ pub async fn batch(
             nodes.push(node);
             let r = answer.result.steps.first().cloned().unwrap_or_default();
             if let Some(why) = &r.not_started {
-                return Err(invalid(format!(
-                    "language {} needs `{}`, which image {} cannot run ({why})",
-                    lang.name, lang.needs, p.call.image
-                )));
+                return Err(missing_toolchain(lang, &p.call.image, why));
             }
             let out = outcome(&r);
             if r.exit_code != Some(0) {
@@ -973,10 +976,7 @@ pub async fn batch(
         if compile_in_chunks {
             let r = steps.next().cloned().unwrap_or_default();
             if let Some(why) = &r.not_started {
-                return Err(invalid(format!(
-                    "language {} needs `{}`, which image {} cannot run ({why})",
-                    lang.name, lang.needs, p.call.image
-                )));
+                return Err(missing_toolchain(lang, &p.call.image, why));
             }
             if r.exit_code != Some(0) {
                 return Ok(Json(FnCallBatchResult {
@@ -991,10 +991,7 @@ pub async fn batch(
         }
         for (t, r) in chunk.iter().zip(steps) {
             if let Some(why) = &r.not_started {
-                return Err(invalid(format!(
-                    "language {} needs `{}`, which image {} cannot run ({why})",
-                    lang.name, lang.needs, p.call.image
-                )));
+                return Err(missing_toolchain(lang, &p.call.image, why));
             }
             let status = run_status(r, answer.memory_limit);
             let run = outcome(r);
