@@ -1,46 +1,57 @@
-//! Function calls: the worker side of the FnCall backend.
+//! Function calls: the call server, the process of a function-call worker that runs its
+//! calls (the worker side of the FnCall backend).
 //!
-//! A call's files are written into a fresh view of the image's pristine layers (made by the
-//! grader thread: a tmpfs of its own for everything written, its own `/dev/shm` and IPC
-//! namespace, nothing of the agent's), and each step runs there as the grader's uid, under the
-//! sandbox's system-call policy and the step's own limits (wall clock, CPU, processes, file
-//! size, output). Each step starts as the first process of a PID namespace of its own: this
-//! binary again (`warren-guest call-init`), a small init that starts the step's program,
-//! waits for it, and reports how it ended and what it used on descriptor 3. When the init
-//! exits (or is killed at a limit) the kernel kills everything else in the namespace, so no
-//! process outlives its step; when the call ends its view goes, with every file written in
-//! it. Nothing of one call is there for the next: no files, no processes, no environment.
+//! It is forked from the guest at start, while the guest has one thread and its capabilities
+//! (only in a worker: the node says so in the init's configuration), and keeps the few it
+//! needs (mounting, making namespaces, switching to the grader's uid). It builds its **call
+//! root** once, in a mount namespace of its own: the image's pristine layers as they were at
+//! start (never the worker's writable layer), the image's host paths, `/proc`, `/sys` and the
+//! device nodes, read-only throughout; then it pivots into it. Each call then costs only what
+//! is its own:
 //!
-//! The init also keeps the reaping out of the guest's hands: the program that may fail to
-//! start is started by the init, so the guest only ever starts a binary it knows is there.
+//! 1. **A fresh tmpfs** (the call's memory size) mounted at a directory only root may enter,
+//!    with the call's writable places bound from it: `/work` (its working directory, with its
+//!    files), `/tmp`, `/var/tmp`, `/home/grader` and `/dev/shm`. Nothing else in the root is
+//!    writable. When the call ends they are unmounted, and everything written goes with them.
+//! 2. **Each step in new PID and IPC namespaces**: the server forks a small init (a copy of
+//!    itself, the first process of the new PID namespace, root and not dumpable), which forks
+//!    the program as the grader's uid under the sandbox's system-call policy, Landlock rules
+//!    and the step's resource limits, waits for it, and reports how it ended and what it used
+//!    on a pipe the program does not have. When the init exits, or the server kills it at a
+//!    limit (wall clock, output), the kernel kills everything else in the namespace.
+//!
+//! Nothing of one call is there for the next: no files (the tmpfs is gone), no processes (each
+//! step's namespace died with its init), no SysV IPC or message queue (each step's IPC
+//! namespace likewise), no environment (each program's is built afresh).
+//!
+//! Protocol, on a socket pair with the guest: a request is a little-endian `u64` length and a
+//! JSON [`CallSpec`]; the answer likewise, a JSON [`Answer`]. One call at a time. A server that
+//! dies or garbles its answer ends its worker: the node kills a worker whose call failed.
 
-use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::pipe;
+use warren_sys::confine::Confinement;
+use warren_sys::mount::{self, flags};
 use warren_types::error::ErrorCode;
-use warren_types::guest::{CALL_DIR, CallResult, CallSpec, CallStep, StepResult};
+use warren_types::guest::{CALL_DIR, CallResult, CallSpec, CallStep, InitConfig, StepResult};
 
-use crate::server::Guest;
 use crate::wire::OpError;
 
-/// A file to write, decoded.
-pub struct File {
-    /// Relative path.
-    pub path: String,
-    /// Content.
-    pub data: Vec<u8>,
-    /// Executable.
-    pub executable: bool,
-}
-
+/// Largest request the server reads (code and files are at most ~22 MiB in base64).
+const MAX_REQUEST: u64 = 64 << 20;
+/// Largest answer the guest reads.
+const MAX_ANSWER: u64 = 512 << 20;
+/// Most output (stdout and stderr of every step) a call may keep in all.
+const MAX_CALL_OUTPUT: u64 = 384 << 20;
 /// Most files in one call.
 const MAX_FILES: usize = 1000;
 /// Most steps in one call.
@@ -49,10 +60,33 @@ const MAX_STEPS: usize = 64;
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Most bytes kept of a step's stdout or stderr.
 const MAX_OUTPUT: u64 = 64 << 20;
-/// Largest report of the init.
-const MAX_REPORT: u64 = 4096;
+/// Largest report of an init.
+const MAX_REPORT: usize = 4096;
+/// How long a killed step's pipes may stay open before the server stops waiting.
+const KILL_GRACE: Duration = Duration::from_secs(5);
 
-/// How a step's init says the step ended (one JSON document on descriptor 3).
+/// Where the call's tmpfs is mounted: a directory of the call root only root may enter.
+const SCRATCH: &str = "/.warren-call";
+
+/// The call's writable places: (directory in the tmpfs, where it is bound, mode, the grader's).
+const PLACES: [(&str, &str, u32, bool); 5] = [
+    ("work", CALL_DIR, 0o755, true),
+    ("tmp", "/tmp", 0o1777, false),
+    ("var-tmp", "/var/tmp", 0o1777, false),
+    ("home", "/home/grader", 0o755, true),
+    ("shm", "/dev/shm", 0o1777, false),
+];
+
+/// The server's answer to one call.
+#[derive(Debug, Serialize, Deserialize)]
+enum Answer {
+    /// The call ran (its steps may have failed: that is in the result).
+    Done(CallResult),
+    /// The call was refused (`invalid`: bad input) or could not be set up.
+    Refused { invalid: bool, message: String },
+}
+
+/// How a step's init says the step ended (one JSON document on its status pipe).
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Report {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -67,12 +101,228 @@ struct Report {
     max_rss: u64,
 }
 
-fn invalid(m: impl Into<String>) -> OpError {
-    OpError::new(ErrorCode::InvalidArgument, m)
+/// The guest's handle on its call server.
+pub struct CallServer {
+    conn: tokio::sync::Mutex<Conn>,
+}
+
+enum Conn {
+    /// As forked (before the runtime existed).
+    Std(std::os::unix::net::UnixStream),
+    Tokio(tokio::net::UnixStream),
+    /// It failed once: never trusted again (the node kills the worker).
+    Gone,
+}
+
+impl CallServer {
+    /// Forks the call server. Call while the guest has one thread and all its capabilities,
+    /// after the root is built (its pristine layers are bound under [`crate::setup::PRISTINE`]).
+    pub fn start(cfg: &InitConfig, confinement: Arc<Confinement>) -> io::Result<CallServer> {
+        let (mine, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let one = warren_sys::unix::OneThread::check()?;
+        match warren_sys::unix::fork(&one)? {
+            None => {
+                drop(mine);
+                let code = match serve(theirs, cfg, &confinement, &one) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("warren-guest call server: {e}");
+                        1
+                    }
+                };
+                std::process::exit(code)
+            }
+            Some(_) => Ok(CallServer {
+                conn: tokio::sync::Mutex::new(Conn::Std(mine)),
+            }),
+        }
+    }
+
+    /// Runs `spec`.
+    pub async fn call(&self, spec: &CallSpec) -> Result<CallResult, OpError> {
+        let gone = |e: String| {
+            OpError::new(
+                ErrorCode::Unavailable,
+                format!("the worker's call server failed ({e}); send the call again"),
+            )
+        };
+        let body = serde_json::to_vec(spec).map_err(|e| gone(e.to_string()))?;
+        if body.len() as u64 > MAX_REQUEST {
+            return Err(OpError::new(
+                ErrorCode::InvalidArgument,
+                format!("the call is over {MAX_REQUEST} bytes"),
+            ));
+        }
+        let mut conn = self.conn.lock().await;
+        if let Conn::Std(s) = &*conn {
+            let s = s
+                .try_clone()
+                .and_then(|s| {
+                    s.set_nonblocking(true)?;
+                    tokio::net::UnixStream::from_std(s)
+                })
+                .map_err(|e| gone(e.to_string()));
+            *conn = match s {
+                Ok(s) => Conn::Tokio(s),
+                Err(_) => Conn::Gone,
+            };
+        }
+        let Conn::Tokio(stream) = &mut *conn else {
+            return Err(gone("it failed before".into()));
+        };
+        let r = async {
+            stream.write_all(&(body.len() as u64).to_le_bytes()).await?;
+            stream.write_all(&body).await?;
+            let len = stream.read_u64_le().await?;
+            if len > MAX_ANSWER {
+                return Err(io::Error::other(format!("an answer of {len} bytes")));
+            }
+            let mut buf = vec![0u8; len as usize];
+            stream.read_exact(&mut buf).await?;
+            serde_json::from_slice::<Answer>(&buf).map_err(io::Error::other)
+        }
+        .await;
+        match r {
+            Ok(Answer::Done(r)) => Ok(r),
+            Ok(Answer::Refused { invalid, message }) => Err(OpError::new(
+                if invalid {
+                    ErrorCode::InvalidArgument
+                } else {
+                    ErrorCode::Internal
+                },
+                message,
+            )),
+            Err(e) => {
+                *conn = Conn::Gone;
+                Err(gone(e.to_string()))
+            }
+        }
+    }
+}
+
+/// The server's life: build the call root, drop what it does not need, serve calls until
+/// the guest hangs up.
+fn serve(
+    sock: std::os::unix::net::UnixStream,
+    cfg: &InitConfig,
+    c: &Arc<Confinement>,
+    one: &warren_sys::unix::OneThread,
+) -> io::Result<()> {
+    {
+        let mut keep = vec![0, 1, 2, sock.as_raw_fd()];
+        keep.extend(c.notify.as_ref().map(|(_, s)| s.as_raw_fd()));
+        keep.extend(c.landlock.as_ref().map(|f| f.as_raw_fd()));
+        warren_sys::unix::close_all_except(&keep)?;
+    }
+    rustix::thread::set_name(c"warren-calls")?;
+    mount::unshare_mount_namespace()?;
+    let plan = crate::grader::Plan {
+        lowers: cfg.rootfs.lowers.len(),
+        binds: cfg.rootfs.binds.iter().map(|b| b.target.clone()).collect(),
+        spec: warren_types::guest::GraderSpec {
+            uid: cfg.grader.uid,
+            workspaces: Vec::new(),
+            tmp_size: 1 << 20,
+        },
+    };
+    crate::grader::build_view_with(&plan, |root, _| {
+        // The mount points of the call's places, then the whole root read-only.
+        for (_, at, _, _) in PLACES {
+            let p = root.join(at.trim_start_matches('/'));
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(io::Error::other(format!(
+                        "the image has {at} and it is not a directory"
+                    )));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    std::fs::DirBuilder::new().recursive(true).create(&p)?
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        std::fs::create_dir(root.join(SCRATCH.trim_start_matches('/')))?;
+        std::fs::set_permissions(
+            root.join(SCRATCH.trim_start_matches('/')),
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )?;
+        mount::remount_flags(root, flags::RDONLY | flags::NOSUID | flags::NODEV)
+    })?;
+    // Every place must be a directory reached without a link (the image's own links could
+    // aim a mount elsewhere).
+    let root: OwnedFd = std::fs::File::open("/")?.into();
+    for (_, at, _, _) in PLACES {
+        warren_fs::open_dir_beneath(root.as_fd(), Path::new(at.trim_start_matches('/')))
+            .map_err(|e| io::Error::new(e.kind(), format!("{at} in the image: {e}")))?;
+    }
+    drop(root);
+    warren_sys::creds::lock_out_exec_capabilities()?;
+    warren_sys::creds::keep_only_grader_capabilities()?;
+    warren_sys::creds::set_not_dumpable()?;
+    warren_sys::creds::set_no_new_privs()?;
+    let own_pid = warren_sys::ns::own(warren_sys::ns::Kind::Pid)?;
+    let server = Server {
+        uid: cfg.grader.uid,
+        confinement: c.clone(),
+        own_pid,
+        one,
+    };
+    let mut sock = sock;
+    loop {
+        let mut len = [0u8; 8];
+        match sock.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let len = u64::from_le_bytes(len);
+        if len > MAX_REQUEST {
+            return Err(io::Error::other(format!("a request of {len} bytes")));
+        }
+        let mut body = vec![0u8; len as usize];
+        sock.read_exact(&mut body)?;
+        let answer = match serde_json::from_slice::<CallSpec>(&body) {
+            Ok(spec) => {
+                drop(body);
+                server.call(&spec)
+            }
+            Err(e) => Answer::Refused {
+                invalid: true,
+                message: format!("a call the server cannot read: {e}"),
+            },
+        };
+        let out = serde_json::to_vec(&answer).map_err(io::Error::other)?;
+        sock.write_all(&(out.len() as u64).to_le_bytes())?;
+        sock.write_all(&out)?;
+    }
+}
+
+/// What the server keeps between calls.
+struct Server<'a> {
+    uid: u32,
+    confinement: Arc<Confinement>,
+    /// Its own PID namespace, to step back into before making each step's.
+    own_pid: OwnedFd,
+    one: &'a warren_sys::unix::OneThread,
+}
+
+/// A file to write, decoded.
+struct File {
+    path: PathBuf,
+    data: Vec<u8>,
+    executable: bool,
+}
+
+fn invalid(m: impl Into<String>) -> Answer {
+    Answer::Refused {
+        invalid: true,
+        message: m.into(),
+    }
 }
 
 /// Checks a call and decodes its files.
-fn check(spec: &CallSpec) -> Result<Vec<File>, OpError> {
+fn check(spec: &CallSpec) -> Result<Vec<File>, Answer> {
     let b64 = base64::engine::general_purpose::STANDARD;
     if spec.files.len() > MAX_FILES {
         return Err(invalid(format!(
@@ -86,6 +336,7 @@ fn check(spec: &CallSpec) -> Result<Vec<File>, OpError> {
             spec.steps.len()
         )));
     }
+    let mut output = 0u64;
     for s in &spec.steps {
         if s.argv.is_empty() || s.argv.iter().any(|a| a.contains('\0')) {
             return Err(invalid("a step's argv is empty or holds a NUL byte"));
@@ -96,6 +347,22 @@ fn check(spec: &CallSpec) -> Result<Vec<File>, OpError> {
         if s.max_output > MAX_OUTPUT {
             return Err(invalid(format!("max_output is at most {MAX_OUTPUT} bytes")));
         }
+        output = output.saturating_add(2 * s.max_output);
+    }
+    if output > MAX_CALL_OUTPUT {
+        return Err(invalid(format!(
+            "the steps' max_output allows {output} bytes of output in all; a call keeps at \
+             most {MAX_CALL_OUTPUT}"
+        )));
+    }
+    if spec
+        .env
+        .iter()
+        .any(|(k, v)| k.is_empty() || k.contains(['=', '\0']) || v.contains('\0'))
+    {
+        return Err(invalid(
+            "an environment variable's name is empty or holds '=' or NUL, or its value NUL",
+        ));
     }
     let mut out = Vec::with_capacity(spec.files.len());
     let mut seen = std::collections::HashSet::new();
@@ -106,8 +373,8 @@ fn check(spec: &CallSpec) -> Result<Vec<File>, OpError> {
                 f.path
             )));
         }
-        let rel = warren_fs::check_relative(std::path::Path::new(&f.path))
-            .map_err(|e| invalid(e.to_string()))?;
+        let rel =
+            warren_fs::check_relative(Path::new(&f.path)).map_err(|e| invalid(e.to_string()))?;
         if rel.as_os_str().is_empty() || !seen.insert(rel.clone()) {
             return Err(invalid(format!(
                 "file path {:?} names no file, or twice",
@@ -118,242 +385,211 @@ fn check(spec: &CallSpec) -> Result<Vec<File>, OpError> {
             .decode(&f.data)
             .map_err(|e| invalid(format!("file {:?} is not base64: {e}", f.path)))?;
         out.push(File {
-            path: rel.display().to_string(),
+            path: rel,
             data,
             executable: f.executable,
         });
     }
+    for s in &spec.steps {
+        b64.decode(&s.stdin)
+            .map_err(|e| invalid(format!("a step's stdin is not base64: {e}")))?;
+    }
     Ok(out)
 }
 
-/// Runs a call: [`Op::Call`](warren_types::guest::Op::Call).
-pub async fn run(g: &Guest, spec: CallSpec) -> Result<CallResult, OpError> {
-    let Some(grader) = g.grader.as_ref() else {
-        return Err(OpError::new(
-            ErrorCode::Unavailable,
-            "function calls need the grader role, which this guest (serve mode) has not",
-        ));
-    };
-    let files = check(&spec)?;
-    let view = grader
-        .call_view(files, spec.tmp_size)
-        .await
-        .map_err(|e| OpError::new(ErrorCode::Internal, format!("making the call's view: {e}")))?;
-    let mut out = CallResult::default();
-    let mut go_on = true;
-    for step in &spec.steps {
-        if !go_on {
-            out.steps.push(StepResult::default());
-            continue;
+/// The call's tmpfs and its binds, mounted; unmounted when dropped.
+struct Places {
+    mounted: Vec<&'static str>,
+}
+
+impl Places {
+    fn mount(tmp_size: u64, uid: u32) -> io::Result<Places> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let scratch = Path::new(SCRATCH);
+        mount::mount_fs(
+            "tmpfs",
+            scratch,
+            flags::NOSUID | flags::NODEV,
+            Some(&format!("size={tmp_size},mode=0700")),
+        )?;
+        let mut p = Places {
+            mounted: vec![SCRATCH],
+        };
+        for (dir, at, mode, grader) in PLACES {
+            let d = scratch.join(dir);
+            std::fs::DirBuilder::new().mode(mode).create(&d)?;
+            // The umask cut the sticky and group bits: set exactly.
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode))?;
+            if grader {
+                std::os::unix::fs::chown(&d, Some(uid), Some(uid))?;
+            }
+            mount::bind(&d, Path::new(at), false, flags::NOSUID | flags::NODEV)?;
+            p.mounted.push(at);
         }
-        let r = match run_step(g, grader, view, step, &spec).await {
-            Ok(r) => r,
+        Ok(p)
+    }
+}
+
+impl Drop for Places {
+    fn drop(&mut self) {
+        for at in self.mounted.iter().rev() {
+            if let Err(e) = mount::unmount_detach(Path::new(at)) {
+                // A place left mounted would carry this call's files into the next: the
+                // server stops (its worker with it) rather than serve on.
+                eprintln!("warren-guest call server: {e}; stopping");
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+impl Server<'_> {
+    fn call(&self, spec: &CallSpec) -> Answer {
+        let files = match check(spec) {
+            Ok(f) => f,
+            Err(a) => return a,
+        };
+        let places = match Places::mount(spec.tmp_size.max(1 << 20), self.uid) {
+            Ok(p) => p,
             Err(e) => {
-                grader.call_drop(view);
-                return Err(OpError::new(
-                    ErrorCode::Internal,
-                    format!("starting a step: {e}"),
-                ));
+                return Answer::Refused {
+                    invalid: false,
+                    message: format!("making the call's directories: {e}"),
+                };
             }
         };
-        go_on = !step.required || r.exit_code == Some(0);
-        out.steps.push(r);
-    }
-    if !spec.fetch.is_empty() {
-        out.files = grader
-            .call_fetch(view, spec.fetch.clone(), spec.max_fetch)
-            .await;
-    }
-    grader.call_drop(view);
-    Ok(out)
-}
-
-async fn run_step(
-    g: &Guest,
-    grader: &crate::grader::Grader,
-    view: u64,
-    step: &CallStep,
-    spec: &CallSpec,
-) -> io::Result<StepResult> {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let stdin = b64
-        .decode(&step.stdin)
-        .map_err(|e| io::Error::other(format!("stdin is not base64: {e}")))?;
-    let (status_r, status_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-    let user = grader.user();
-    let mut cmd = Command::new("/proc/self/exe");
-    cmd.arg0("warren-call")
-        .arg("call-init")
-        .args(&step.argv)
-        .env_clear()
-        .env(
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        )
-        .env("HOME", &user.home)
-        .env("USER", &user.name)
-        .env("LANG", "C.UTF-8")
-        .env("TMPDIR", "/tmp")
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(CALL_DIR)
-        .uid(user.uid)
-        .gid(user.gid)
-        .stdin(if stdin.is_empty() {
-            Stdio::null()
-        } else {
-            Stdio::piped()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    warren_sys::process::on_exec_status_and_limits(
-        &mut cmd,
-        status_w.as_fd(),
-        warren_sys::process::StepLimits {
-            cpu_seconds: step.timeout_ms.div_ceil(1000) + 1,
-            file_size: spec.file_size,
-        },
-    );
-    g.confinement.apply_on_exec(&mut cmd);
-    let started = Instant::now();
-    let mut child = grader.call_spawn(view, cmd).await?;
-    drop(status_w);
-    let pid = child.id() as i32;
-    let receiver = |fd: Option<OwnedFd>| fd.map(pipe::Receiver::from_owned_fd).transpose();
-    let out_rx = receiver(child.stdout.take().map(OwnedFd::from))?;
-    let err_rx = receiver(child.stderr.take().map(OwnedFd::from))?;
-    let status_rx = pipe::Receiver::from_owned_fd(status_r)?;
-    if let Some(sin) = child.stdin.take() {
-        let mut tx = pipe::Sender::from_owned_fd(OwnedFd::from(sin))?;
-        // Written while the step runs; a program that does not read ends it with EPIPE.
-        tokio::spawn(async move {
-            let _ = tx.write_all(&stdin).await;
-        });
-    }
-    drop(child); // the guest's reaper collects it
-    let kill = || {
-        let _ = warren_sys::process::kill(pid, 9);
-    };
-    let max = step.max_output;
-    let over = AtomicBool::new(false);
-    let collect = async {
-        let read_out = capped(out_rx, max, || {
-            over.store(true, Ordering::Relaxed);
-            kill();
-        });
-        let read_err = capped(err_rx, max, || {
-            over.store(true, Ordering::Relaxed);
-            kill();
-        });
-        let read_status = async {
-            let mut buf = Vec::new();
-            let _ = status_rx.take(MAX_REPORT).read_to_end(&mut buf).await;
-            buf
-        };
-        tokio::join!(read_out, read_err, read_status)
-    };
-    tokio::pin!(collect);
-    let timeout = Duration::from_millis(step.timeout_ms);
-    let mut timed_out = false;
-    let (stdout, stderr, report) = tokio::select! {
-        r = &mut collect => r,
-        () = tokio::time::sleep(timeout) => {
-            timed_out = true;
-            kill();
-            // Killed: its namespace goes with it and the pipes close.
-            tokio::time::timeout(Duration::from_secs(5), &mut collect)
-                .await
-                .unwrap_or_default()
+        if let Err(e) = write_files(&files, self.uid) {
+            drop(places);
+            return Answer::Refused {
+                invalid: e.kind() == io::ErrorKind::InvalidInput,
+                message: format!("writing the call's files: {e}"),
+            };
         }
-    };
-    let wall = started.elapsed();
-    let report: Report = serde_json::from_slice(&report).unwrap_or_default();
-    // A step that ended without a report was killed: by its limits here, or by the kernel
-    // (the memory limit).
-    let killed =
-        report.exit_code.is_none() && report.signal.is_none() && report.not_started.is_none();
-    Ok(StepResult {
-        ran: true,
-        exit_code: report.exit_code,
-        signal: report.signal.or(if killed { Some(9) } else { None }),
-        timed_out,
-        output_limit: over.load(Ordering::Relaxed) && !timed_out,
-        not_started: report.not_started,
-        stdout: b64.encode(&stdout),
-        stderr: b64.encode(&stderr),
-        wall_us: wall.as_micros() as u64,
-        cpu_us: report.cpu_us,
-        max_rss: report.max_rss,
-    })
-}
-
-/// Reads a pipe to its end, keeping at most `max` bytes; past that calls `over` once and
-/// keeps reading (discarding) until the writers are gone.
-async fn capped(rx: Option<pipe::Receiver>, max: u64, over: impl Fn()) -> Vec<u8> {
-    let Some(mut rx) = rx else {
-        return Vec::new();
-    };
-    let mut kept = Vec::new();
-    let mut buf = vec![0u8; 64 << 10];
-    let mut told = false;
-    loop {
-        match rx.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = (max as usize).saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-                if n > room && !told {
-                    told = true;
-                    over();
+        drop(files);
+        let mut out = CallResult::default();
+        let mut go_on = true;
+        for step in &spec.steps {
+            if !go_on {
+                out.steps.push(StepResult::default());
+                continue;
+            }
+            match self.step(step, spec) {
+                Ok(r) => {
+                    go_on = !step.required || r.exit_code == Some(0);
+                    out.steps.push(r);
+                }
+                Err(e) => {
+                    drop(places);
+                    return Answer::Refused {
+                        invalid: false,
+                        message: format!("starting a step: {e}"),
+                    };
                 }
             }
         }
+        if !spec.fetch.is_empty() {
+            out.files = fetch(&spec.fetch, spec.max_fetch);
+        }
+        drop(places);
+        Answer::Done(out)
     }
-    kept
+
+    /// Runs one step: its init in new PID and IPC namespaces, the program under it.
+    fn step(&self, step: &CallStep, spec: &CallSpec) -> io::Result<StepResult> {
+        use warren_sys::ns::{Kind, enter, unshare};
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let stdin = b64
+            .decode(&step.stdin)
+            .map_err(|e| io::Error::other(format!("stdin is not base64: {e}")))?;
+        let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let (status_r, status_w) = pipe()?;
+        let input = if stdin.is_empty() {
+            None
+        } else {
+            Some(pipe()?)
+        };
+        // The next child is the first process of a new PID namespace; the server itself moves
+        // to a new IPC namespace, which the child inherits (the server uses none).
+        enter(self.own_pid.as_fd(), Kind::Pid)?;
+        unshare(Kind::Pid)?;
+        unshare(Kind::Ipc)?;
+        let started = Instant::now();
+        let init = match warren_sys::unix::fork(self.one)? {
+            None => {
+                drop((out_r, err_r, status_r));
+                let stdin_r = input.map(|(r, _)| r);
+                init(self, step, spec, stdin_r, out_w, err_w, status_w)
+            }
+            Some(pid) => pid,
+        };
+        drop((out_w, err_w, status_w));
+        let stdin_w = input.map(|(r, w)| {
+            drop(r);
+            w
+        });
+        let kill = || {
+            let _ = warren_sys::process::kill(init, 9);
+        };
+        let collected = collect(
+            Streams {
+                out: out_r,
+                err: err_r,
+                status: status_r,
+                stdin: stdin_w.map(|w| (w, stdin)),
+            },
+            step.max_output,
+            Duration::from_millis(step.timeout_ms),
+            kill,
+        );
+        kill(); // a no-op for an init that has exited; otherwise its namespace goes now
+        let _ = warren_sys::unix::wait_child(init);
+        let wall = started.elapsed();
+        let report: Report = serde_json::from_slice(&collected.report).unwrap_or_default();
+        // A step that ended without a report was killed: by its limits here, or by the kernel
+        // (the memory limit).
+        let killed =
+            report.exit_code.is_none() && report.signal.is_none() && report.not_started.is_none();
+        Ok(StepResult {
+            ran: true,
+            exit_code: report.exit_code,
+            signal: report.signal.or(if killed { Some(9) } else { None }),
+            timed_out: collected.timed_out,
+            output_limit: collected.over && !collected.timed_out,
+            not_started: report.not_started,
+            stdout: b64.encode(&collected.stdout),
+            stderr: b64.encode(&collected.stderr),
+            wall_us: wall.as_micros() as u64,
+            cpu_us: report.cpu_us,
+            max_rss: report.max_rss,
+        })
+    }
 }
 
-/// `warren-guest call-init PROGRAM ARGS...`: the first process of a step's PID namespace.
-/// Starts the program (found on `PATH`), waits for it, and writes a [`Report`] on descriptor
-/// 3; the program does not inherit descriptor 3. Never returns.
-pub fn init(argv: &[String]) -> ! {
-    use std::io::Write;
-    // Not dumpable: the program runs as this process's uid, and must not trace it, read or
-    // write its memory, or take its descriptors (the status pipe, the output pipes) through
-    // /proc. (The program's own exec makes it dumpable again; this process does not exec.)
-    if warren_sys::creds::set_not_dumpable().is_err() {
-        std::process::exit(125);
-    }
-    let Ok(mut status) = warren_sys::process::take_status_fd() else {
-        std::process::exit(125);
-    };
+/// A step's init: the first process of its PID namespace, a copy of the server (root, not
+/// dumpable). Starts the program, waits for it, reports on `status`. Never returns.
+fn init(
+    s: &Server<'_>,
+    step: &CallStep,
+    spec: &CallSpec,
+    stdin: Option<OwnedFd>,
+    out: OwnedFd,
+    err: OwnedFd,
+    status: OwnedFd,
+) -> ! {
+    let mut status = std::fs::File::from(status);
     let mut report = |r: &Report| {
         let _ = status.write_all(&serde_json::to_vec(r).unwrap_or_default());
     };
-    let Some(program) = argv.first() else {
-        report(&Report {
-            not_started: Some("no program".into()),
-            ..Report::default()
-        });
-        std::process::exit(0);
-    };
-    let mut cmd = Command::new(program);
-    cmd.args(&argv[1..]);
-    let r = match cmd.spawn() {
+    let r = match start_program(s, step, spec, stdin, out, err) {
         Err(e) => Report {
-            not_started: Some(match e.kind() {
-                io::ErrorKind::NotFound => format!("{program}: command not found"),
-                io::ErrorKind::PermissionDenied => format!("{program}: permission denied"),
-                _ => format!("{program}: {e}"),
-            }),
+            not_started: Some(e),
             ..Report::default()
         },
-        Ok(mut child) => {
-            use std::os::unix::process::ExitStatusExt;
-            let st = child.wait();
+        Ok(pid) => {
+            let (exit_code, signal) = warren_sys::unix::wait_child(pid).unwrap_or((None, None));
             let (cpu_us, max_rss) = warren_sys::process::children_usage();
-            let (exit_code, signal) = match st {
-                Ok(s) => (s.code(), s.signal()),
-                Err(_) => (None, None),
-            };
             Report {
                 exit_code,
                 signal,
@@ -364,5 +600,306 @@ pub fn init(argv: &[String]) -> ! {
         }
     };
     report(&r);
-    std::process::exit(0);
+    std::process::exit(0)
+}
+
+/// Forks the program of `step` from the init; its pid, or why it did not start.
+fn start_program(
+    s: &Server<'_>,
+    step: &CallStep,
+    spec: &CallSpec,
+    stdin: Option<OwnedFd>,
+    out: OwnedFd,
+    err: OwnedFd,
+) -> Result<i32, String> {
+    let program = &step.argv[0];
+    // Told the exec's error, if it fails; closed by a successful exec.
+    let (fail_r, fail_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| format!("a pipe: {e}"))?;
+    match warren_sys::unix::fork(s.one) {
+        Err(e) => Err(format!("fork: {e}")),
+        Ok(None) => {
+            drop(fail_r);
+            let e = program_exec(s, step, spec, stdin, out, err);
+            let code = e.raw_os_error().unwrap_or(0);
+            let mut w = std::fs::File::from(fail_w);
+            let _ = w.write_all(&code.to_le_bytes());
+            std::process::exit(127)
+        }
+        Ok(Some(pid)) => {
+            drop((fail_w, stdin, out, err));
+            let mut buf = Vec::new();
+            let _ = std::fs::File::from(fail_r).take(4).read_to_end(&mut buf);
+            if buf.len() == 4 {
+                let _ = warren_sys::unix::wait_child(pid);
+                let errno = i32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+                let e = io::Error::from_raw_os_error(errno);
+                return Err(match e.kind() {
+                    io::ErrorKind::NotFound => format!("{program}: command not found"),
+                    io::ErrorKind::PermissionDenied => format!("{program}: permission denied"),
+                    _ => format!("{program}: {e}"),
+                });
+            }
+            Ok(pid)
+        }
+    }
+}
+
+/// In the program's child: becomes the grader, confined and limited, and execs the program.
+/// Returns only on failure.
+fn program_exec(
+    s: &Server<'_>,
+    step: &CallStep,
+    spec: &CallSpec,
+    stdin: Option<OwnedFd>,
+    out: OwnedFd,
+    err: OwnedFd,
+) -> io::Error {
+    let mut cmd = Command::new(&step.argv[0]);
+    cmd.args(&step.argv[1..])
+        .env_clear()
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .env("HOME", "/home/grader")
+        .env("USER", "grader")
+        .env("LANG", "C.UTF-8")
+        .env("TMPDIR", "/tmp")
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(CALL_DIR)
+        .uid(s.uid)
+        .gid(s.uid)
+        .stdin(stdin.map_or(Stdio::null(), Stdio::from))
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err));
+    warren_sys::process::on_exec_limits(
+        &mut cmd,
+        warren_sys::process::StepLimits {
+            cpu_seconds: step.timeout_ms.div_ceil(1000) + 1,
+            file_size: spec.file_size,
+        },
+    );
+    s.confinement.apply_on_exec(&mut cmd);
+    cmd.exec()
+}
+
+/// A step's pipes, as the server holds them.
+struct Streams {
+    out: OwnedFd,
+    err: OwnedFd,
+    status: OwnedFd,
+    stdin: Option<(OwnedFd, Vec<u8>)>,
+}
+
+/// What a step left on its pipes.
+struct Collected {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    report: Vec<u8>,
+    timed_out: bool,
+    over: bool,
+}
+
+/// Reads the step's output (at most `max` bytes of each stream kept; past it `kill`, once)
+/// and its init's report, and writes its stdin, until every pipe is closed; at `timeout`
+/// kills, then waits at most [`KILL_GRACE`] more.
+fn collect(s: Streams, max: u64, timeout: Duration, kill: impl Fn()) -> Collected {
+    use rustix::event::{PollFd, PollFlags};
+    let nonblock = |fd: &OwnedFd| {
+        let _ = rustix::io::ioctl_fionbio(fd, true);
+    };
+    nonblock(&s.out);
+    nonblock(&s.err);
+    nonblock(&s.status);
+    let (mut stdin, input) = match s.stdin {
+        Some((w, data)) => {
+            nonblock(&w);
+            (Some(w), data)
+        }
+        None => (None, Vec::new()),
+    };
+    let mut written = 0usize;
+    // Readers: fd, bytes kept, cap.
+    let mut readers: [(Option<OwnedFd>, Vec<u8>, usize); 3] = [
+        (Some(s.out), Vec::new(), max as usize),
+        (Some(s.err), Vec::new(), max as usize),
+        (Some(s.status), Vec::new(), MAX_REPORT),
+    ];
+    let mut c = Collected {
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        report: Vec::new(),
+        timed_out: false,
+        over: false,
+    };
+    let started = Instant::now();
+    let mut deadline = started + timeout;
+    let mut buf = vec![0u8; 64 << 10];
+    while readers.iter().any(|r| r.0.is_some()) {
+        let now = Instant::now();
+        if now >= deadline {
+            if c.timed_out {
+                break; // the grace passed: something holds a pipe open still
+            }
+            c.timed_out = true;
+            kill();
+            deadline = now + KILL_GRACE;
+        }
+        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(4);
+        let mut which: Vec<usize> = Vec::with_capacity(4);
+        for (i, r) in readers.iter().enumerate() {
+            if let Some(fd) = &r.0 {
+                fds.push(PollFd::new(fd, PollFlags::IN));
+                which.push(i);
+            }
+        }
+        if let Some(w) = &stdin {
+            fds.push(PollFd::new(w, PollFlags::OUT));
+            which.push(3);
+        }
+        let left = deadline.saturating_duration_since(now);
+        let ts = rustix::time::Timespec {
+            tv_sec: left.as_secs() as i64,
+            tv_nsec: left.subsec_nanos() as _,
+        };
+        match rustix::event::poll(&mut fds, Some(&ts)) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => break,
+        }
+        let ready: Vec<(usize, PollFlags)> = fds
+            .iter()
+            .zip(&which)
+            .map(|(f, &i)| (i, f.revents()))
+            .filter(|(_, ev)| !ev.is_empty())
+            .collect();
+        drop(fds);
+        for (i, ev) in ready {
+            if i == 3 {
+                let Some(w) = &stdin else { continue };
+                if ev.intersects(PollFlags::ERR | PollFlags::HUP) {
+                    stdin = None;
+                    continue;
+                }
+                match rustix::io::write(w, &input[written..]) {
+                    Ok(n) => {
+                        written += n;
+                        if written >= input.len() {
+                            stdin = None; // closed: the program sees the end of its input
+                        }
+                    }
+                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {}
+                    Err(_) => stdin = None, // EPIPE: it stopped reading
+                }
+                continue;
+            }
+            let r = &mut readers[i];
+            let Some(fd) = &r.0 else { continue };
+            // Drain what is there; a read of 0 is the end.
+            loop {
+                match rustix::io::read(fd, &mut buf) {
+                    Ok(0) => {
+                        r.0 = None;
+                        break;
+                    }
+                    Ok(n) => {
+                        let room = r.2.saturating_sub(r.1.len());
+                        r.1.extend_from_slice(&buf[..n.min(room)]);
+                        if n > room && i < 2 && !c.over {
+                            c.over = true;
+                            kill();
+                        }
+                    }
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(rustix::io::Errno::AGAIN) => break,
+                    Err(_) => {
+                        r.0 = None;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    let [o, e, st] = readers;
+    c.stdout = o.1;
+    c.stderr = e.1;
+    c.report = st.1;
+    c
+}
+
+/// Writes the call's files into its working directory in the fresh tmpfs (nothing but this
+/// code has written there, so no link can be in the way; each file is made new, not followed).
+fn write_files(files: &[File], uid: u32) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let w = Path::new(SCRATCH).join("work");
+    for f in files {
+        let mut dir = w.clone();
+        if let Some(parent) = f.path.parent() {
+            for c in parent.components() {
+                dir.push(c);
+                match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
+                    Ok(()) => std::os::unix::fs::chown(&dir, Some(uid), Some(uid))?,
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(if f.executable { 0o755 } else { 0o644 })
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(w.join(&f.path))
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", f.path.display())))?;
+        out.write_all(&f.data)?;
+        std::os::unix::fs::fchown(&out, Some(uid), Some(uid))?;
+    }
+    Ok(())
+}
+
+/// Reads back `paths` of the call's working directory: regular files only, no link on the
+/// way, `max` bytes in all.
+fn fetch(paths: &[String], max: u64) -> Vec<warren_types::guest::FetchedFile> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let dir: io::Result<OwnedFd> =
+        std::fs::File::open(Path::new(SCRATCH).join("work")).map(Into::into);
+    let mut left = max;
+    paths
+        .iter()
+        .map(|p| {
+            let read = dir
+                .as_ref()
+                .map_err(|e| io::Error::new(e.kind(), e.to_string()))
+                .and_then(|d| {
+                    warren_fs::open_file(d.as_fd(), Path::new(p), warren_fs::Links::Refuse)
+                })
+                .and_then(|f| {
+                    let mut buf = Vec::new();
+                    f.take(left + 1).read_to_end(&mut buf)?;
+                    if buf.len() as u64 > left {
+                        return Err(io::Error::other(format!(
+                            "larger than what is left of the {max} bytes fetched files may hold \
+                         together"
+                        )));
+                    }
+                    Ok(buf)
+                });
+            match read {
+                Ok(buf) => {
+                    left -= buf.len() as u64;
+                    warren_types::guest::FetchedFile {
+                        path: p.clone(),
+                        data: Some(b64.encode(&buf)),
+                        error: None,
+                    }
+                }
+                Err(e) => warren_types::guest::FetchedFile {
+                    path: p.clone(),
+                    data: None,
+                    error: Some(e.to_string()),
+                },
+            }
+        })
+        .collect()
 }

@@ -41,7 +41,6 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let code = match args.get(1).map(String::as_str) {
         Some("init") => init(),
-        Some("call-init") => call::init(&args[2..]),
         Some("serve") if args.len() == 3 => serve_path(&args[2]),
         Some("--version") => {
             println!("warren-guest {}", env!("CARGO_PKG_VERSION"));
@@ -81,6 +80,15 @@ fn init() -> Result<(), String> {
     // every agent command, confined once), then the grader's thread (keeps the few it needs).
     let spawner = spawner::Spawner::start(confinement.0.clone(), cfg.builder)
         .map_err(|e| format!("starting the spawner: {e}"))?;
+    // A function-call worker's call server, forked likewise (it keeps what it needs to mount).
+    let call_server = if cfg.call_server {
+        Some(
+            call::CallServer::start(&cfg, confinement.0.clone())
+                .map_err(|e| format!("starting the call server: {e}"))?,
+        )
+    } else {
+        None
+    };
     let grader =
         grader::Grader::start(&cfg).map_err(|e| format!("starting the grader thread: {e}"))?;
     users::reserve(&[cfg.grader.uid]);
@@ -98,8 +106,11 @@ fn init() -> Result<(), String> {
         act.env,
         started,
         confinement,
-        Some(grader),
-        Some(spawner),
+        Roles {
+            grader: Some(grader),
+            spawner: Some(spawner),
+            call_server,
+        },
         pts,
     )
 }
@@ -139,10 +150,17 @@ fn serve_path(path: &str) -> Result<(), String> {
         Vec::new(),
         Instant::now(),
         confinement,
-        None,
-        None,
+        Roles::default(),
         open_pts()?,
     )
+}
+
+/// The processes and threads beside the guest's own (none in development `serve` mode).
+#[derive(Default)]
+struct Roles {
+    grader: Option<grader::Grader>,
+    spawner: Option<spawner::Spawner>,
+    call_server: Option<call::CallServer>,
 }
 
 fn run(
@@ -150,8 +168,11 @@ fn run(
     env: Vec<(String, String)>,
     started: Instant,
     (confinement, listeners): (Arc<warren_sys::confine::Confinement>, std::os::fd::OwnedFd),
-    grader: Option<grader::Grader>,
-    spawner: Option<spawner::Spawner>,
+    Roles {
+        grader,
+        spawner,
+        call_server,
+    }: Roles,
     pts: std::os::fd::OwnedFd,
 ) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -173,6 +194,7 @@ fn run(
             incidents: Arc::new(incidents::Incidents::default()),
             grader,
             spawner,
+            call_server,
             watches: Arc::default(),
         });
         tokio::spawn(confine::serve_listeners(listeners, guest.incidents.clone()));

@@ -35,6 +35,8 @@ pub struct Guest {
     pub grader: Option<crate::grader::Grader>,
     /// Starts agent commands (none in development `serve` mode).
     pub spawner: Option<crate::spawner::Spawner>,
+    /// Runs function calls (only in a function-call worker).
+    pub call_server: Option<crate::call::CallServer>,
     /// Directory watches.
     pub watches: Arc<crate::watch::Watches>,
 }
@@ -107,7 +109,13 @@ async fn dispatch(
         }
         Op::Spawn(spec) => start(g, &spec, r, w).await.map(|_| ()),
         Op::Call(spec) => {
-            let result = crate::call::run(g, spec).await?;
+            let Some(cs) = g.call_server.as_ref() else {
+                return Err(OpError::new(
+                    ErrorCode::Unavailable,
+                    "function calls run only in a function-call worker, which this sandbox is not",
+                ));
+            };
+            let result = cs.call(&spec).await?;
             write_msg(w, &Reply::Called(result)).await.map_err(io)
         }
         Op::Attach { process } => {

@@ -199,6 +199,7 @@ impl Node {
             // Every init of this node, warm or not, runs this copy.
             guest: Some(self.guest.digest.clone()),
             builder: req.builder,
+            fncall_worker: req.fncall_worker,
             network,
             net_lease: None,
             host_ports: Default::default(),

@@ -148,6 +148,7 @@ impl Node {
             timeout: Some(24 * 3600),
             labels: [(WORKER_LABEL.to_string(), call.image.clone())].into(),
             network: Some(warren_types::net::NetworkPolicy::none()),
+            fncall_worker: true,
             ..CreateSandbox::default()
         };
         let (view, _) = self.create(req, None).await?;

@@ -87,6 +87,9 @@ pub struct Record {
     /// A builder sandbox: its root commands hold the build capabilities.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub builder: bool,
+    /// A function-call worker (its guest runs a call server; made by the node itself).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fncall_worker: bool,
     /// Its network policy as it stands (records from before networks: loopback only).
     #[serde(default = "warren_types::net::NetworkPolicy::none")]
     pub network: warren_types::net::NetworkPolicy,
@@ -220,6 +223,7 @@ mod tests {
             default_cwd: None,
             guest: Some(format!("sha256:{}", "b".repeat(64))),
             builder: true,
+            fncall_worker: false,
             network: warren_types::net::NetworkPolicy {
                 allow: vec![warren_types::net::NetRule::domain("pypi.org")],
                 expose: vec![8000],

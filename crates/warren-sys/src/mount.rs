@@ -240,6 +240,19 @@ pub fn remount_readonly(target: &Path) -> io::Result<()> {
     )
 }
 
+/// Sets `flags` (read-only, nosuid, nodev, noexec) on the mount at `target` (which must be
+/// the root of a mount), leaving the mounts below it as they are.
+pub fn remount_flags(target: &Path, flags: u64) -> io::Result<()> {
+    raw_mount(
+        None,
+        &c(target)?,
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | flags,
+        None,
+    )
+    .map_err(|e| with_target(e, "remounting", target))
+}
+
 /// Makes a character device node.
 pub fn mknod_char(path: &Path, mode: u32, major: u32, minor: u32) -> io::Result<()> {
     // SAFETY: path is a NUL-terminated string that outlives the call.

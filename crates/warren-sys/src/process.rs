@@ -420,31 +420,18 @@ pub struct StepLimits {
     pub file_size: u64,
 }
 
-/// Makes `cmd`'s child get `status` as its descriptor 3 (and only as that: the original is
-/// close-on-exec) and `limits`, after the switch to its user and before anything else runs.
-pub fn on_exec_status_and_limits(
-    cmd: &mut std::process::Command,
-    status: std::os::fd::BorrowedFd<'_>,
-    limits: StepLimits,
-) {
-    use std::os::fd::AsRawFd;
+/// Makes `cmd`'s child get `limits`, after the switch to its user and before anything else
+/// runs.
+pub fn on_exec_limits(cmd: &mut std::process::Command, limits: StepLimits) {
     use std::os::unix::process::CommandExt;
-    let fd = status.as_raw_fd();
     let set = [
         (libc::RLIMIT_CPU, limits.cpu_seconds),
         (libc::RLIMIT_FSIZE, limits.file_size),
     ];
-    // SAFETY: the closure makes only async-signal-safe calls (dup2, fcntl, setrlimit) on
-    // values copied into it; the descriptor is open in the parent until the spawn returns.
+    // SAFETY: the closure makes only async-signal-safe calls (setrlimit) on values copied
+    // into it.
     unsafe {
         cmd.pre_exec(move || {
-            if fd == 3 {
-                if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            } else if libc::dup2(fd, 3) < 0 {
-                return Err(io::Error::last_os_error());
-            }
             for (res, v) in set {
                 let lim = libc::rlimit {
                     rlim_cur: v,
@@ -457,19 +444,6 @@ pub fn on_exec_status_and_limits(
             Ok(())
         });
     }
-}
-
-/// Descriptor 3 as a file, made close-on-exec: the status pipe a function call's step init
-/// was given by [`on_exec_status_and_limits`]. Call it once, at start, and only there.
-pub fn take_status_fd() -> io::Result<std::fs::File> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: fcntl on a number; it fails with EBADF if 3 is not open.
-    if unsafe { libc::fcntl(3, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: descriptor 3 is open (checked above) and nothing else in this process owns it:
-    // the caller takes it once, at start.
-    Ok(unsafe { std::fs::File::from_raw_fd(3) })
 }
 
 /// What this process's waited-for children used: CPU time (user and system) in microseconds,

@@ -70,23 +70,66 @@ pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize,
 /// could inherit a lock another thread held); the child then runs ordinary Rust. Returns the
 /// child's pid in the parent and `None` in the child.
 pub fn fork_single_threaded() -> io::Result<Option<i32>> {
-    let threads = std::fs::read_to_string("/proc/self/status")?
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .unwrap_or(0);
-    if threads != 1 {
-        return Err(io::Error::other(format!(
-            "fork refused: the process has {threads} threads"
-        )));
+    fork(&OneThread::check()?)
+}
+
+/// Proof that this process has one thread, from a check of `/proc/self/status`: a process
+/// that holds one (and starts no thread) may fork as often as it likes with [`fork`] without
+/// reading that file each time. Not `Send`: it stays on the thread that made it.
+pub struct OneThread(std::marker::PhantomData<*const ()>);
+
+impl OneThread {
+    /// Checks that this process has one thread.
+    pub fn check() -> io::Result<OneThread> {
+        let threads = std::fs::read_to_string("/proc/self/status")?
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .unwrap_or(0);
+        if threads != 1 {
+            return Err(io::Error::other(format!(
+                "fork refused: the process has {threads} threads"
+            )));
+        }
+        Ok(OneThread(std::marker::PhantomData))
     }
-    // SAFETY: the process has exactly one thread (checked above), so the child is a
-    // consistent copy: no lock can be held by a thread that does not exist in it.
+}
+
+/// Forks a process that has one thread (`_one`: checked when it was made; the caller starts no
+/// thread while it holds it). The child runs ordinary Rust. Returns the child's pid in the
+/// parent and `None` in the child.
+pub fn fork(_one: &OneThread) -> io::Result<Option<i32>> {
+    // SAFETY: the process has one thread (the token's contract), so the child is a consistent
+    // copy: no lock can be held by a thread that does not exist in it.
     let pid = unsafe { libc::fork() };
     match pid {
         p if p < 0 => Err(io::Error::last_os_error()),
         0 => Ok(None),
         p => Ok(Some(p)),
+    }
+}
+
+/// Waits for child `pid` to end (again after a signal); its exit code or the signal that
+/// ended it.
+pub fn wait_child(pid: i32) -> io::Result<(Option<i32>, Option<i32>)> {
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: waitpid writes the status into the integer it is given.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    if libc::WIFEXITED(status) {
+        Ok((Some(libc::WEXITSTATUS(status)), None))
+    } else if libc::WIFSIGNALED(status) {
+        Ok((None, Some(libc::WTERMSIG(status))))
+    } else {
+        Ok((None, None))
     }
 }
 

@@ -158,6 +158,11 @@ pub struct CreateSandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(ignore))]
     pub resolved: Option<ResolvedImage>,
+    /// A function-call worker, made by the node itself for its pools: its guest runs a call
+    /// server. Never read from a request (no client can set it).
+    #[serde(skip)]
+    #[cfg_attr(feature = "openapi", schema(ignore))]
+    pub fncall_worker: bool,
 }
 
 /// An image list resolved into layers (bottom first, each once) and defaults (upper images

@@ -556,6 +556,10 @@ pub struct InitConfig {
     /// (`warren_sys::creds::build_capabilities`). Never set for an agent's sandbox.
     #[serde(default)]
     pub builder: bool,
+    /// A function-call worker: the guest forks its call server at start (see the guest's
+    /// `call` module). Never set for an agent's sandbox.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub call_server: bool,
     /// A host file to bind read-only over the sandbox's `/etc/resolv.conf` (naming the
     /// node's DNS proxy), for a sandbox with a network interface. Bound after the root is
     /// pivoted into, so a link at `/etc/resolv.conf` resolves inside the sandbox; skipped

@@ -181,9 +181,14 @@ async fn nothing_of_one_call_reaches_the_next() {
 import os, subprocess, sys
 open('left.txt', 'w').write('secret')
 open('/tmp/left.txt', 'w').write('secret')
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.shmget(0x5752, 4096, 0o1000 | 0o666) >= 0  # IPC_CREAT: a SysV segment, left
 if os.path.isdir('/dev/shm'):
     open('/dev/shm/left', 'w').write('secret')
-for d in ['/dev/.warren', '/dev', '/home/grader', '/', '/usr']:
+open('/var/tmp/left', 'w').write('secret')
+open('/home/grader/left', 'w').write('secret')
+for d in ['/dev/.warren', '/dev', '/', '/usr', '/etc', '/var']:
     try:
         open(d + '/left', 'w').write('secret')
     except OSError:
@@ -195,10 +200,13 @@ print(os.getpid())
     let r = call(&c, req("python", first)).await;
     assert_eq!(r.status, FnCallStatus::Ok, "{r:?}");
     let second = "
-import os, subprocess
-for p in ['left.txt', '/tmp/left.txt', '/dev/shm/left']:
+import ctypes, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+print('shm', libc.shmget(0x5752, 0, 0) >= 0)
+for p in ['left.txt', '/tmp/left.txt', '/dev/shm/left', '/var/tmp/left', '/home/grader/left']:
     print(p, os.path.exists(p))
-print(any(os.path.exists(d + '/left') for d in ['/dev/.warren', '/dev', '/home/grader', '', '/usr']))
+print(any(os.path.exists(d + '/left') for d in ['/dev/.warren', '/dev', '', '/usr', '/etc', '/var']))
+print('nosuid', all(os.statvfs(d).f_flag & os.ST_NOSUID for d in ['.', '/tmp', '/dev/shm']))
 print('LEFT' in os.environ)
 ps = [d for d in os.listdir('/proc') if d.isdigit()]
 cmds = []
@@ -215,7 +223,9 @@ print(sorted(os.listdir('.')))
         assert_eq!(r.status, FnCallStatus::Ok, "{r:?}");
         assert_eq!(
             out(&r),
-            "left.txt False\n/tmp/left.txt False\n/dev/shm/left False\nFalse\nFalse\nFalse\n['main.py']\n",
+            "shm False\nleft.txt False\n/tmp/left.txt False\n/dev/shm/left False\n\
+             /var/tmp/left False\n/home/grader/left False\nFalse\nnosuid True\nFalse\nFalse\n\
+             ['main.py']\n",
             "{r:?}"
         );
     }

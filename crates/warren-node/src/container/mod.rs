@@ -333,8 +333,9 @@ impl ContainerBackend {
         // expose.
         let rules =
             !(policy.allow.is_empty() && policy.deny.is_empty() && policy.expose.is_empty());
-        // A builder's init is its own: warm inits are made without the build capabilities.
-        if let Some(mut w) = (!record.builder)
+        // A builder's init is its own: warm inits are made without the build capabilities; a
+        // function-call worker's likewise, without a call server.
+        if let Some(mut w) = (!record.builder && !record.fncall_worker)
             .then(|| self.pool.take(&key, self))
             .flatten()
         {
@@ -366,6 +367,7 @@ impl ContainerBackend {
             spawn::InitKind {
                 builder: record.builder,
                 net: key.net,
+                calls: record.fncall_worker,
             },
         )?;
         let (pid, start_time) = (spawned.pid, spawned.start_time);

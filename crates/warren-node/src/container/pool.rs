@@ -323,6 +323,7 @@ fn start_warm(host: &Arc<Host>, image: &Key) -> std::io::Result<Warm> {
     let kind = super::spawn::InitKind {
         builder: false,
         net: image.net,
+        calls: false,
     };
     let spawned = host.spawn_guest(&mut held, &name, &rootfs, None, &dir, kind)?;
     spawned.wait_built(Duration::from_secs(30))?;

@@ -26,6 +26,8 @@ pub(crate) struct InitKind {
     pub builder: bool,
     /// With a network interface.
     pub net: bool,
+    /// A function-call worker's (its guest runs a call server).
+    pub calls: bool,
 }
 
 /// An init that builds its root and then waits for [`Activate`].
@@ -76,11 +78,16 @@ impl Host {
         dir: &Path,
         kind: InitKind,
     ) -> std::io::Result<Spawned> {
-        let InitKind { builder, net } = kind;
+        let InitKind {
+            builder,
+            net,
+            calls,
+        } = kind;
         std::fs::DirBuilder::new().mode(0o700).create(dir)?;
         held.dir = Some(dir.to_path_buf());
         let mut config = self.prepare_dir(rootfs, dir, limits.and_then(|r| r.disk))?;
         config.builder = builder;
+        config.call_server = calls;
         if net && let Some(n) = &self.net {
             config.resolv_conf = Some(n.resolv_conf.to_string_lossy().into_owned());
         }
@@ -199,6 +206,7 @@ impl Host {
             limits: self.guest_limits,
             grader: self.grader.clone(),
             builder: false,
+            call_server: false,
             resolv_conf: None,
         })
     }

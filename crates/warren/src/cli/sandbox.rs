@@ -172,6 +172,7 @@ impl CreateArgs {
             network,
             replay: None,
             resolved: None,
+            fncall_worker: false,
         })
     }
 }
