@@ -151,7 +151,7 @@ async fn measure(
     anyhow::ensure!(cc.success(), "gcc failed");
     let c_bin_s = c_bin.display().to_string();
     for (what, argv) in [
-        ("bare spawn: sh -c true", vec!["sh", "-c", "true"]),
+        ("bare spawn: bash -c true", vec!["bash", "-c", "true"]),
         ("bare spawn: C binary", vec![c_bin_s.as_str()]),
         (
             "bare spawn: /usr/bin/python3 -c pass",
@@ -164,19 +164,23 @@ async fn measure(
             bare(&a);
         }
         let argv = Arc::new(argv);
-        let row = drive(what, n.min(500), 1, move || {
+        // At 1 (its latency) and at 2 per CPU (what the machine can do at all).
+        for conc in [1, 2 * cpus] {
             let argv = argv.clone();
-            async move {
-                tokio::task::spawn_blocking(move || {
-                    let a: Vec<&str> = argv.iter().map(String::as_str).collect();
-                    bare(&a)
-                })
-                .await
-                .unwrap_or(false)
-            }
-        })
-        .await;
-        out.push_str(&line(&row));
+            let row = drive(what, n.min(500), conc, move || {
+                let argv = argv.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || {
+                        let a: Vec<&str> = argv.iter().map(String::as_str).collect();
+                        bare(&a)
+                    })
+                    .await
+                    .unwrap_or(false)
+                }
+            })
+            .await;
+            out.push_str(&line(&row));
+        }
     }
     let calls: [(&str, &str, &str); 3] = [
         ("fncall: bash `true`", "bash", "true"),
@@ -209,6 +213,46 @@ async fn measure(
             let row = drive(what, count, conc, once.clone()).await;
             out.push_str(&line(&row));
         }
+    }
+    // A judge's load: one C program compiled once and run over many cases (one request
+    // of 64 cases at a time; the row counts cases).
+    let batch = Arc::new(warren_types::fncall::FnCallBatchRequest {
+        language: "c".into(),
+        code: "#include <stdio.h>\nint main(void){int a;if(scanf(\"%d\",&a)!=1)return 1;\
+               printf(\"%d\\n\",2*a);return 0;}"
+            .into(),
+        cases: (0..64)
+            .map(|i| warren_types::fncall::TestCase {
+                stdin: format!("{i}\n"),
+                expected: Some(format!("{}\n", 2 * i)),
+            })
+            .collect(),
+        ..Default::default()
+    });
+    let batch_once = {
+        let (c, req) = (client.clone(), batch.clone());
+        move || {
+            let (c, req) = (c.clone(), req.clone());
+            async move { matches!(c.fncall_batch(&req).await, Ok(r) if r.passed == 64) }
+        }
+    };
+    for _ in 0..3 {
+        batch_once().await;
+    }
+    for conc in [1, 2 * cpus] {
+        let rounds = (n / 64).clamp(4, 40);
+        let mut row = drive(
+            "fncall batch: C compiled once, 64 cases a request (per case)",
+            rounds,
+            conc,
+            batch_once.clone(),
+        )
+        .await;
+        // Cases, not requests: the rate and the count scale by 64; latencies are a request's.
+        row.per_s *= 64.0;
+        row.n *= 64;
+        row.errors *= 64;
+        out.push_str(&line(&row));
     }
     // One fresh container sandbox per call.
     let sandbox_per_call = {

@@ -50,8 +50,11 @@ use crate::wire::OpError;
 const MAX_REQUEST: u64 = 64 << 20;
 /// Largest answer the guest reads.
 const MAX_ANSWER: u64 = 512 << 20;
-/// Most output (stdout and stderr of every step) a call may keep in all.
-const MAX_CALL_OUTPUT: u64 = 384 << 20;
+/// Most output (stdout and stderr of every step) a call may keep in all: in base64, with the
+/// fetched files, well within [`MAX_ANSWER`].
+const MAX_CALL_OUTPUT: u64 = 256 << 20;
+/// Most bytes of fetched files in one call.
+const MAX_FETCH: u64 = 64 << 20;
 /// Most files in one call.
 const MAX_FILES: usize = 1000;
 /// Most steps in one call.
@@ -60,6 +63,8 @@ const MAX_STEPS: usize = 64;
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Most bytes kept of a step's stdout or stderr.
 const MAX_OUTPUT: u64 = 64 << 20;
+/// Longest message the server sends before it serves (why it could not start).
+const MAX_MESSAGE: usize = 4096;
 /// Largest report of an init.
 const MAX_REPORT: usize = 4096;
 /// How long a killed step's pipes may stay open before the server stops waiting.
@@ -118,7 +123,7 @@ impl CallServer {
     /// Forks the call server. Call while the guest has one thread and all its capabilities,
     /// after the root is built (its pristine layers are bound under [`crate::setup::PRISTINE`]).
     pub fn start(cfg: &InitConfig, confinement: Arc<Confinement>) -> io::Result<CallServer> {
-        let (mine, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let (mut mine, theirs) = std::os::unix::net::UnixStream::pair()?;
         let one = warren_sys::unix::OneThread::check()?;
         match warren_sys::unix::fork(&one)? {
             None => {
@@ -130,11 +135,22 @@ impl CallServer {
                         1
                     }
                 };
-                std::process::exit(code)
+                warren_sys::unix::exit_now(code)
             }
-            Some(_) => Ok(CallServer {
-                conn: tokio::sync::Mutex::new(Conn::Std(mine)),
-            }),
+            Some(_) => {
+                // It says whether its call root is built: a worker whose server cannot serve
+                // does not start (the create fails with why), rather than fail every call.
+                let said = read_hello(&mut mine);
+                match said.as_slice() {
+                    b"ready" => Ok(CallServer {
+                        conn: tokio::sync::Mutex::new(Conn::Std(mine)),
+                    }),
+                    _ => Err(io::Error::other(format!(
+                        "the call server did not start: {}",
+                        String::from_utf8_lossy(&said).trim()
+                    ))),
+                }
+            }
         }
     }
 
@@ -167,7 +183,9 @@ impl CallServer {
                 Err(_) => Conn::Gone,
             };
         }
-        let Conn::Tokio(stream) = &mut *conn else {
+        // Taken out while the exchange runs: were this future dropped half-way, the next call
+        // must not read this one's answer.
+        let Conn::Tokio(mut stream) = std::mem::replace(&mut *conn, Conn::Gone) else {
             return Err(gone("it failed before".into()));
         };
         let r = async {
@@ -182,6 +200,9 @@ impl CallServer {
             serde_json::from_slice::<Answer>(&buf).map_err(io::Error::other)
         }
         .await;
+        if r.is_ok() {
+            *conn = Conn::Tokio(stream);
+        }
         match r {
             Ok(Answer::Done(r)) => Ok(r),
             Ok(Answer::Refused { invalid, message }) => Err(OpError::new(
@@ -192,22 +213,80 @@ impl CallServer {
                 },
                 message,
             )),
-            Err(e) => {
-                *conn = Conn::Gone;
-                Err(gone(e.to_string()))
-            }
+            Err(e) => Err(gone(e.to_string())),
         }
     }
 }
 
-/// The server's life: build the call root, drop what it does not need, serve calls until
-/// the guest hangs up.
+/// Reads the server's first line (`ready`, or why not), at most [`MAX_MESSAGE`] bytes.
+fn read_hello(s: &mut std::os::unix::net::UnixStream) -> Vec<u8> {
+    let mut said = Vec::new();
+    let mut byte = [0u8; 1];
+    while said.len() < MAX_MESSAGE {
+        match s.read(&mut byte) {
+            Ok(1) if byte[0] != b'\n' => said.push(byte[0]),
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    said
+}
+
+/// The server's life: build the call root, drop what it does not need, say `ready` (or why
+/// not), serve calls until the guest hangs up.
 fn serve(
-    sock: std::os::unix::net::UnixStream,
+    mut sock: std::os::unix::net::UnixStream,
     cfg: &InitConfig,
     c: &Arc<Confinement>,
     one: &warren_sys::unix::OneThread,
 ) -> io::Result<()> {
+    let server = match set_up(&sock, cfg, c, one) {
+        Ok(s) => s,
+        Err(e) => {
+            let mut m = e.to_string().replace('\n', " ");
+            m.truncate(MAX_MESSAGE - 1);
+            let _ = sock.write_all(format!("{m}\n").as_bytes());
+            return Err(e);
+        }
+    };
+    sock.write_all(b"ready\n")?;
+    loop {
+        let mut len = [0u8; 8];
+        match sock.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let len = u64::from_le_bytes(len);
+        if len > MAX_REQUEST {
+            return Err(io::Error::other(format!("a request of {len} bytes")));
+        }
+        let mut body = vec![0u8; len as usize];
+        sock.read_exact(&mut body)?;
+        let answer = match serde_json::from_slice::<CallSpec>(&body) {
+            Ok(spec) => {
+                drop(body);
+                server.call(spec)
+            }
+            Err(e) => Answer::Refused {
+                invalid: true,
+                message: format!("a call the server cannot read: {e}"),
+            },
+        };
+        let out = serde_json::to_vec(&answer).map_err(io::Error::other)?;
+        sock.write_all(&(out.len() as u64).to_le_bytes())?;
+        sock.write_all(&out)?;
+    }
+}
+
+/// Builds the call root and drops what the server does not need.
+fn set_up<'a>(
+    sock: &std::os::unix::net::UnixStream,
+    cfg: &InitConfig,
+    c: &Arc<Confinement>,
+    one: &'a warren_sys::unix::OneThread,
+) -> io::Result<Server<'a>> {
     {
         let mut keep = vec![0, 1, 2, sock.as_raw_fd()];
         keep.extend(c.notify.as_ref().map(|(_, s)| s.as_raw_fd()));
@@ -261,41 +340,13 @@ fn serve(
     warren_sys::creds::keep_only_grader_capabilities()?;
     warren_sys::creds::set_not_dumpable()?;
     warren_sys::creds::set_no_new_privs()?;
-    let own_pid = warren_sys::ns::own(warren_sys::ns::Kind::Pid)?;
-    let server = Server {
+    Ok(Server {
         uid: cfg.grader.uid,
         confinement: c.clone(),
-        own_pid,
+        own_pid: warren_sys::ns::own(warren_sys::ns::Kind::Pid)?,
+        own_ipc: warren_sys::ns::own(warren_sys::ns::Kind::Ipc)?,
         one,
-    };
-    let mut sock = sock;
-    loop {
-        let mut len = [0u8; 8];
-        match sock.read_exact(&mut len) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => return Err(e),
-        }
-        let len = u64::from_le_bytes(len);
-        if len > MAX_REQUEST {
-            return Err(io::Error::other(format!("a request of {len} bytes")));
-        }
-        let mut body = vec![0u8; len as usize];
-        sock.read_exact(&mut body)?;
-        let answer = match serde_json::from_slice::<CallSpec>(&body) {
-            Ok(spec) => {
-                drop(body);
-                server.call(&spec)
-            }
-            Err(e) => Answer::Refused {
-                invalid: true,
-                message: format!("a call the server cannot read: {e}"),
-            },
-        };
-        let out = serde_json::to_vec(&answer).map_err(io::Error::other)?;
-        sock.write_all(&(out.len() as u64).to_le_bytes())?;
-        sock.write_all(&out)?;
-    }
+    })
 }
 
 /// What the server keeps between calls.
@@ -304,6 +355,9 @@ struct Server<'a> {
     confinement: Arc<Confinement>,
     /// Its own PID namespace, to step back into before making each step's.
     own_pid: OwnedFd,
+    /// Its own IPC namespace, to come back to once a step's init is forked (a step's IPC
+    /// namespace, with whatever it made there, goes when the step's processes do).
+    own_ipc: OwnedFd,
     one: &'a warren_sys::unix::OneThread,
 }
 
@@ -348,6 +402,9 @@ fn check(spec: &CallSpec) -> Result<Vec<File>, Answer> {
             return Err(invalid(format!("max_output is at most {MAX_OUTPUT} bytes")));
         }
         output = output.saturating_add(2 * s.max_output);
+    }
+    if spec.max_fetch > MAX_FETCH {
+        return Err(invalid(format!("max_fetch is at most {MAX_FETCH} bytes")));
     }
     if output > MAX_CALL_OUTPUT {
         return Err(invalid(format!(
@@ -444,8 +501,8 @@ impl Drop for Places {
 }
 
 impl Server<'_> {
-    fn call(&self, spec: &CallSpec) -> Answer {
-        let files = match check(spec) {
+    fn call(&self, mut spec: CallSpec) -> Answer {
+        let files = match check(&spec) {
             Ok(f) => f,
             Err(a) => return a,
         };
@@ -465,7 +522,11 @@ impl Server<'_> {
                 message: format!("writing the call's files: {e}"),
             };
         }
+        // Written: gone from memory before the steps fork (a fork starts with this process's
+        // resident memory, which the program's reported peak would include).
         drop(files);
+        spec.files = Vec::new();
+        let spec = &spec;
         let mut out = CallResult::default();
         let mut go_on = true;
         for step in &spec.steps {
@@ -520,10 +581,18 @@ impl Server<'_> {
             None => {
                 drop((out_r, err_r, status_r));
                 let stdin_r = input.map(|(r, _)| r);
-                init(self, step, spec, stdin_r, out_w, err_w, status_w)
+                // A copy of the server: whatever happens here ends here (a panic would unwind
+                // into the server's call and unmount its places).
+                let run = std::panic::AssertUnwindSafe(|| {
+                    init(self, step, spec, stdin_r, out_w, err_w, status_w)
+                });
+                let _ = std::panic::catch_unwind(run);
+                warren_sys::unix::exit_now(125)
             }
             Some(pid) => pid,
         };
+        // Back in its own IPC namespace: the step's goes with its processes.
+        enter(self.own_ipc.as_fd(), Kind::Ipc)?;
         drop((out_w, err_w, status_w));
         let stdin_w = input.map(|(r, w)| {
             drop(r);
@@ -578,6 +647,14 @@ fn init(
     err: OwnedFd,
     status: OwnedFd,
 ) -> ! {
+    // Ends with the server: an init whose server died (killed, out of memory) kills its step.
+    // (Its parent is outside its PID namespace, so getppid cannot tell whether the server
+    // died before this: the node kills a worker whose server failed in any case.)
+    if rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .is_err()
+    {
+        warren_sys::unix::exit_now(125);
+    }
     let mut status = std::fs::File::from(status);
     let mut report = |r: &Report| {
         let _ = status.write_all(&serde_json::to_vec(r).unwrap_or_default());
@@ -600,7 +677,7 @@ fn init(
         }
     };
     report(&r);
-    std::process::exit(0)
+    warren_sys::unix::exit_now(0)
 }
 
 /// Forks the program of `step` from the init; its pid, or why it did not start.
@@ -612,7 +689,16 @@ fn start_program(
     out: OwnedFd,
     err: OwnedFd,
 ) -> Result<i32, String> {
-    let program = &step.argv[0];
+    // Named in messages, cut short (the report that carries them is bounded).
+    let mut program = step.argv[0].clone();
+    if program.len() > 256 {
+        let mut cut = 256;
+        while !program.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        program.truncate(cut);
+        program.push_str("...");
+    }
     // Told the exec's error, if it fails; closed by a successful exec.
     let (fail_r, fail_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| format!("a pipe: {e}"))?;
@@ -620,11 +706,14 @@ fn start_program(
         Err(e) => Err(format!("fork: {e}")),
         Ok(None) => {
             drop(fail_r);
-            let e = program_exec(s, step, spec, stdin, out, err);
-            let code = e.raw_os_error().unwrap_or(0);
+            let run = std::panic::AssertUnwindSafe(|| program_exec(s, step, spec, stdin, out, err));
+            let code = match std::panic::catch_unwind(run) {
+                Ok(e) => e.raw_os_error().unwrap_or(0),
+                Err(_) => 0,
+            };
             let mut w = std::fs::File::from(fail_w);
             let _ = w.write_all(&code.to_le_bytes());
-            std::process::exit(127)
+            warren_sys::unix::exit_now(127)
         }
         Ok(Some(pid)) => {
             drop((fail_w, stdin, out, err));
@@ -876,7 +965,7 @@ fn fetch(paths: &[String], max: u64) -> Vec<warren_types::guest::FetchedFile> {
                 })
                 .and_then(|f| {
                     let mut buf = Vec::new();
-                    f.take(left + 1).read_to_end(&mut buf)?;
+                    f.take(left.saturating_add(1)).read_to_end(&mut buf)?;
                     if buf.len() as u64 > left {
                         return Err(io::Error::other(format!(
                             "larger than what is left of the {max} bytes fetched files may hold \

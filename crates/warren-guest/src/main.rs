@@ -83,8 +83,13 @@ fn init() -> Result<(), String> {
     // A function-call worker's call server, forked likewise (it keeps what it needs to mount).
     let call_server = if cfg.call_server {
         Some(
-            call::CallServer::start(&cfg, confinement.0.clone())
-                .map_err(|e| format!("starting the call server: {e}"))?,
+            call::CallServer::start(&cfg, confinement.0.clone()).map_err(|e| {
+                // Logged now, while the control socket is still open: the node reads the log
+                // when it sees the socket close, and tells the caller why.
+                let m = format!("starting the call server: {e}");
+                eprintln!("warren-guest: {m}");
+                m
+            })?,
         )
     } else {
         None

@@ -7,7 +7,7 @@
 //! guest's `call` module): nothing of one call is left for the next. After the call the worker
 //! goes back to the idle list, or is killed when that list is full or the call broke the
 //! worker (its guest did not answer). A pool whose last idle worker was taken starts one more
-//! in the background, so the next call finds it warm. Idle workers unused for
+//! in the background (one at a time), so the next call finds it warm. Idle workers unused for
 //! [`crate::workers::IDLE_TTL`] are killed by the timer sweep.
 
 use std::sync::Arc;
@@ -63,15 +63,16 @@ impl Node {
     /// Runs a function call on a worker of its image and memory.
     pub async fn fncall(self: &Arc<Self>, call: NodeCall) -> Result<NodeCallResult, NodeError> {
         let key = key_of(&call);
+        let _in_flight = self.fncall.enter(&key);
         let mut warm = true;
         let worker = loop {
             match self.fncall.take(&key) {
-                Some((id, last)) => {
+                Some((id, refill)) => {
+                    if refill {
+                        self.refill(&call);
+                    }
                     if self.get(&id).is_err() {
                         continue; // killed since (its timeout, a task stop)
-                    }
-                    if last {
-                        self.refill(&call);
                     }
                     break id;
                 }
@@ -151,8 +152,27 @@ impl Node {
             fncall_worker: true,
             ..CreateSandbox::default()
         };
-        let (view, _) = self.create(req, None).await?;
-        Ok(view.id)
+        match self.create(req, None).await {
+            Ok((view, _)) => Ok(view.id),
+            Err(e) => {
+                // The guest's call server could not build its call root from this image (its
+                // own links would aim a call's writable places elsewhere): the image's problem,
+                // said as the server said it.
+                let text = e.to_string();
+                const MARK: &str = "the call server did not start: ";
+                match text.find(MARK) {
+                    Some(at) => {
+                        let why = &text[at + MARK.len()..];
+                        let why = why.split("; ").next().unwrap_or(why);
+                        Err(NodeError::Invalid(format!(
+                            "image {} cannot run function calls: {why}",
+                            call.image
+                        )))
+                    }
+                    None => Err(e),
+                }
+            }
+        }
     }
 
     /// Starts one more worker for `call`'s pool in the background.
@@ -167,7 +187,9 @@ impl Node {
         };
         tokio::spawn(async move {
             let key = key_of(&call);
-            match node.start_worker(&call).await {
+            let started = node.start_worker(&call).await;
+            node.fncall.refilled(&key);
+            match started {
                 Ok(id) => {
                     if !node.fncall.give_back(key, id.clone()) {
                         let _ = node.kill(&id).await;

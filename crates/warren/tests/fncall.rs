@@ -641,3 +641,55 @@ async fn a_worker_killed_mid_call_is_replaced() {
     let r = call(&c, req("python", "print('again')")).await;
     assert_eq!(out(&r), "again\n", "{r:?}");
 }
+
+/// An image whose own links would aim a call's writable places elsewhere (`/tmp` a link to
+/// `/dev`, where the worker's device nodes are): its worker's call server refuses to start,
+/// and the call is refused with why, rather than mounting through the link.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_whose_tmp_is_a_link_cannot_run_calls() {
+    require_root!();
+    // Layers unmounted soon after their last user, so that the test can end clean.
+    let p = Platform::start_with(Some("[node]\nlayer_idle_unmount = 1\n"));
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("root");
+    for dir in ["bin", "usr/bin", "etc", "var/tmp", "home"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+        .expect("busybox is installed (make test installs busybox-static)");
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    for tool in ["sh", "bash", "true"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
+    }
+    std::os::unix::fs::symlink("/dev", root.join("tmp")).unwrap();
+    let out = p.cli(&[
+        "image",
+        "import",
+        root.to_str().unwrap(),
+        "--name",
+        "t/linked-tmp:1",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let e = p
+        .client()
+        .fncall(&FnCallRequest {
+            image: Some("t/linked-tmp:1".into()),
+            ..req("bash", "true")
+        })
+        .await
+        .unwrap_err();
+    let (status, message) = match &e {
+        warren_sdk::Error::Api {
+            status, message, ..
+        } => (*status, message.clone()),
+        other => panic!("{other}"),
+    };
+    assert!(
+        (400..500).contains(&status) && message.contains("/tmp"),
+        "{status} {message}"
+    );
+    p.assert_clean_within(std::time::Duration::from_secs(30));
+}

@@ -706,8 +706,11 @@ pub async fn run_code(
 const MAX_CASES: usize = 1000;
 /// Most cases one worker runs of a batch (more are spread over more workers).
 const CHUNK: usize = 16;
-/// Most output one chunk may bring back (its answer is one guest message).
-const CHUNK_OUTPUT: u64 = 4 << 20;
+/// Most output one chunk may bring back (its answer is one guest message, held by the
+/// worker's call server within the worker's memory beyond the call's).
+const CHUNK_OUTPUT: u64 = 16 << 20;
+/// Most output of one case (each of stdout and stderr).
+const MAX_CASE_OUTPUT: u64 = 2 << 20;
 /// Most output of all cases together.
 const BATCH_OUTPUT: u64 = 64 << 20;
 
@@ -834,10 +837,10 @@ pub async fn batch(
         )));
     }
     let max_output = req.max_output.map_or(1 << 20, |m| m.bytes());
-    if max_output == 0 || max_output * 2 > CHUNK_OUTPUT {
+    if max_output == 0 || max_output > MAX_CASE_OUTPUT {
         return Err(invalid(format!(
             "max_output is 1 byte to {} in a batch",
-            warren_types::ByteSize(CHUNK_OUTPUT / 2)
+            warren_types::ByteSize(MAX_CASE_OUTPUT)
         )));
     }
     if max_output.saturating_mul(req.cases.len() as u64) > BATCH_OUTPUT {
