@@ -72,6 +72,18 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 
 /// Where the call's tmpfs is mounted: a directory of the call root only root may enter.
 const SCRATCH: &str = "/.warren-call";
+/// Where the server mounts the message queues of the zygote's IPC namespace (only root may
+/// enter), to remove what a call left there.
+const MQUEUES: &str = "/.warren-mq";
+/// The interpreter a Python zygote runs (the image's own).
+const PYTHON: &str = "/usr/bin/python3";
+/// The zygote's program.
+const ZYGOTE: &str = include_str!("zygote.py");
+/// The `PYTHON*` variables the zygote's child does what an interpreter's start would for (any
+/// other sends the step to a fresh interpreter).
+const ZYGOTE_ENV: [&str; 2] = ["PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED"];
+/// How long a zygote may take to start.
+const ZYGOTE_START: Duration = Duration::from_secs(10);
 
 /// The call's writable places: (directory in the tmpfs, where it is bound, mode, the grader's).
 const PLACES: [(&str, &str, u32, bool); 5] = [
@@ -321,11 +333,11 @@ fn set_up<'a>(
                 Err(e) => return Err(e),
             }
         }
-        std::fs::create_dir(root.join(SCRATCH.trim_start_matches('/')))?;
-        std::fs::set_permissions(
-            root.join(SCRATCH.trim_start_matches('/')),
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )?;
+        for d in [SCRATCH, MQUEUES] {
+            let d = root.join(d.trim_start_matches('/'));
+            std::fs::create_dir(&d)?;
+            std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        }
         mount::remount_flags(root, flags::RDONLY | flags::NOSUID | flags::NODEV)
     })?;
     // Every place must be a directory reached without a link (the image's own links could
@@ -336,6 +348,16 @@ fn set_up<'a>(
             .map_err(|e| io::Error::new(e.kind(), format!("{at} in the image: {e}")))?;
     }
     drop(root);
+    let own_ipc = warren_sys::ns::own(warren_sys::ns::Kind::Ipc)?;
+    // The zygote, while this process still holds what it must hand on: a worker without one
+    // (no python3, or it failed to start) runs Python like any program.
+    let zygote = match Zygote::start(cfg.grader.uid, c, one, &own_ipc) {
+        Ok(z) => z,
+        Err(e) => {
+            eprintln!("warren-guest call server: no Python zygote: {e}");
+            None
+        }
+    };
     warren_sys::creds::lock_out_exec_capabilities()?;
     warren_sys::creds::keep_only_grader_capabilities()?;
     warren_sys::creds::set_not_dumpable()?;
@@ -344,9 +366,151 @@ fn set_up<'a>(
         uid: cfg.grader.uid,
         confinement: c.clone(),
         own_pid: warren_sys::ns::own(warren_sys::ns::Kind::Pid)?,
-        own_ipc: warren_sys::ns::own(warren_sys::ns::Kind::Ipc)?,
+        own_ipc,
+        zygote: std::cell::RefCell::new(zygote),
         one,
     })
+}
+
+/// A Python zygote (see `zygote.py`): the image's python3, started once, which forks a child
+/// per Python step. It runs as root with only `CAP_SETUID` and `CAP_SETGID` (what it needs to
+/// make its child the grader, whose switch drops them) in an IPC namespace of its own, not
+/// dumpable. Its children are not in a PID namespace of their own: after each step every
+/// process of the grader's uid is killed (`kill(-1)` as that uid), and every System V object
+/// and message queue of the zygote's IPC namespace is removed.
+struct Zygote {
+    sock: OwnedFd,
+    pid: i32,
+    /// Its IPC namespace.
+    ipc: OwnedFd,
+}
+
+impl Zygote {
+    fn start(
+        uid: u32,
+        c: &Confinement,
+        one: &warren_sys::unix::OneThread,
+        own_ipc: &OwnedFd,
+    ) -> io::Result<Option<Zygote>> {
+        use warren_sys::ns::{Kind, enter, own, unshare};
+        if !std::fs::metadata(PYTHON).is_ok_and(|m| m.is_file()) {
+            return Ok(None);
+        }
+        let (mine, theirs) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )?;
+        rustix::net::sockopt::set_socket_timeout(
+            &mine,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(ZYGOTE_START),
+        )?;
+        let bpf = match &c.notify {
+            Some((p, _)) => {
+                let fd = rustix::fs::memfd_create(c"warren-bpf", rustix::fs::MemfdFlags::CLOEXEC)?;
+                let mut f = std::fs::File::from(fd);
+                f.write_all(&p.to_bytes())?;
+                use std::io::Seek;
+                f.rewind()?;
+                Some(OwnedFd::from(f))
+            }
+            None => None,
+        };
+        unshare(Kind::Ipc)?;
+        let made = (|| {
+            let ipc = own(Kind::Ipc)?;
+            mount::mount_fs(
+                "mqueue",
+                Path::new(MQUEUES),
+                flags::NOSUID | flags::NODEV | flags::NOEXEC,
+                None,
+            )?;
+            io::Result::Ok(ipc)
+        })();
+        let pid = match &made {
+            Ok(_) => match warren_sys::unix::fork(one) {
+                Ok(None) => zygote_exec(theirs, c, uid, bpf),
+                Ok(Some(pid)) => Ok(pid),
+                Err(e) => Err(e),
+            },
+            Err(_) => Err(io::Error::other("no IPC namespace for it")),
+        };
+        enter(own_ipc.as_fd(), Kind::Ipc)?;
+        let ipc = made?;
+        let pid = pid?;
+        drop(theirs);
+        drop(bpf);
+        let mut buf = [0u8; 16];
+        let ready = matches!(rustix::net::recv(&mine, &mut buf, rustix::net::RecvFlags::empty()),
+            Ok((5, _)) if &buf[..5] == b"ready");
+        if !ready {
+            let _ = warren_sys::process::kill(pid, 9);
+            let _ = warren_sys::unix::wait_child(pid);
+            return Err(io::Error::other("it did not say ready (see the log above)"));
+        }
+        rustix::net::sockopt::set_socket_timeout(&mine, rustix::net::sockopt::Timeout::Recv, None)?;
+        Ok(Some(Zygote {
+            sock: mine,
+            pid,
+            ipc,
+        }))
+    }
+
+    /// Stops it (it failed a step, or cannot be trusted with the next).
+    fn end(self) {
+        let _ = warren_sys::process::kill(self.pid, 9);
+        let _ = warren_sys::unix::wait_child(self.pid);
+    }
+}
+
+/// In the zygote's fork: hands it the socket, the listener channel, the Landlock ruleset and
+/// the filter program, keeps only `CAP_SETUID` and `CAP_SETGID` for what it execs, and execs
+/// the image's python3 with `zygote.py`. Never returns.
+fn zygote_exec(sock: OwnedFd, c: &Confinement, uid: u32, bpf: Option<OwnedFd>) -> ! {
+    let r = (|| -> io::Result<io::Error> {
+        let raw = |f: Option<&OwnedFd>| f.map_or(-1, |f| f.as_raw_fd());
+        let fds = [
+            sock.as_raw_fd(),
+            raw(c.notify.as_ref().map(|(_, s)| s)),
+            raw(c.landlock.as_ref()),
+            raw(bpf.as_ref()),
+        ];
+        let mut keep = vec![0, 1, 2];
+        let handed = [
+            Some(&sock),
+            c.notify.as_ref().map(|(_, s)| s),
+            c.landlock.as_ref(),
+            bpf.as_ref(),
+        ];
+        for f in handed.into_iter().flatten() {
+            rustix::io::fcntl_setfd(f, rustix::io::FdFlags::empty())?;
+            keep.push(f.as_raw_fd());
+        }
+        warren_sys::unix::close_all_except(&keep)?;
+        let ids = rustix::thread::CapabilitySet::SETUID | rustix::thread::CapabilitySet::SETGID;
+        warren_sys::creds::set_inheritable(ids)?;
+        warren_sys::creds::lock_out_exec_capabilities_but_ambient(true)?;
+        warren_sys::creds::keep_only_uid_switch_for_exec()?;
+        warren_sys::creds::set_no_new_privs()?;
+        Ok(Command::new(PYTHON)
+            .arg("-c")
+            .arg(ZYGOTE)
+            .arg(fds[0].to_string())
+            .arg(uid.to_string())
+            .args(fds[1..].iter().map(|f| f.to_string()))
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .exec())
+    })();
+    match r {
+        Ok(e) | Err(e) => eprintln!("warren-guest call server: starting the zygote: {e}"),
+    }
+    warren_sys::unix::exit_now(1)
 }
 
 /// What the server keeps between calls.
@@ -358,6 +522,8 @@ struct Server<'a> {
     /// Its own IPC namespace, to come back to once a step's init is forked (a step's IPC
     /// namespace, with whatever it made there, goes when the step's processes do).
     own_ipc: OwnedFd,
+    /// The Python zygote, while it serves.
+    zygote: std::cell::RefCell<Option<Zygote>>,
     one: &'a warren_sys::unix::OneThread,
 }
 
@@ -555,8 +721,185 @@ impl Server<'_> {
         Answer::Done(out)
     }
 
-    /// Runs one step: its init in new PID and IPC namespaces, the program under it.
+    /// Runs one step: a Python program on the zygote where there is one and nothing asks the
+    /// interpreter's start for what the zygote cannot do (a `PYTHON*` variable beyond
+    /// [`ZYGOTE_ENV`]), anything else under an init of its own.
     fn step(&self, step: &CallStep, spec: &CallSpec) -> io::Result<StepResult> {
+        let python = step.argv.len() >= 2
+            && step.argv[0] == "python3"
+            && !step.argv[1].starts_with('-')
+            && spec
+                .env
+                .iter()
+                .all(|(k, _)| !k.starts_with("PYTHON") || ZYGOTE_ENV.contains(&k.as_str()));
+        if python && self.zygote.borrow().is_some() {
+            return self.zygote_step(step, spec);
+        }
+        self.init_step(step, spec)
+    }
+
+    /// The environment of every program: a fixed base, then the call's.
+    fn env(spec: &CallSpec) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = [
+            (
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            ),
+            ("HOME", "/home/grader"),
+            ("USER", "grader"),
+            ("LANG", "C.UTF-8"),
+            ("TMPDIR", "/tmp"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for (k, v) in &spec.env {
+            env.retain(|(e, _)| e != k);
+            env.push((k.clone(), v.clone()));
+        }
+        env
+    }
+
+    /// Kills every process of the grader's uid: what a zygote's step left running.
+    fn kill_grader_processes(&self) {
+        if let Err(e) = warren_sys::unix::kill_all_of_uid(self.one, self.uid) {
+            // Processes of this call could outlive it: the server stops (its worker with it).
+            eprintln!("warren-guest call server: killing a step's processes: {e}; stopping");
+            warren_sys::unix::exit_now(1);
+        }
+    }
+
+    /// Runs a Python step on the zygote: its child, confined as any program, runs the file; then
+    /// every process of the grader's uid is killed and the zygote's IPC namespace emptied.
+    fn zygote_step(&self, step: &CallStep, spec: &CallSpec) -> io::Result<StepResult> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let stdin = b64
+            .decode(&step.stdin)
+            .map_err(|e| io::Error::other(format!("stdin is not base64: {e}")))?;
+        let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let (status_r, status_w) = pipe()?;
+        let (stdin_r, stdin_w) = if stdin.is_empty() {
+            (OwnedFd::from(std::fs::File::open("/dev/null")?), None)
+        } else {
+            let (r, w) = pipe()?;
+            (r, Some(w))
+        };
+        let mut rlimits: Vec<(u32, u64, u64)> = self.confinement.rlimits.clone();
+        let cpu = step.timeout_ms.div_ceil(1000) + 1;
+        rlimits.push((0, cpu, cpu)); // RLIMIT_CPU
+        rlimits.push((1, spec.file_size, spec.file_size)); // RLIMIT_FSIZE
+        let env: serde_json::Map<String, serde_json::Value> = Self::env(spec)
+            .into_iter()
+            .map(|(k, v)| (k, serde_json::Value::String(v)))
+            .collect();
+        let req = serde_json::json!({
+            "argv": step.argv,
+            "env": env,
+            "rlimits": rlimits,
+        });
+        let body = serde_json::to_vec(&req).map_err(io::Error::other)?;
+        if body.len() > 256 << 10 {
+            return self.init_step(step, spec);
+        }
+        let started = Instant::now();
+        let sent = {
+            let z = self.zygote.borrow();
+            let Some(z) = z.as_ref() else {
+                return self.init_step(step, spec);
+            };
+            warren_sys::unix::send_with_fds(
+                z.sock.as_fd(),
+                &body,
+                &[
+                    stdin_r.as_fd(),
+                    out_w.as_fd(),
+                    err_w.as_fd(),
+                    status_w.as_fd(),
+                ],
+            )
+        };
+        drop((stdin_r, out_w, err_w, status_w));
+        if sent.is_err() {
+            if let Some(z) = self.zygote.borrow_mut().take() {
+                z.end();
+            }
+            return self.init_step(step, spec);
+        }
+        let kill = || self.kill_grader_processes();
+        let collected = collect(
+            Streams {
+                out: out_r,
+                err: err_r,
+                status: status_r,
+                stdin: stdin_w.map(|w| (w, stdin)),
+            },
+            step.max_output,
+            Duration::from_millis(step.timeout_ms),
+            kill,
+            // The program is done: whatever it started goes now (its pipes close with it).
+            kill,
+        );
+        self.kill_grader_processes();
+        let wall = started.elapsed();
+        let report: Report = serde_json::from_slice(&collected.report).unwrap_or_default();
+        // No report: the zygote itself failed (or was held up): it serves no more steps.
+        if report.exit_code.is_none()
+            && report.signal.is_none()
+            && let Some(z) = self.zygote.borrow_mut().take()
+        {
+            z.end();
+        }
+        self.empty_zygote_ipc();
+        Ok(StepResult {
+            ran: true,
+            exit_code: report.exit_code,
+            signal: report.signal.or(if report.exit_code.is_none() {
+                Some(9)
+            } else {
+                None
+            }),
+            timed_out: collected.timed_out,
+            output_limit: collected.over && !collected.timed_out,
+            not_started: None,
+            stdout: b64.encode(&collected.stdout),
+            stderr: b64.encode(&collected.stderr),
+            wall_us: wall.as_micros() as u64,
+            cpu_us: report.cpu_us,
+            max_rss: report.max_rss,
+        })
+    }
+
+    /// Removes every System V object and message queue a zygote's step left in its IPC
+    /// namespace; a zygote whose namespace cannot be emptied serves no more.
+    fn empty_zygote_ipc(&self) {
+        use warren_sys::ns::{Kind, enter};
+        let z = self.zygote.borrow();
+        let Some(zy) = z.as_ref() else { return };
+        let emptied = (|| -> io::Result<()> {
+            enter(zy.ipc.as_fd(), Kind::Ipc)?;
+            warren_sys::ns::remove_all_sysv_ipc()?;
+            for e in std::fs::read_dir(MQUEUES)? {
+                std::fs::remove_file(e?.path())?;
+            }
+            Ok(())
+        })();
+        drop(z);
+        if let Err(e) = enter(self.own_ipc.as_fd(), Kind::Ipc) {
+            eprintln!("warren-guest call server: back to its IPC namespace: {e}; stopping");
+            warren_sys::unix::exit_now(1);
+        }
+        if let Err(e) = emptied {
+            eprintln!("warren-guest call server: emptying the zygote's IPC namespace: {e}");
+            if let Some(z) = self.zygote.borrow_mut().take() {
+                z.end();
+            }
+        }
+    }
+
+    /// Runs one step under an init of its own in new PID and IPC namespaces.
+    fn init_step(&self, step: &CallStep, spec: &CallSpec) -> io::Result<StepResult> {
         use warren_sys::ns::{Kind, enter, unshare};
         let b64 = base64::engine::general_purpose::STANDARD;
         let stdin = b64
@@ -591,8 +934,10 @@ impl Server<'_> {
             }
             Some(pid) => pid,
         };
-        // Back in its own IPC namespace: the step's goes with its processes.
+        // Back in its own IPC namespace (the step's goes with its processes), and its next
+        // children in its own PID namespace.
         enter(self.own_ipc.as_fd(), Kind::Ipc)?;
+        enter(self.own_pid.as_fd(), Kind::Pid)?;
         drop((out_w, err_w, status_w));
         let stdin_w = input.map(|(r, w)| {
             drop(r);
@@ -611,6 +956,7 @@ impl Server<'_> {
             step.max_output,
             Duration::from_millis(step.timeout_ms),
             kill,
+            || {},
         );
         kill(); // a no-op for an init that has exited; otherwise its namespace goes now
         let _ = warren_sys::unix::wait_child(init);
@@ -747,15 +1093,7 @@ fn program_exec(
     let mut cmd = Command::new(&step.argv[0]);
     cmd.args(&step.argv[1..])
         .env_clear()
-        .env(
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        )
-        .env("HOME", "/home/grader")
-        .env("USER", "grader")
-        .env("LANG", "C.UTF-8")
-        .env("TMPDIR", "/tmp")
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .envs(Server::env(spec))
         .current_dir(CALL_DIR)
         .uid(s.uid)
         .gid(s.uid)
@@ -793,7 +1131,13 @@ struct Collected {
 /// Reads the step's output (at most `max` bytes of each stream kept; past it `kill`, once)
 /// and its init's report, and writes its stdin, until every pipe is closed; at `timeout`
 /// kills, then waits at most [`KILL_GRACE`] more.
-fn collect(s: Streams, max: u64, timeout: Duration, kill: impl Fn()) -> Collected {
+fn collect(
+    s: Streams,
+    max: u64,
+    timeout: Duration,
+    kill: impl Fn(),
+    on_report: impl Fn(),
+) -> Collected {
     use rustix::event::{PollFd, PollFlags};
     let nonblock = |fd: &OwnedFd| {
         let _ = rustix::io::ioctl_fionbio(fd, true);
@@ -890,6 +1234,9 @@ fn collect(s: Streams, max: u64, timeout: Duration, kill: impl Fn()) -> Collecte
                 match rustix::io::read(fd, &mut buf) {
                     Ok(0) => {
                         r.0 = None;
+                        if i == 2 {
+                            on_report();
+                        }
                         break;
                     }
                     Ok(n) => {

@@ -132,6 +132,41 @@ pub fn keep_only_grader_capabilities() -> io::Result<()> {
     Ok(())
 }
 
+/// Keeps only `CAP_SETUID` and `CAP_SETGID`, effective, permitted, inheritable and ambient,
+/// so that a program this process execs as root holds those two and nothing else (the
+/// bounding set emptied and `SECBIT_NOROOT` locked beforehand with
+/// [`lock_out_exec_capabilities_but_ambient`]`(true)`, after [`set_inheritable`] of the two).
+/// For a function-call worker's Python zygote, which forks each call's child and switches it
+/// to the grader's uid.
+pub fn keep_only_uid_switch_for_exec() -> io::Result<()> {
+    let keep = CapabilitySet::SETUID | CapabilitySet::SETGID;
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: keep,
+            permitted: keep,
+            inheritable: keep,
+        },
+    )?;
+    // CAP_SETGID is 6, CAP_SETUID 7 (linux/capability.h).
+    for cap in [6u32, 7u32] {
+        // SAFETY: prctl with integer arguments only.
+        let r = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+                cap as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// Becomes `uid`/`gid` (no supplementary groups) while keeping `CAP_SETUID` and `CAP_SETGID`
 /// only, so that the caller can start processes as any user but no process of another uid can
 /// signal or trace it. For a single-threaded process (the guest's spawner). `extra` stays

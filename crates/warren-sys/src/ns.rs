@@ -47,6 +47,33 @@ pub fn enter(ns: BorrowedFd<'_>, kind: Kind) -> io::Result<()> {
     Ok(())
 }
 
+/// Removes every System V shared memory segment, semaphore set and message queue of the
+/// caller's IPC namespace (needs `CAP_SYS_ADMIN` there, or to own them); how many. The ids come
+/// from `/proc/sysvipc`, which shows the reader's IPC namespace.
+pub fn remove_all_sysv_ipc() -> io::Result<usize> {
+    let mut n = 0;
+    for (file, kind) in [("shm", 0), ("sem", 1), ("msg", 2)] {
+        let text = std::fs::read_to_string(format!("/proc/sysvipc/{file}"))?;
+        for line in text.lines().skip(1) {
+            let Some(id) = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()) else {
+                continue;
+            };
+            // SAFETY: the *ctl calls with IPC_RMID take an id and no memory (a null buffer).
+            let r = unsafe {
+                match kind {
+                    0 => libc::shmctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+                    1 => libc::semctl(id, 0, libc::IPC_RMID),
+                    _ => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
+                }
+            };
+            if r == 0 {
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
 /// Gives the calling thread a new namespace of `kind` (for PID: its next child is the new
 /// namespace's init; when that exits, the kernel kills everything else in it).
 pub fn unshare(kind: Kind) -> io::Result<()> {

@@ -47,6 +47,18 @@ impl Program {
         }
     }
 
+    /// The program as raw `sock_filter`s (the form [`Program::from_bytes`] reads).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.insns.len() * 8);
+        for i in &self.insns {
+            out.extend_from_slice(&i.code.to_ne_bytes());
+            out.push(i.jt);
+            out.push(i.jf);
+            out.extend_from_slice(&i.k.to_ne_bytes());
+        }
+        out
+    }
+
     /// Instructions.
     pub fn len(&self) -> usize {
         self.insns.len()

@@ -117,6 +117,33 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// From a fork of this process (which has one thread: `one`): becomes `uid` and sends
+/// `SIGKILL` to every process that uid may signal (`kill(-1)`: all of `uid`'s processes, at
+/// once, forks racing it included); waits for the fork. The caller needs `CAP_SETUID` and
+/// `CAP_SETGID`.
+pub fn kill_all_of_uid(one: &OneThread, uid: u32) -> io::Result<()> {
+    match fork(one)? {
+        None => {
+            // SAFETY: setgid, setuid and kill take integers; _exit does not return.
+            unsafe {
+                if libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setgid(uid) == 0
+                    && libc::setuid(uid) == 0
+                    && libc::getuid() == uid
+                {
+                    libc::kill(-1, libc::SIGKILL);
+                    libc::_exit(0)
+                }
+                libc::_exit(1)
+            }
+        }
+        Some(pid) => match wait_child(pid)? {
+            (Some(0), _) => Ok(()),
+            _ => Err(io::Error::other(format!("could not become uid {uid}"))),
+        },
+    }
+}
+
 /// Waits for child `pid` to end (again after a signal); its exit code or the signal that
 /// ended it.
 pub fn wait_child(pid: i32) -> io::Result<(Option<i32>, Option<i32>)> {

@@ -184,6 +184,7 @@ open('/tmp/left.txt', 'w').write('secret')
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
 assert libc.shmget(0x5752, 4096, 0o1000 | 0o666) >= 0  # IPC_CREAT: a SysV segment, left
+assert libc.mq_open(b'/left', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0  # a message queue
 if os.path.isdir('/dev/shm'):
     open('/dev/shm/left', 'w').write('secret')
 open('/var/tmp/left', 'w').write('secret')
@@ -202,7 +203,7 @@ print(os.getpid())
     let second = "
 import ctypes, os, subprocess
 libc = ctypes.CDLL(None, use_errno=True)
-print('shm', libc.shmget(0x5752, 0, 0) >= 0)
+print('shm', libc.shmget(0x5752, 0, 0) >= 0, 'mq', libc.mq_open(b'/left', os.O_RDWR) >= 0)
 for p in ['left.txt', '/tmp/left.txt', '/dev/shm/left', '/var/tmp/left', '/home/grader/left']:
     print(p, os.path.exists(p))
 print(any(os.path.exists(d + '/left') for d in ['/dev/.warren', '/dev', '', '/usr', '/etc', '/var']))
@@ -223,28 +224,25 @@ print(sorted(os.listdir('.')))
         assert_eq!(r.status, FnCallStatus::Ok, "{r:?}");
         assert_eq!(
             out(&r),
-            "shm False\nleft.txt False\n/tmp/left.txt False\n/dev/shm/left False\n\
+            "shm False mq False\nleft.txt False\n/tmp/left.txt False\n/dev/shm/left False\n\
              /var/tmp/left False\n/home/grader/left False\nFalse\nnosuid True\nFalse\nFalse\n\
              ['main.py']\n",
             "{r:?}"
         );
     }
-    // The step's init (its parent, the same uid) is out of reach: its descriptors (the
-    // status pipe) and its memory cannot be opened, so a program cannot keep it alive or
-    // forge its report.
-    let r = call(
-        &c,
-        req(
-            "python",
-            "import os\np = os.getppid()\nfor what in ['fd/3', 'mem', 'environ']:\n    try:\n        open(f'/proc/{p}/{what}', 'rb').read(1)\n        print(what, 'open')\n    except OSError:\n        print(what, 'refused')",
-        ),
-    )
-    .await;
-    assert_eq!(
-        out(&r),
-        "fd/3 refused\nmem refused\nenviron refused\n",
-        "{r:?}"
-    );
+    // A Python call runs as a child of the worker's Python zygote (the host image has
+    // python3), which is out of its reach: its descriptors, memory and environment cannot be
+    // opened and it cannot be signalled, so a program can neither forge its report nor leave
+    // anything in it for the next call.
+    let probe = "import os\np = os.getppid()\nprint(open(f'/proc/{p}/comm').read().strip())\nfor what in ['fd/3', 'mem', 'environ']:\n    try:\n        open(f'/proc/{p}/{what}', 'rb').read(1)\n        print(what, 'open')\n    except OSError:\n        print(what, 'refused')\ntry:\n    os.kill(p, 9)\n    print('killed')\nexcept OSError:\n    print('kill refused')";
+    for _ in 0..2 {
+        let r = call(&c, req("python", probe)).await;
+        assert_eq!(
+            out(&r),
+            "warren-zygote\nfd/3 refused\nmem refused\nenviron refused\nkill refused\n",
+            "{r:?}"
+        );
+    }
     // The image itself cannot be changed by a call (it is read-only), and no network.
     let r = call(
         &c,

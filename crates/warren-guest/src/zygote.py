@@ -1,0 +1,205 @@
+# The Python zygote of a function-call worker (see call.rs): the image's own python3, started
+# once by the call server with only CAP_SETUID and CAP_SETGID (root without the rest), which
+# forks one child per Python step. The child becomes the grader's uid (which drops those two),
+# takes the step's limits, Landlock ruleset and system-call filter, and runs the program as
+# `python3 main.py ARGS` would, in an interpreter already started.
+#
+# argv: the server's socket (SOCK_SEQPACKET), the grader's uid, the listener channel, the
+# Landlock ruleset, a memfd with the filter program (descriptors; -1 where there is none).
+import builtins
+import ctypes
+import importlib.machinery
+import io
+import json
+import os
+import resource
+import socket
+import sys
+import traceback
+import types
+
+# What programs often import, so that they find it loaded (no module that starts a thread).
+import bisect  # noqa: F401
+import collections  # noqa: F401
+import dataclasses  # noqa: F401
+import functools  # noqa: F401
+import heapq  # noqa: F401
+import itertools  # noqa: F401
+import math  # noqa: F401
+import random  # noqa: F401
+import re  # noqa: F401
+import string  # noqa: F401
+import typing  # noqa: F401
+
+libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_DUMPABLE, PR_SET_NAME = 4, 15
+SYS_seccomp, SYS_landlock_restrict_self = 317, 446
+SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER = 1, 8
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def fail(what):
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def confine(req, landlock, notify, bpf):
+    os.setgroups([])
+    os.setgid(GRADER)
+    os.setuid(GRADER)  # from root: every capability goes
+    for res, soft, hard in req["rlimits"]:
+        resource.setrlimit(res, (soft, hard))
+    if landlock >= 0 and libc.syscall(SYS_landlock_restrict_self, landlock, 0) != 0:
+        fail("landlock_restrict_self")
+    if bpf:
+        buf = ctypes.create_string_buffer(bpf, len(bpf))
+        prog = SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
+        listener = libc.syscall(
+            SYS_seccomp,
+            SECCOMP_SET_MODE_FILTER,
+            SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            ctypes.byref(prog),
+        )
+        if listener < 0:
+            fail("seccomp")
+        ch = socket.socket(fileno=notify)
+        socket.send_fds(ch, [b"l"], [listener])
+        ch.detach()
+        os.close(listener)
+
+
+def main_frames(tb, path):
+    # The traceback from the program's own frames on (not this program's).
+    t = tb
+    while t is not None and t.tb_frame.f_code.co_filename != path:
+        t = t.tb_next
+    return t or tb
+
+
+def run_main(path, argv):
+    # As `python3 main.py ARGS` runs it: a new __main__ module, the file's code compiled with
+    # none of this program's flags, sys.argv as given.
+    with open(path, "rb") as f:
+        source = f.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__builtins__ = builtins
+    main.__spec__ = None
+    sys.modules["__main__"] = main
+    sys.argv = list(argv)
+    exec(code, main.__dict__)
+
+
+def child(req, fds, landlock, notify, bpf):
+    code = 1
+    try:
+        stdin, out, err, status = fds
+        os.close(status)
+        for fd, to in ((stdin, 0), (out, 1), (err, 2)):
+            os.dup2(fd, to)
+            os.close(fd)
+        os.chdir("/work")
+        confine(req, landlock, notify, bpf)
+        os.closerange(3, 65536)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        # What these two ask of an interpreter's start, done here (the server sends no other
+        # PYTHON* variable to the zygote).
+        if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+            sys.dont_write_bytecode = True
+        if os.environ.get("PYTHONUNBUFFERED"):
+            for fd, name in ((1, "stdout"), (2, "stderr")):
+                old = getattr(sys, name)
+                new = io.TextIOWrapper(
+                    io.FileIO(fd, "w", closefd=False),
+                    encoding=old.encoding,
+                    errors=old.errors,
+                    write_through=True,
+                )
+                setattr(sys, name, new)
+                setattr(sys, "__" + name + "__", new)
+        argv = req["argv"]
+        path = os.path.abspath(argv[1])
+        sys.path[0] = os.path.dirname(path)
+    except BaseException as e:
+        os.write(2, f"warren: the step could not start: {e}\n".encode())
+        os._exit(126)
+    try:
+        run_main(path, argv[1:])
+        code = 0
+    except SystemExit as e:
+        c = e.code
+        if c is None:
+            code = 0
+        elif isinstance(c, int):
+            code = c & 0xFF
+        else:
+            print(c, file=sys.stderr)
+            code = 1
+    except BaseException as e:
+        traceback.print_exception(type(e), e, main_frames(e.__traceback__, path))
+        code = 1
+    try:
+        import threading
+
+        threading._shutdown()
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        code = code or 120
+    os._exit(code)
+
+
+def serve():
+    global GRADER
+    sock = int(sys.argv[1])
+    GRADER = int(sys.argv[2])
+    notify, landlock, bpf_fd = (int(a) for a in sys.argv[3:6])
+    bpf = b""
+    if bpf_fd >= 0:
+        with os.fdopen(bpf_fd, "rb") as f:
+            bpf = f.read()
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(PR_SET_NAME, b"warren-zygote", 0, 0, 0)
+    srv = socket.socket(fileno=sock)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    srv.send(b"ready")
+    while True:
+        msg, fds, _, _ = socket.recv_fds(srv, 1 << 20, 4)
+        if not msg:
+            return
+        req = json.loads(msg)
+        if len(fds) != 4:
+            for f in fds:
+                os.close(f)
+            continue
+        pid = os.fork()
+        if pid == 0:
+            srv.detach()
+            child(req, fds, landlock, notify, bpf)
+        for f in fds[:3]:
+            os.close(f)
+        _, st, ru = os.wait4(pid, 0)
+        report = {
+            "cpu_us": int((ru.ru_utime + ru.ru_stime) * 1e6),
+            "max_rss": ru.ru_maxrss * 1024,
+        }
+        if os.WIFEXITED(st):
+            report["exit_code"] = os.WEXITSTATUS(st)
+        elif os.WIFSIGNALED(st):
+            report["signal"] = os.WTERMSIG(st)
+        os.write(fds[3], json.dumps(report).encode())
+        os.close(fds[3])
+
+
+serve()
