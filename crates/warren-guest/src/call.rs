@@ -72,9 +72,11 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 
 /// Where the call's tmpfs is mounted: a directory of the call root only root may enter.
 const SCRATCH: &str = "/.warren-call";
-/// Where the server mounts the message queues of the zygote's IPC namespace (only root may
-/// enter), to remove what a call left there.
-const MQUEUES: &str = "/.warren-mq";
+/// Where the server mounts the message queues of the zygote's IPC namespace, to remove what a
+/// call left there: below a directory only root may enter (the mount's own root is 1777, as
+/// `mq_open` needs it to be).
+const MQUEUES_DIR: &str = "/.warren-mq";
+const MQUEUES: &str = "/.warren-mq/q";
 /// The interpreter a Python zygote runs (the image's own).
 const PYTHON: &str = "/usr/bin/python3";
 /// The zygote's program.
@@ -333,10 +335,10 @@ fn set_up<'a>(
                 Err(e) => return Err(e),
             }
         }
-        for d in [SCRATCH, MQUEUES] {
+        for (d, mode) in [(SCRATCH, 0o700), (MQUEUES_DIR, 0o700), (MQUEUES, 0o755)] {
             let d = root.join(d.trim_start_matches('/'));
             std::fs::create_dir(&d)?;
-            std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+            std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
         }
         mount::remount_flags(root, flags::RDONLY | flags::NOSUID | flags::NODEV)
     })?;
@@ -358,6 +360,14 @@ fn set_up<'a>(
             None
         }
     };
+    let killer = match zygote {
+        Some(_) => Some(warren_sys::unix::Killer::start(
+            one,
+            warren_types::guest::KILLER_UID,
+            cfg.grader.uid,
+        )?),
+        None => None,
+    };
     warren_sys::creds::lock_out_exec_capabilities()?;
     warren_sys::creds::keep_only_grader_capabilities()?;
     warren_sys::creds::set_not_dumpable()?;
@@ -368,6 +378,7 @@ fn set_up<'a>(
         own_pid: warren_sys::ns::own(warren_sys::ns::Kind::Pid)?,
         own_ipc,
         zygote: std::cell::RefCell::new(zygote),
+        killer,
         one,
     })
 }
@@ -395,6 +406,12 @@ impl Zygote {
         use warren_sys::ns::{Kind, enter, own, unshare};
         if !std::fs::metadata(PYTHON).is_ok_and(|m| m.is_file()) {
             return Ok(None);
+        }
+        if !c.filters.is_empty() {
+            // The zygote's child installs the one notifying filter only.
+            return Err(io::Error::other(
+                "the policy has filters it does not hand on",
+            ));
         }
         let (mine, theirs) = rustix::net::socketpair(
             rustix::net::AddressFamily::UNIX,
@@ -439,7 +456,13 @@ impl Zygote {
         };
         enter(own_ipc.as_fd(), Kind::Ipc)?;
         let ipc = made?;
-        let pid = pid?;
+        let pid = match pid {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = mount::unmount_detach(Path::new(MQUEUES));
+                return Err(e);
+            }
+        };
         drop(theirs);
         drop(bpf);
         let mut buf = [0u8; 16];
@@ -448,6 +471,7 @@ impl Zygote {
         if !ready {
             let _ = warren_sys::process::kill(pid, 9);
             let _ = warren_sys::unix::wait_child(pid);
+            let _ = mount::unmount_detach(Path::new(MQUEUES));
             return Err(io::Error::other("it did not say ready (see the log above)"));
         }
         rustix::net::sockopt::set_socket_timeout(&mine, rustix::net::sockopt::Timeout::Recv, None)?;
@@ -458,10 +482,12 @@ impl Zygote {
         }))
     }
 
-    /// Stops it (it failed a step, or cannot be trusted with the next).
+    /// Stops it (it failed a step, or cannot be trusted with the next), and lets its IPC
+    /// namespace go.
     fn end(self) {
         let _ = warren_sys::process::kill(self.pid, 9);
         let _ = warren_sys::unix::wait_child(self.pid);
+        let _ = mount::unmount_detach(Path::new(MQUEUES));
     }
 }
 
@@ -524,6 +550,8 @@ struct Server<'a> {
     own_ipc: OwnedFd,
     /// The Python zygote, while it serves.
     zygote: std::cell::RefCell<Option<Zygote>>,
+    /// Ends what a zygote's step left running (with the zygote).
+    killer: Option<warren_sys::unix::Killer>,
     one: &'a warren_sys::unix::OneThread,
 }
 
@@ -762,7 +790,8 @@ impl Server<'_> {
 
     /// Kills every process of the grader's uid: what a zygote's step left running.
     fn kill_grader_processes(&self) {
-        if let Err(e) = warren_sys::unix::kill_all_of_uid(self.one, self.uid) {
+        let Some(k) = &self.killer else { return };
+        if let Err(e) = k.kill_all(Duration::from_secs(2)) {
             // Processes of this call could outlive it: the server stops (its worker with it).
             eprintln!("warren-guest call server: killing a step's processes: {e}; stopping");
             warren_sys::unix::exit_now(1);
@@ -799,10 +828,19 @@ impl Server<'_> {
             "env": env,
             "rlimits": rlimits,
         });
-        let body = serde_json::to_vec(&req).map_err(io::Error::other)?;
-        if body.len() > 256 << 10 {
-            return self.init_step(step, spec);
-        }
+        // The request goes in a memfd that only the zygote's child reads: the zygote never
+        // holds a call's data, so none is left in the memory its next child starts with.
+        let request = {
+            let fd = rustix::fs::memfd_create(c"warren-step", rustix::fs::MemfdFlags::CLOEXEC)?;
+            let mut f = std::fs::File::from(fd);
+            serde_json::to_writer(&mut f, &req).map_err(io::Error::other)?;
+            use std::io::Seek;
+            f.rewind()?;
+            OwnedFd::from(f)
+        };
+        // Nothing the previous step may have left in the zygote's IPC namespace (a step of
+        // another kind cannot reach it: its mqueue root is root's).
+        self.empty_zygote_ipc();
         let started = Instant::now();
         let sent = {
             let z = self.zygote.borrow();
@@ -811,8 +849,9 @@ impl Server<'_> {
             };
             warren_sys::unix::send_with_fds(
                 z.sock.as_fd(),
-                &body,
+                b"s",
                 &[
+                    request.as_fd(),
                     stdin_r.as_fd(),
                     out_w.as_fd(),
                     err_w.as_fd(),
@@ -820,7 +859,7 @@ impl Server<'_> {
                 ],
             )
         };
-        drop((stdin_r, out_w, err_w, status_w));
+        drop((request, stdin_r, out_w, err_w, status_w));
         if sent.is_err() {
             if let Some(z) = self.zygote.borrow_mut().take() {
                 z.end();
@@ -1176,8 +1215,12 @@ fn collect(
                 break; // the grace passed: something holds a pipe open still
             }
             c.timed_out = true;
-            kill();
             deadline = now + KILL_GRACE;
+        }
+        if c.timed_out {
+            // Again at each turn of the grace: a kill may have come before the step's
+            // processes were the grader's (a zygote's child switches uid as it starts).
+            kill();
         }
         let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(4);
         let mut which: Vec<usize> = Vec::with_capacity(4);
@@ -1191,7 +1234,10 @@ fn collect(
             fds.push(PollFd::new(w, PollFlags::OUT));
             which.push(3);
         }
-        let left = deadline.saturating_duration_since(now);
+        let mut left = deadline.saturating_duration_since(now);
+        if c.timed_out {
+            left = left.min(Duration::from_millis(50));
+        }
         let ts = rustix::time::Timespec {
             tv_sec: left.as_secs() as i64,
             tv_nsec: left.subsec_nanos() as _,

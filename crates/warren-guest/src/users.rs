@@ -25,13 +25,15 @@ static RESERVED: OnceLock<Vec<u32>> = OnceLock::new();
 
 /// Sets the reserved ids beside the spawner's (once, at start).
 pub fn reserve(ids: &[u32]) {
-    let mut all = vec![crate::spawner::SPAWNER_UID];
+    let mut all = vec![crate::spawner::SPAWNER_UID, warren_types::guest::KILLER_UID];
     all.extend_from_slice(ids);
     let _ = RESERVED.set(all);
 }
 
 fn reserved(id: u32) -> bool {
-    id == crate::spawner::SPAWNER_UID || RESERVED.get().is_some_and(|r| r.contains(&id))
+    id == crate::spawner::SPAWNER_UID
+        || id == warren_types::guest::KILLER_UID
+        || RESERVED.get().is_some_and(|r| r.contains(&id))
 }
 
 /// Looks `who` (a name or a numeric uid) up in `/etc/passwd`. The sandbox owns that file: a

@@ -6,6 +6,8 @@
 #
 # argv: the server's socket (SOCK_SEQPACKET), the grader's uid, the listener channel, the
 # Landlock ruleset, a memfd with the filter program (descriptors; -1 where there is none).
+# Each step comes as one message with five descriptors: a memfd with its request (read by the
+# child only), its stdin, stdout and stderr, and the pipe the zygote reports on.
 import builtins
 import ctypes
 import importlib.machinery
@@ -46,12 +48,16 @@ def fail(what):
     raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def limit(v):
+    return resource.RLIM_INFINITY if v >= 1 << 63 else v
+
+
 def confine(req, landlock, notify, bpf):
     os.setgroups([])
     os.setgid(GRADER)
     os.setuid(GRADER)  # from root: every capability goes
     for res, soft, hard in req["rlimits"]:
-        resource.setrlimit(res, (soft, hard))
+        resource.setrlimit(res, (limit(soft), limit(hard)))
     if landlock >= 0 and libc.syscall(SYS_landlock_restrict_self, landlock, 0) != 0:
         fail("landlock_restrict_self")
     if bpf:
@@ -96,17 +102,20 @@ def run_main(path, argv):
     exec(code, main.__dict__)
 
 
-def child(req, fds, landlock, notify, bpf):
-    code = 1
+def child(fds, landlock, notify, bpf):
+    # Runs in the fork, as root until confine(): nothing of the call's is imported or run
+    # before it, and the call's request is read here, never by the zygote.
     try:
-        stdin, out, err, status = fds
+        request, stdin, out, err, status = fds
         os.close(status)
+        with os.fdopen(request, "rb") as f:
+            req = json.loads(f.read())
         for fd, to in ((stdin, 0), (out, 1), (err, 2)):
             os.dup2(fd, to)
             os.close(fd)
-        os.chdir("/work")
         confine(req, landlock, notify, bpf)
-        os.closerange(3, 65536)
+        os.closerange(3, 2**31 - 1)
+        os.chdir("/work")
         os.environ.clear()
         os.environ.update(req["env"])
         # What these two ask of an interpreter's start, done here (the server sends no other
@@ -126,37 +135,20 @@ def child(req, fds, landlock, notify, bpf):
                 setattr(sys, "__" + name + "__", new)
         argv = req["argv"]
         path = os.path.abspath(argv[1])
-        sys.path[0] = os.path.dirname(path)
+        sys.path.insert(0, os.path.dirname(path))
     except BaseException as e:
         os.write(2, f"warren: the step could not start: {e}\n".encode())
         os._exit(126)
     try:
         run_main(path, argv[1:])
-        code = 0
-    except SystemExit as e:
-        c = e.code
-        if c is None:
-            code = 0
-        elif isinstance(c, int):
-            code = c & 0xFF
-        else:
-            print(c, file=sys.stderr)
-            code = 1
+    except SystemExit:
+        raise
     except BaseException as e:
-        traceback.print_exception(type(e), e, main_frames(e.__traceback__, path))
-        code = 1
-    try:
-        import threading
-
-        threading._shutdown()
-        import atexit
-
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:
-        code = code or 120
-    os._exit(code)
+        tb = main_frames(e.__traceback__, path)
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        sys.exit(1)
+    # Leaves as an interpreter does: threads joined, atexit handlers run, files flushed.
+    sys.exit(0)
 
 
 def serve():
@@ -168,6 +160,9 @@ def serve():
     if bpf_fd >= 0:
         with os.fdopen(bpf_fd, "rb") as f:
             bpf = f.read()
+    # `-c` put the working directory first on the path: a child imports nothing from there.
+    if sys.path and sys.path[0] == "":
+        sys.path.pop(0)
     libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     libc.prctl(PR_SET_NAME, b"warren-zygote", 0, 0, 0)
     srv = socket.socket(fileno=sock)
@@ -175,21 +170,25 @@ def serve():
     sys.stderr.flush()
     srv.send(b"ready")
     while True:
-        msg, fds, _, _ = socket.recv_fds(srv, 1 << 20, 4)
+        msg, fds, _, _ = socket.recv_fds(srv, 16, 5)
         if not msg:
             return
-        req = json.loads(msg)
-        if len(fds) != 4:
+        if len(fds) != 5:
             for f in fds:
                 os.close(f)
             continue
         pid = os.fork()
         if pid == 0:
             srv.detach()
-            child(req, fds, landlock, notify, bpf)
-        for f in fds[:3]:
+            child(fds, landlock, notify, bpf)
+        for f in fds[:4]:
             os.close(f)
-        _, st, ru = os.wait4(pid, 0)
+        while True:
+            _, st, ru = os.wait4(pid, 0)
+            # A child that traces itself stops, and its parent hears of it: it waits on (the
+            # step's limits end it).
+            if not os.WIFSTOPPED(st):
+                break
         report = {
             "cpu_us": int((ru.ru_utime + ru.ru_stime) * 1e6),
             "max_rss": ru.ru_maxrss * 1024,
@@ -198,8 +197,11 @@ def serve():
             report["exit_code"] = os.WEXITSTATUS(st)
         elif os.WIFSIGNALED(st):
             report["signal"] = os.WTERMSIG(st)
-        os.write(fds[3], json.dumps(report).encode())
-        os.close(fds[3])
+        try:
+            os.write(fds[4], json.dumps(report).encode())
+        except OSError:
+            pass  # the server stopped reading (the step's limits): it needs no report
+        os.close(fds[4])
 
 
 serve()

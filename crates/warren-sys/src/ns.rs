@@ -66,9 +66,10 @@ pub fn remove_all_sysv_ipc() -> io::Result<usize> {
                     _ => libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()),
                 }
             };
-            if r == 0 {
-                n += 1;
+            if r != 0 {
+                return Err(io::Error::last_os_error());
             }
+            n += 1;
         }
     }
     Ok(n)

@@ -3,7 +3,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
-use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -11,7 +11,7 @@ use rustix::net::{
 };
 
 /// Most descriptors one message carries.
-pub const MAX_FDS: usize = 4;
+pub const MAX_FDS: usize = 8;
 
 /// Sends `data` with `fds` attached.
 pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
@@ -117,30 +117,92 @@ pub fn exit_now(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
-/// From a fork of this process (which has one thread: `one`): becomes `uid` and sends
-/// `SIGKILL` to every process that uid may signal (`kill(-1)`: all of `uid`'s processes, at
-/// once, forks racing it included); waits for the fork. The caller needs `CAP_SETUID` and
-/// `CAP_SETGID`.
-pub fn kill_all_of_uid(one: &OneThread, uid: u32) -> io::Result<()> {
-    match fork(one)? {
-        None => {
-            // SAFETY: setgid, setuid and kill take integers; _exit does not return.
-            unsafe {
-                if libc::setgroups(0, std::ptr::null()) == 0
-                    && libc::setgid(uid) == 0
-                    && libc::setuid(uid) == 0
-                    && libc::getuid() == uid
-                {
-                    libc::kill(-1, libc::SIGKILL);
-                    libc::_exit(0)
+/// A process that sends `SIGKILL` to every process of one uid when asked: forked once, it
+/// takes real and saved uid `own` (which no other process has) and effective uid `target`, so
+/// its `kill(-1)` reaches exactly `target`'s processes (all at once, forks racing it included)
+/// while none of them may signal, stop or trace it. It never forks again, so a step that
+/// filled the pids limit cannot keep it from working.
+pub struct Killer {
+    ask: OwnedFd,
+    done: OwnedFd,
+    pid: i32,
+}
+
+impl Killer {
+    /// Forks it (the caller, which has one thread, needs `CAP_SETUID`).
+    pub fn start(one: &OneThread, own: u32, target: u32) -> io::Result<Killer> {
+        let (ask_r, ask_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let (done_r, done_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        match fork(one)? {
+            None => {
+                drop((ask_w, done_r));
+                let _ = close_all_except(&[2, ask_r.as_raw_fd(), done_w.as_raw_fd()]);
+                // SAFETY: integer-only system calls on descriptors this process owns;
+                // _exit does not return.
+                unsafe {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setresgid(own, own, own) != 0
+                        || libc::setresuid(own, target, own) != 0
+                        || libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) != 0
+                    {
+                        libc::_exit(1);
+                    }
+                    let mut b = [0u8; 1];
+                    loop {
+                        let n = libc::read(ask_r.as_raw_fd(), b.as_mut_ptr().cast(), 1);
+                        if n == 0 {
+                            libc::_exit(0);
+                        }
+                        if n < 0 {
+                            if *libc::__errno_location() == libc::EINTR {
+                                continue;
+                            }
+                            libc::_exit(1);
+                        }
+                        libc::kill(-1, libc::SIGKILL);
+                        if libc::write(done_w.as_raw_fd(), b.as_ptr().cast(), 1) != 1 {
+                            libc::_exit(1);
+                        }
+                    }
                 }
-                libc::_exit(1)
+            }
+            Some(pid) => Ok(Killer {
+                ask: ask_w,
+                done: done_r,
+                pid,
+            }),
+        }
+    }
+
+    /// Kills every process of its target uid; waits at most `wait` for it to say so.
+    pub fn kill_all(&self, wait: std::time::Duration) -> io::Result<()> {
+        rustix::io::write(&self.ask, b"k")?;
+        let mut fds = [rustix::event::PollFd::new(
+            &self.done,
+            rustix::event::PollFlags::IN,
+        )];
+        let ts = rustix::time::Timespec {
+            tv_sec: wait.as_secs() as i64,
+            tv_nsec: wait.subsec_nanos() as _,
+        };
+        loop {
+            match rustix::event::poll(&mut fds, Some(&ts)) {
+                Ok(0) => return Err(io::Error::other("the killer did not answer")),
+                Ok(_) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
             }
         }
-        Some(pid) => match wait_child(pid)? {
-            (Some(0), _) => Ok(()),
-            _ => Err(io::Error::other(format!("could not become uid {uid}"))),
-        },
+        let mut b = [0u8; 1];
+        match rustix::io::read(&self.done, &mut b)? {
+            1 => Ok(()),
+            _ => Err(io::Error::other("the killer is gone")),
+        }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> i32 {
+        self.pid
     }
 }
 
@@ -272,7 +334,7 @@ mod tests {
         let err = recv_with_fds(b.as_fd(), &mut buf).unwrap_err();
         assert!(err.to_string().contains("cut"), "{err}");
         // More descriptors than a message may carry: refused on the way out...
-        let many = [r.as_fd(), r.as_fd(), r.as_fd(), r.as_fd(), r.as_fd()];
+        let many = [r.as_fd(); MAX_FDS + 1];
         assert!(send_with_fds(a.as_fd(), b"x", &many).is_err());
         // ...and the peer is gone: end of stream.
         drop(a);

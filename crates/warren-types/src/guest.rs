@@ -572,6 +572,11 @@ pub struct InitConfig {
 /// agent process has it.
 pub const SPAWNER_UID: u32 = 61001;
 
+/// The real and saved uid of a function-call worker's killer (the process that ends what a
+/// Python step left running): no process has it, so none can signal the killer, and its
+/// `kill(-1)` (as the grader's effective uid) reaches no process of its own uid.
+pub const KILLER_UID: u32 = 61002;
+
 /// The grader role (node settings): its uid and the agent's directories it sees.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GraderSpec {

@@ -691,3 +691,85 @@ async fn an_image_whose_tmp_is_a_link_cannot_run_calls() {
     );
     p.assert_clean_within(std::time::Duration::from_secs(30));
 }
+
+/// The zygote never holds a call's data, so the next call's child (a fork of it) cannot find
+/// the last call's input in its own memory; and what a call leaves running cannot stop the
+/// process that ends it (a loop of `kill(-1, SIGSTOP)` as the grader's uid).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_call_finds_nothing_of_the_last_in_its_memory_and_cannot_stop_the_killer() {
+    require_root!();
+    let p = Platform::start();
+    let c = p.client();
+    // A secret that the next call's program never spells: it knows a prefix (built at run
+    // time) and the secret's hash.
+    let secret = format!("QzQz{:032x}", rand::random::<u128>());
+    let hash = {
+        use std::io::Write;
+        let mut h = std::process::Command::new("sha256sum")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        h.stdin
+            .take()
+            .unwrap()
+            .write_all(secret.as_bytes())
+            .unwrap();
+        let out = h.wait_with_output().unwrap();
+        String::from_utf8(out.stdout).unwrap()[..64].to_string()
+    };
+    let first = "import sys\ndata = sys.stdin.read()\nkept = [data * 1 for _ in range(50)]\nprint(len(data))";
+    let r = call(
+        &c,
+        FnCallRequest {
+            stdin: Some(secret.clone()),
+            ..req("python", first)
+        },
+    )
+    .await;
+    assert_eq!(r.status, FnCallStatus::Ok, "{r:?}");
+    let scan = format!(
+        "import ctypes, hashlib, re\n\
+         prefix = ('Qz' * 2).encode()\n\
+         found = regions = 0\n\
+         for line in open('/proc/self/maps').read().splitlines():\n\
+         \x20   a = line.split()\n\
+         \x20   # Anonymous memory, the heap and the stack: where freed data would be.\n\
+         \x20   if 'r' not in a[1] or (len(a) > 5 and a[5] not in ('[heap]', '[stack]')):\n\
+         \x20       continue\n\
+         \x20   lo, hi = (int(x, 16) for x in a[0].split('-'))\n\
+         \x20   if hi - lo > (256 << 20):\n\
+         \x20       continue\n\
+         \x20   regions += 1\n\
+         \x20   data = ctypes.string_at(lo, hi - lo)\n\
+         \x20   for mt in re.finditer(re.escape(prefix) + rb'[0-9a-f]{{32}}', data):\n\
+         \x20       if hashlib.sha256(mt.group()).hexdigest() == '{hash}':\n\
+         \x20           found += 1\n\
+         print('found', found, regions > 3)\n"
+    );
+    for _ in 0..3 {
+        let r = call(&c, req("python", &scan)).await;
+        assert_eq!(out(&r), "found 0 True\n", "{r:?}");
+    }
+    // A call that leaves a process stopping everything its uid may signal, in a loop.
+    let stopper = "import os, signal, time\n\
+                   parent = os.getpid()\n\
+                   if os.fork() == 0:\n\
+                   \x20   os.setsid()\n\
+                   \x20   while os.getppid() == parent:\n\
+                   \x20       time.sleep(0.001)\n\
+                   \x20   while True:\n\
+                   \x20       try:\n\
+                   \x20           os.kill(-1, signal.SIGSTOP)\n\
+                   \x20       except OSError:\n\
+                   \x20           pass\n\
+                   print('left')";
+    for _ in 0..3 {
+        let r = call(&c, req("python", stopper)).await;
+        assert_eq!(out(&r), "left\n", "{r:?}");
+        let started = std::time::Instant::now();
+        let r = call(&c, req("python", "print('next')")).await;
+        assert_eq!(out(&r), "next\n", "{r:?}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+}
