@@ -8,6 +8,7 @@
 # Landlock ruleset, a memfd with the filter program (descriptors; -1 where there is none).
 # Each step comes as one message with five descriptors: a memfd with its request (read by the
 # child only), its stdin, stdout and stderr, and the pipe the zygote reports on.
+import atexit
 import builtins
 import ctypes
 import importlib.machinery
@@ -19,6 +20,7 @@ import socket
 import sys
 import traceback
 import types
+import weakref
 
 # What programs often import, so that they find it loaded (no module that starts a thread).
 import bisect  # noqa: F401
@@ -34,6 +36,8 @@ import string  # noqa: F401
 import typing  # noqa: F401
 
 libc = ctypes.CDLL(None, use_errno=True)
+REAL_OPEN = io.open
+OPENED = []
 PR_SET_DUMPABLE, PR_SET_NAME = 4, 15
 SYS_seccomp, SYS_landlock_restrict_self = 317, 446
 SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER = 1, 8
@@ -139,16 +143,59 @@ def child(fds, landlock, notify, bpf):
     except BaseException as e:
         os.write(2, f"warren: the step could not start: {e}\n".encode())
         os._exit(126)
+    builtins.open = io.open = tracking_open
     try:
         run_main(path, argv[1:])
-    except SystemExit:
-        raise
+        code = 0
+    except SystemExit as e:
+        c = e.code
+        if c is None:
+            code = 0
+        elif isinstance(c, int):
+            code = c & 0xFF
+        else:
+            print(c, file=sys.stderr)
+            code = 1
     except BaseException as e:
         tb = main_frames(e.__traceback__, path)
         sys.excepthook(type(e), e.with_traceback(tb), tb)
-        sys.exit(1)
-    # Leaves as an interpreter does: threads joined, atexit handlers run, files flushed.
-    sys.exit(0)
+        code = 1
+    leave(code)
+
+
+def tracking_open(*args, **kwargs):
+    f = REAL_OPEN(*args, **kwargs)
+    try:
+        OPENED.append(weakref.ref(f))
+    except TypeError:
+        pass
+    return f
+
+
+def leave(code):
+    # What an interpreter's exit does that a program can see: threads joined, atexit handlers
+    # run, every file it opened and the standard streams flushed. (The rest of a full
+    # finalization, which costs milliseconds, is skipped.)
+    try:
+        if "threading" in sys.modules:
+            sys.modules["threading"]._shutdown()
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+    for r in OPENED:
+        f = r()
+        if f is not None:
+            try:
+                if not f.closed:
+                    f.flush()
+            except BaseException:
+                pass
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        code = code or 120
+    os._exit(code)
 
 
 def serve():

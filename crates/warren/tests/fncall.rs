@@ -751,6 +751,26 @@ async fn a_python_call_finds_nothing_of_the_last_in_its_memory_and_cannot_stop_t
         let r = call(&c, req("python", &scan)).await;
         assert_eq!(out(&r), "found 0 True\n", "{r:?}");
     }
+    // A file a program wrote and never closed is whole when the call ends, as an
+    // interpreter's exit leaves it; a thread is joined and an atexit handler runs.
+    let unclosed = FnCallRequest {
+        fetch_files: vec!["out.txt".into()],
+        ..req(
+            "python",
+            "import atexit, threading, time\n\
+             f = open('out.txt', 'w')\n\
+             f.write('x' * 100000)\n\
+             atexit.register(lambda: print('atexit'))\n\
+             threading.Thread(target=lambda: (time.sleep(0.2), print('thread'))).start()",
+        )
+    };
+    let r = call(&c, unclosed).await;
+    assert_eq!(out(&r), "thread\natexit\n", "{r:?}");
+    use base64::Engine;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(&r.files["out.txt"])
+        .unwrap();
+    assert_eq!(data.len(), 100000);
     // A call that leaves a process stopping everything its uid may signal, in a loop.
     let stopper = "import os, signal, time\n\
                    parent = os.getpid()\n\
