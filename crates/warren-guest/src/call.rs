@@ -801,19 +801,16 @@ impl Server<'_> {
     /// Runs a Python step on the zygote: its child, confined as any program, runs the file; then
     /// every process of the grader's uid is killed and the zygote's IPC namespace emptied.
     fn zygote_step(&self, step: &CallStep, spec: &CallSpec) -> io::Result<StepResult> {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let stdin = b64
-            .decode(&step.stdin)
-            .map_err(|e| io::Error::other(format!("stdin is not base64: {e}")))?;
-        let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
-        let (status_r, status_w) = pipe()?;
-        let (stdin_r, stdin_w) = if stdin.is_empty() {
-            (OwnedFd::from(std::fs::File::open("/dev/null")?), None)
-        } else {
-            let (r, w) = pipe()?;
-            (r, Some(w))
+        let StepPipes {
+            out: (out_r, out_w),
+            err: (err_r, err_w),
+            status: (status_r, status_w),
+            stdin,
+            input,
+        } = StepPipes::new(step)?;
+        let (stdin_r, stdin_w) = match input {
+            None => (OwnedFd::from(std::fs::File::open("/dev/null")?), None),
+            Some((r, w)) => (r, Some(w)),
         };
         let mut rlimits: Vec<(u32, u64, u64)> = self.confinement.rlimits.clone();
         let cpu = step.timeout_ms.div_ceil(1000) + 1;
@@ -891,23 +888,7 @@ impl Server<'_> {
             z.end();
         }
         self.empty_zygote_ipc();
-        Ok(StepResult {
-            ran: true,
-            exit_code: report.exit_code,
-            signal: report.signal.or(if report.exit_code.is_none() {
-                Some(9)
-            } else {
-                None
-            }),
-            timed_out: collected.timed_out,
-            output_limit: collected.over && !collected.timed_out,
-            not_started: None,
-            stdout: b64.encode(&collected.stdout),
-            stderr: b64.encode(&collected.stderr),
-            wall_us: wall.as_micros() as u64,
-            cpu_us: report.cpu_us,
-            max_rss: report.max_rss,
-        })
+        Ok(outcome(collected, report, wall))
     }
 
     /// Removes every System V object and message queue a zygote's step left in its IPC
@@ -940,19 +921,13 @@ impl Server<'_> {
     /// Runs one step under an init of its own in new PID and IPC namespaces.
     fn init_step(&self, step: &CallStep, spec: &CallSpec) -> io::Result<StepResult> {
         use warren_sys::ns::{Kind, enter, unshare};
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let stdin = b64
-            .decode(&step.stdin)
-            .map_err(|e| io::Error::other(format!("stdin is not base64: {e}")))?;
-        let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
-        let (status_r, status_w) = pipe()?;
-        let input = if stdin.is_empty() {
-            None
-        } else {
-            Some(pipe()?)
-        };
+        let StepPipes {
+            out: (out_r, out_w),
+            err: (err_r, err_w),
+            status: (status_r, status_w),
+            stdin,
+            input,
+        } = StepPipes::new(step)?;
         // The next child is the first process of a new PID namespace; the server itself moves
         // to a new IPC namespace, which the child inherits (the server uses none).
         enter(self.own_pid.as_fd(), Kind::Pid)?;
@@ -1001,23 +976,7 @@ impl Server<'_> {
         let _ = warren_sys::unix::wait_child(init);
         let wall = started.elapsed();
         let report: Report = serde_json::from_slice(&collected.report).unwrap_or_default();
-        // A step that ended without a report was killed: by its limits here, or by the kernel
-        // (the memory limit).
-        let killed =
-            report.exit_code.is_none() && report.signal.is_none() && report.not_started.is_none();
-        Ok(StepResult {
-            ran: true,
-            exit_code: report.exit_code,
-            signal: report.signal.or(if killed { Some(9) } else { None }),
-            timed_out: collected.timed_out,
-            output_limit: collected.over && !collected.timed_out,
-            not_started: report.not_started,
-            stdout: b64.encode(&collected.stdout),
-            stderr: b64.encode(&collected.stderr),
-            wall_us: wall.as_micros() as u64,
-            cpu_us: report.cpu_us,
-            max_rss: report.max_rss,
-        })
+        Ok(outcome(collected, report, wall))
     }
 }
 
@@ -1148,6 +1107,58 @@ fn program_exec(
     );
     s.confinement.apply_on_exec(&mut cmd);
     cmd.exec()
+}
+
+/// A step's pipes (read end, write end), made before its process starts, and its input.
+struct StepPipes {
+    out: (OwnedFd, OwnedFd),
+    err: (OwnedFd, OwnedFd),
+    status: (OwnedFd, OwnedFd),
+    /// Its stdin, decoded, and a pipe for it (none when it is empty).
+    stdin: Vec<u8>,
+    input: Option<(OwnedFd, OwnedFd)>,
+}
+
+impl StepPipes {
+    fn new(step: &CallStep) -> io::Result<StepPipes> {
+        let stdin = base64::engine::general_purpose::STANDARD
+            .decode(&step.stdin)
+            .map_err(|e| io::Error::other(format!("stdin is not base64: {e}")))?;
+        let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC);
+        Ok(StepPipes {
+            out: pipe()?,
+            err: pipe()?,
+            status: pipe()?,
+            input: if stdin.is_empty() {
+                None
+            } else {
+                Some(pipe()?)
+            },
+            stdin,
+        })
+    }
+}
+
+/// What a step did, from what it left on its pipes and its report.
+fn outcome(collected: Collected, report: Report, wall: Duration) -> StepResult {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    // A step that ended without a report was killed: by its limits here, or by the kernel (the
+    // memory limit).
+    let killed =
+        report.exit_code.is_none() && report.signal.is_none() && report.not_started.is_none();
+    StepResult {
+        ran: true,
+        exit_code: report.exit_code,
+        signal: report.signal.or(if killed { Some(9) } else { None }),
+        timed_out: collected.timed_out,
+        output_limit: collected.over && !collected.timed_out,
+        not_started: report.not_started,
+        stdout: b64.encode(&collected.stdout),
+        stderr: b64.encode(&collected.stderr),
+        wall_us: wall.as_micros() as u64,
+        cpu_us: report.cpu_us,
+        max_rss: report.max_rss,
+    }
 }
 
 /// A step's pipes, as the server holds them.
