@@ -52,6 +52,10 @@ impl Node {
                     }
                     self.insert(sb.clone());
                     self.watch(&sb);
+                    // A function-call worker goes back to its pool (warm across a restart).
+                    if sb.record.fncall_worker {
+                        self.readopt_worker(&sb).await;
+                    }
                     report.adopted += 1;
                 }
                 Err(why) => {

@@ -202,6 +202,17 @@ impl Node {
         });
     }
 
+    /// Puts a worker adopted after a restart back in its pool (killed if the pool is full).
+    pub(crate) async fn readopt_worker(&self, sb: &crate::node::Sandbox) {
+        let key = Key {
+            image: format!("{}@{}", sb.record.image, sb.record.layers.join(",")),
+            memory: sb.record.resources.memory.bytes().saturating_sub(OVERHEAD),
+        };
+        if !self.fncall.give_back(key, sb.record.id.clone()) {
+            let _ = self.kill(&sb.record.id).await;
+        }
+    }
+
     /// Kills idle workers unused for [`crate::workers::IDLE_TTL`] (from the timer sweep).
     pub(crate) async fn expire_workers(&self) {
         for id in self.fncall.expired() {

@@ -793,3 +793,41 @@ async fn a_python_call_finds_nothing_of_the_last_in_its_memory_and_cannot_stop_t
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 }
+
+/// A restarted node daemon puts the workers it re-adopts back in their pools: the next call
+/// runs on one of them, warm, instead of starting another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_are_back_in_their_pools_after_a_node_restart() {
+    require_root!();
+    let mut p = Platform::start();
+    let workers = |c: Client| async move {
+        let mut ids: Vec<String> = c
+            .list(&warren_sdk::ListFilter::default().task("warren-fncall"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|s| s.id.to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let r = call(&p.client(), req("python", "print(1)")).await;
+    assert_eq!(out(&r), "1\n");
+    let before = workers(p.client()).await;
+    assert_eq!(before.len(), 1, "{before:?}");
+    p.restart();
+    for i in 0..3 {
+        let r = call(&p.client(), req("python", &format!("print({i})"))).await;
+        assert_eq!(out(&r), format!("{i}\n"), "{r:?}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // The first call took the re-adopted worker (and started one more in the background, as
+    // for any pool's last idle worker); without it back in the pool, the calls would have
+    // started one, and then one more.
+    let after = workers(p.client()).await;
+    assert!(
+        after.contains(&before[0]) && after.len() <= 2,
+        "{before:?} then {after:?}"
+    );
+}
