@@ -157,6 +157,17 @@ async fn each_language_runs_and_each_status_is_told() {
     bomb.timeout = Some(3.0);
     let r = call(&c, bomb).await;
     assert_ne!(r.status, FnCallStatus::Ok, "{r:?}");
+    // On the Python zygote too, where the step's processes are ended by uid: the killer
+    // does not fork, so a step at its pids limit cannot keep it from working.
+    let mut bomb = req(
+        "python",
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+    );
+    bomb.timeout = Some(3.0);
+    let r = call(&c, bomb).await;
+    assert_eq!(r.status, FnCallStatus::Timeout, "{r:?}");
+    let r = call(&c, req("python", "print('after the bomb')")).await;
+    assert_eq!(out(&r), "after the bomb\n", "{r:?}");
     let mut filler = req("bash", "cat /dev/zero > big");
     filler.memory = Some(ByteSize(64 << 20));
     let r = call(&c, filler).await;
