@@ -6,8 +6,9 @@
 //! needs (mounting, making namespaces, switching to the grader's uid). It builds its **call
 //! root** once, in a mount namespace of its own: the image's pristine layers as they were at
 //! start (never the worker's writable layer), the image's host paths, `/proc`, `/sys` and the
-//! device nodes, read-only throughout; then it pivots into it. Each call then costs only what
-//! is its own:
+//! device nodes, read-only throughout; then it pivots into it. `/proc` hides other uids'
+//! processes (`hidepid=invisible`): a call sees its own, not the worker's. Each call then
+//! costs only what is its own:
 //!
 //! 1. **A fresh tmpfs** (the call's memory size) mounted at a directory only root may enter,
 //!    with the call's writable places bound from it: `/work` (its working directory, with its
@@ -340,6 +341,14 @@ fn set_up<'a>(
             std::fs::create_dir(&d)?;
             std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
         }
+        // The worker's own processes (guest, call server, zygote, killer) are another uid's:
+        // hidden from a call, which sees its own processes only. The worker's /proc is this
+        // one's (one file system): the guest, root, still sees all.
+        mount::reconfigure(
+            &root.join("proc"),
+            flags::NOSUID | flags::NODEV | flags::NOEXEC,
+            "hidepid=invisible",
+        )?;
         mount::remount_flags(root, flags::RDONLY | flags::NOSUID | flags::NODEV)
     })?;
     // Every place must be a directory reached without a link (the image's own links could
@@ -934,8 +943,8 @@ impl Server<'_> {
         unshare(Kind::Pid)?;
         unshare(Kind::Ipc)?;
         let started = Instant::now();
-        let init = match warren_sys::unix::fork(self.one)? {
-            None => {
+        let init = match warren_sys::unix::fork(self.one) {
+            Ok(None) => {
                 drop((out_r, err_r, status_r));
                 let stdin_r = input.map(|(r, _)| r);
                 // A copy of the server: whatever happens here ends here (a panic would unwind
@@ -946,12 +955,14 @@ impl Server<'_> {
                 let _ = std::panic::catch_unwind(run);
                 warren_sys::unix::exit_now(125)
             }
-            Some(pid) => pid,
+            Ok(Some(pid)) => Ok(pid),
+            Err(e) => Err(e),
         };
         // Back in its own IPC namespace (the step's goes with its processes), and its next
-        // children in its own PID namespace.
+        // children in its own PID namespace, whether the fork worked or not.
         enter(self.own_ipc.as_fd(), Kind::Ipc)?;
         enter(self.own_pid.as_fd(), Kind::Pid)?;
+        let init = init?;
         drop((out_w, err_w, status_w));
         let stdin_w = input.map(|(r, w)| {
             drop(r);

@@ -253,6 +253,19 @@ pub fn remount_flags(target: &Path, flags: u64) -> io::Result<()> {
     .map_err(|e| with_target(e, "remounting", target))
 }
 
+/// Changes the options of the file system mounted at `target` (its superblock: every mount
+/// of it sees them), with `flags` the mount's own flags to keep (a remount sets them anew).
+pub fn reconfigure(target: &Path, flags: u64, data: &str) -> io::Result<()> {
+    raw_mount(
+        None,
+        &c(target)?,
+        None,
+        libc::MS_REMOUNT | flags,
+        Some(&cs(data)?),
+    )
+    .map_err(|e| with_target(e, &format!("setting {data} on"), target))
+}
+
 /// Makes a character device node.
 pub fn mknod_char(path: &Path, mode: u32, major: u32, minor: u32) -> io::Result<()> {
     // SAFETY: path is a NUL-terminated string that outlives the call.

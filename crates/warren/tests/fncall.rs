@@ -228,6 +228,7 @@ for d in ps:
     except OSError:
         pass
 print('sleep' in ' '.join(cmds))
+print('others', [d for d in ps if os.stat(f'/proc/{d}').st_uid != os.getuid()])
 print(sorted(os.listdir('.')))
 ";
     for _ in 0..3 {
@@ -237,23 +238,29 @@ print(sorted(os.listdir('.')))
             out(&r),
             "shm False mq False\nleft.txt False\n/tmp/left.txt False\n/dev/shm/left False\n\
              /var/tmp/left False\n/home/grader/left False\nFalse\nnosuid True\nFalse\nFalse\n\
-             ['main.py']\n",
+             others []\n['main.py']\n",
             "{r:?}"
         );
     }
     // A Python call runs as a child of the worker's Python zygote (the host image has
-    // python3), which is out of its reach: its descriptors, memory and environment cannot be
-    // opened and it cannot be signalled, so a program can neither forge its report nor leave
+    // python3; a program run fresh has its step's init, pid 1, for parent), which is out of
+    // its reach: not in its /proc, its descriptors, memory and environment cannot be opened
+    // and it cannot be signalled, so a program can neither forge its report nor leave
     // anything in it for the next call.
-    let probe = "import os\np = os.getppid()\nprint(open(f'/proc/{p}/comm').read().strip())\nfor what in ['fd/3', 'mem', 'environ']:\n    try:\n        open(f'/proc/{p}/{what}', 'rb').read(1)\n        print(what, 'open')\n    except OSError:\n        print(what, 'refused')\ntry:\n    os.kill(p, 9)\n    print('killed')\nexcept OSError:\n    print('kill refused')";
+    let probe = "import os\np = os.getppid()\nprint(p != 1, os.path.exists(f'/proc/{p}'))\nfor what in ['fd/3', 'mem', 'environ']:\n    try:\n        open(f'/proc/{p}/{what}', 'rb').read(1)\n        print(what, 'open')\n    except OSError:\n        print(what, 'refused')\ntry:\n    os.kill(p, 9)\n    print('killed')\nexcept OSError:\n    print('kill refused')";
     for _ in 0..2 {
         let r = call(&c, req("python", probe)).await;
         assert_eq!(
             out(&r),
-            "warren-zygote\nfd/3 refused\nmem refused\nenviron refused\nkill refused\n",
+            "True False\nfd/3 refused\nmem refused\nenviron refused\nkill refused\n",
             "{r:?}"
         );
     }
+    // A program run fresh (bash: under its step's init) likewise sees no process of the
+    // worker's: only its own uid's.
+    let ps = "for d in /proc/[0-9]*; do [ \"$(stat -c %u $d 2>/dev/null || id -u)\" = \"$(id -u)\" ] || echo other $d; done; echo listed";
+    let r = call(&c, req("bash", ps)).await;
+    assert_eq!(out(&r), "listed\n", "{r:?}");
     // The image itself cannot be changed by a call (it is read-only), and no network.
     let r = call(
         &c,
