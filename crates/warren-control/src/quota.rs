@@ -6,6 +6,10 @@
 //! this replica's creates in flight and those made that the view does not show yet. Replicas
 //! see each other's creates through the view, so several replicas creating at once may pass a
 //! limit by what they create within one poll interval.
+//!
+//! Function calls in flight are counted here, by each replica for the calls it dispatches
+//! (a call lasts milliseconds: no view of the nodes follows them). Behind `R` replicas a
+//! project may have up to `R` times its `max_fncalls` in flight.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -38,6 +42,38 @@ pub struct Usage {
     /// they were made.
     subtree: RwLock<(Option<Instant>, HashMap<String, Totals>)>,
     pending: Mutex<(u64, HashMap<u64, Pending>)>,
+    /// Function calls in flight through this replica, by subtree (each counted at its
+    /// project and every ancestor).
+    calls: Mutex<HashMap<String, u64>>,
+}
+
+/// Function calls counted in flight until dropped.
+pub struct CallSlots {
+    usage: Arc<Usage>,
+    project: String,
+    /// How many.
+    pub n: u64,
+}
+
+impl Drop for CallSlots {
+    fn drop(&mut self) {
+        let mut calls = self.usage.calls.lock().unwrap_or_else(|p| p.into_inner());
+        for path in ancestry(&self.project) {
+            if let Some(c) = calls.get_mut(path) {
+                *c = c.saturating_sub(self.n);
+                if *c == 0 {
+                    calls.remove(path);
+                }
+            }
+        }
+    }
+}
+
+/// `project` and each of its ancestors.
+fn ancestry(project: &str) -> impl Iterator<Item = &str> {
+    std::iter::successors(Some(project), |p| {
+        p.rsplit_once('/').map(|(parent, _)| parent)
+    })
 }
 
 /// A create counted against quotas until dropped (failed) or [`Reserved::made`].
@@ -85,14 +121,8 @@ impl Usage {
         let mut sums: HashMap<String, Totals> = HashMap::new();
         for n in nodes.snapshot().iter() {
             for (project, t) in n.project_totals() {
-                // The project and each ancestor.
-                let mut p = project.as_str();
-                loop {
+                for p in ancestry(&project) {
                     sums.entry(p.to_string()).or_default().add(t);
-                    match p.rsplit_once('/') {
-                        Some((parent, _)) => p = parent,
-                        None => break,
-                    }
                 }
             }
         }
@@ -163,5 +193,94 @@ impl Usage {
             id,
             made: false,
         })
+    }
+}
+
+impl Usage {
+    /// Counts up to `want` function calls (at least one) of `project` in flight, as many as
+    /// the `max_fncalls` of the project and of each ancestor leave room for; none: which
+    /// limit is reached (a 429 with Retry-After).
+    pub fn take_calls(
+        self: &Arc<Self>,
+        quotas: &HashMap<String, Quota>,
+        project: &str,
+        want: u64,
+    ) -> Result<CallSlots, ApiError> {
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut n = want.max(1);
+        for path in ancestry(project) {
+            let Some(limit) = quotas.get(path).and_then(|q| q.max_fncalls) else {
+                continue;
+            };
+            let limit = limit.max(0) as u64;
+            let used = calls.get(path).copied().unwrap_or(0);
+            let room = limit.saturating_sub(used);
+            if room == 0 {
+                return Err(ApiError::capacity(
+                    format!(
+                        "project {path}'s quota: at most {limit} function calls in flight, and \
+                         it has {used}; retry after Retry-After seconds, or ask whoever \
+                         manages {path} to raise max_fncalls (warren project quota)"
+                    ),
+                    1,
+                ));
+            }
+            n = n.min(room);
+        }
+        for path in ancestry(project) {
+            *calls.entry(path.to_string()).or_default() += n;
+        }
+        Ok(CallSlots {
+            usage: self.clone(),
+            project: project.to_string(),
+            n,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(l: &[(&str, i64)]) -> HashMap<String, Quota> {
+        l.iter()
+            .map(|&(p, n)| {
+                let q = Quota {
+                    max_fncalls: Some(n),
+                    ..Default::default()
+                };
+                (p.to_string(), q)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn calls_in_flight_count_at_every_level_until_dropped() {
+        let u = Arc::new(Usage::default());
+        let q = limits(&[("root/rl", 3), ("root/rl/a", 2)]);
+        // As many as the tightest level leaves room for.
+        let a = u.take_calls(&q, "root/rl/a", 5).unwrap();
+        assert_eq!(a.n, 2);
+        let e = u.take_calls(&q, "root/rl/a", 1).err().unwrap();
+        assert!(e.message.contains("root/rl/a's quota"), "{}", e.message);
+        // The parent has one left, for a sibling.
+        let b = u.take_calls(&q, "root/rl/b", 4).unwrap();
+        assert_eq!(b.n, 1);
+        let e = u.take_calls(&q, "root/rl/b/c", 1).err().unwrap();
+        assert!(
+            e.message.contains("project root/rl's quota"),
+            "{}",
+            e.message
+        );
+        // Outside the limited subtree: not held up, never fewer than one.
+        assert_eq!(u.take_calls(&q, "root/other", 7).unwrap().n, 7);
+        assert_eq!(u.take_calls(&q, "root/other", 0).unwrap().n, 1);
+        drop(a);
+        assert_eq!(u.take_calls(&q, "root/rl/a", 1).unwrap().n, 1);
+        drop(b);
+        assert!(u.calls.lock().unwrap().is_empty());
+        // A limit of 0: no calls.
+        let none = limits(&[("root/off", 0)]);
+        assert!(u.take_calls(&none, "root/off", 1).is_err());
     }
 }

@@ -1556,6 +1556,9 @@ pub struct Project {
     /// Most memory requested in it and below it, bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_memory: Option<u64>,
+    /// Most function calls in flight at once in it and below it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_fncalls: Option<u64>,
 }
 
 /// `POST /v1/projects`.
@@ -1587,6 +1590,10 @@ pub struct ProjectQuota {
     /// Most memory requested, bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_memory: Option<ByteSize>,
+    /// Most function calls in flight at once (`/v1/fncall/*` and `/run_code`; a batch
+    /// counts once for each worker it runs on at a time). Over it a call is answered 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_fncalls: Option<u64>,
 }
 
 /// `GET /v1/projects`.

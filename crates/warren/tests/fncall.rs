@@ -849,3 +849,100 @@ async fn workers_are_back_in_their_pools_after_a_node_restart() {
         "{before:?} then {after:?}"
     );
 }
+
+/// A project's `max_fncalls` bounds its calls in flight, over it and its subtree: one past it
+/// is a 429 with Retry-After that names the quota; other projects are not held up; a batch
+/// runs its chunks one at a time within a limit of one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projects_fncall_quota_bounds_its_calls_in_flight() {
+    require_root!();
+    use warren_sdk::{FnCallBatchRequest, ProjectQuota, TestCase};
+    let p = Platform::start();
+    let c = p.client();
+    c.create_project("root/fq/a").await.unwrap();
+    c.set_quota(
+        "root/fq",
+        &ProjectQuota {
+            max_fncalls: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let listed = c.projects().await.unwrap();
+    let fq = listed.iter().find(|p| p.path == "root/fq").unwrap();
+    assert_eq!(fq.max_fncalls, Some(1), "{fq:?}");
+    let in_project = |project: &str, code: &str| FnCallRequest {
+        project: Some(project.into()),
+        ..req("bash", code)
+    };
+
+    // A long call in the child holds the parent's one call.
+    let long = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.fncall(&in_project("root/fq/a", "sleep 4; echo slept"))
+                .await
+        })
+    };
+    let mut refused = None;
+    for _ in 0..30 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        match c.fncall(&in_project("root/fq", "echo hi")).await {
+            Ok(r) => assert_eq!(out(&r), "hi\n", "{r:?}"),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let Some(warren_sdk::Error::Api {
+        status,
+        code,
+        message,
+        retry_after_secs,
+        ..
+    }) = refused
+    else {
+        panic!("no call was refused while the long one ran: {refused:?}");
+    };
+    assert_eq!((status, code), (429, ErrorCode::Capacity), "{message}");
+    assert!(
+        message.contains("project root/fq's quota") && message.contains("max_fncalls"),
+        "{message}"
+    );
+    assert_eq!(retry_after_secs, Some(1), "{message}");
+    // A batch of the same project is refused too; another project is not held up.
+    let case = |i: u32| TestCase {
+        stdin: format!("{i}\n"),
+        expected: Some(format!("{}\n", i * 2)),
+    };
+    let batch = FnCallBatchRequest {
+        language: "bash".into(),
+        code: "read n; echo $((n * 2))".into(),
+        cases: (0..40).map(case).collect(),
+        project: Some("root/fq/a".into()),
+        ..Default::default()
+    };
+    let e = c.fncall_batch(&batch).await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Capacity), "{e}");
+    let r = call(&c, req("bash", "echo elsewhere")).await;
+    assert_eq!(out(&r), "elsewhere\n", "{r:?}");
+
+    // Once the long call is done, its slot is free again.
+    let r = long.await.unwrap().unwrap();
+    assert_eq!(out(&r), "slept\n", "{r:?}");
+    let r = call(&c, in_project("root/fq/a", "echo again")).await;
+    assert_eq!(out(&r), "again\n", "{r:?}");
+    // 40 cases are three workers' worth: within a limit of one they run one chunk at a time,
+    // and every case is judged.
+    let r = c.fncall_batch(&batch).await.unwrap();
+    assert_eq!((r.cases.len(), r.passed), (40, 40), "{r:?}");
+    // No limit: calls are not counted against it.
+    c.set_quota("root/fq", &ProjectQuota::default())
+        .await
+        .unwrap();
+    let listed = c.projects().await.unwrap();
+    let fq = listed.iter().find(|p| p.path == "root/fq").unwrap();
+    assert_eq!(fq.max_fncalls, None, "{fq:?}");
+}

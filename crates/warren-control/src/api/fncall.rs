@@ -23,6 +23,7 @@ use super::S;
 use crate::Control;
 use crate::iam::{Perm, Principal};
 use crate::node_api::CallError;
+use crate::quota::CallSlots;
 use crate::scheduler;
 
 /// A language: its file, how it is compiled and run.
@@ -481,13 +482,15 @@ fn judge(p: &Planned, answer: NodeCallResult, node: String) -> Result<FnCallResu
 }
 
 /// Checks `fncall.run` on the call's project and that its image may be used there; fills in
-/// the image's layers.
+/// the image's layers. Counts up to `want` calls in flight in the project (as many as its
+/// `max_fncalls` and its ancestors' leave room for, at least one: none is a 429).
 async fn authorize(
     c: &Control,
     who: &Principal,
     project: Option<&str>,
     call: &mut NodeCall,
-) -> Result<(), Error> {
+    want: u64,
+) -> Result<CallSlots, Error> {
     let project = project.unwrap_or(&who.project).to_string();
     warren_types::project::check_path(&project).map_err(|e| Error(ApiError::invalid(e)))?;
     if !who.allows(Perm::FnCallRun, &project) {
@@ -508,7 +511,8 @@ async fn authorize(
                 .map_err(super::images::image_error)?,
         );
     }
-    Ok(())
+    let quotas = c.iam.quotas().await.map_err(|e| Error(e.into()))?;
+    c.usage.take_calls(&quotas, &project, want).map_err(Error)
 }
 
 /// Run a program once on a warm worker: its source (and more files) in a fresh working
@@ -521,7 +525,7 @@ async fn authorize(
         (status = 400, description = "Bad request, unknown language, or a toolchain the image lacks.", body = ErrorBody),
         (status = 404, description = "Unknown image.", body = ErrorBody),
         (status = 413, description = "Code or files too large.", body = ErrorBody),
-        (status = 429, description = "No node has room: retry after Retry-After seconds.", body = ErrorBody),
+        (status = 429, description = "No node has room, or the project's max_fncalls calls are in flight: retry after Retry-After seconds.", body = ErrorBody),
         (status = 503, description = "No node answered.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn run(
@@ -530,7 +534,7 @@ pub async fn run(
     Json(req): Json<FnCallRequest>,
 ) -> Result<Json<FnCallResult>, Error> {
     let mut p = plan(&c, &req)?;
-    authorize(&c, &who, req.project.as_deref(), &mut p.call).await?;
+    let _slot = authorize(&c, &who, req.project.as_deref(), &mut p.call, 1).await?;
     let (answer, node) = dispatch(&c, &p.call).await?;
     Ok(Json(judge(&p, answer, node)?))
 }
@@ -647,7 +651,7 @@ fn command_result(o: &StepOutcome) -> CommandRunResult {
     responses((status = 200, body = RunCodeResponse),
         (status = 400, description = "Bad request, unknown language, or a toolchain the image lacks.", body = ErrorBody),
         (status = 413, description = "Code or files too large.", body = ErrorBody),
-        (status = 429, description = "No node has room: retry after Retry-After seconds.", body = ErrorBody),
+        (status = 429, description = "No node has room, or the project's max_fncalls calls are in flight: retry after Retry-After seconds.", body = ErrorBody),
         (status = 503, description = "No node answered.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn run_code(
@@ -685,7 +689,7 @@ pub async fn run_code(
         project: None,
     };
     let mut p = plan(&c, &ours)?;
-    authorize(&c, &who, None, &mut p.call).await?;
+    let _slot = authorize(&c, &who, None, &mut p.call, 1).await?;
     let (answer, node) = dispatch(&c, &p.call).await?;
     let r = judge(&p, answer, node)?;
     Ok(Json(RunCodeResponse {
@@ -822,7 +826,7 @@ fn matches(checker: &Checker, out: &str, expected: &str) -> bool {
         (status = 400, description = "Bad request, unknown language, or a toolchain the image lacks.", body = ErrorBody),
         (status = 404, description = "Unknown image.", body = ErrorBody),
         (status = 413, description = "Code, files or expected output too large.", body = ErrorBody),
-        (status = 429, description = "No node has room: retry after Retry-After seconds.", body = ErrorBody),
+        (status = 429, description = "No node has room, or the project's max_fncalls calls are in flight: retry after Retry-After seconds.", body = ErrorBody),
         (status = 503, description = "No node answered.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn batch(
@@ -898,7 +902,11 @@ pub async fn batch(
         project: req.project.clone(),
     };
     let mut p = plan(&c, &single)?;
-    authorize(&c, &who, req.project.as_deref(), &mut p.call).await?;
+    // One call in flight for each worker the cases are spread over at once: as many chunks
+    // as the project's quota leaves room for (the compile and the custom checker run on one).
+    let per_chunk = CHUNK.min((CHUNK_OUTPUT / (2 * max_output)).max(1) as usize);
+    let want = req.cases.len().div_ceil(per_chunk) as u64;
+    let slots = authorize(&c, &who, req.project.as_deref(), &mut p.call, want).await?;
     let lang = p.lang;
     let run_timeout = seconds(req.timeout, 10.0, "timeout")?;
     let compile_timeout = seconds(req.compile_timeout, 30.0, "compile_timeout")?;
@@ -947,7 +955,6 @@ pub async fn batch(
     }
 
     // The cases, spread over workers.
-    let per_chunk = CHUNK.min((CHUNK_OUTPUT / (2 * max_output)).max(1) as usize);
     let chunks: Vec<&[warren_types::fncall::TestCase]> = req.cases.chunks(per_chunk).collect();
     let calls = chunks.iter().map(|cases| {
         let mut steps = Vec::new();
@@ -963,11 +970,14 @@ pub async fn batch(
         call.spec = spec_with(lang, files.clone(), steps, memory);
         call
     });
-    let answers = futures_util::future::join_all(calls.map(|call| {
-        let c = &c;
-        async move { dispatch(c, &call).await }
-    }))
-    .await;
+    let calls: Vec<NodeCall> = calls.collect();
+    use futures_util::StreamExt;
+    let c = &c;
+    let answers: Vec<_> = futures_util::stream::iter(calls)
+        .map(|call| async move { dispatch(c, &call).await })
+        .buffered(slots.n as usize)
+        .collect()
+        .await;
     let mut cases = Vec::with_capacity(req.cases.len());
     let mut outputs = Vec::with_capacity(req.cases.len());
     for (answer, chunk) in answers.into_iter().zip(&chunks) {
@@ -1022,7 +1032,7 @@ pub async fn batch(
     }
     if let Some((checker_lang, code)) = custom {
         judge_custom(
-            &c,
+            c,
             &p.call,
             checker_lang,
             &code,

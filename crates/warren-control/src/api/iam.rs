@@ -134,6 +134,7 @@ fn project(p: store::ProjectRow) -> Project {
         max_sandboxes: p.quota.max_sandboxes.map(|v| v as u64),
         max_cpu: p.quota.max_cpu.map(|v| v as u64),
         max_memory: p.quota.max_memory.map(|v| v as u64),
+        max_fncalls: p.quota.max_fncalls.map(|v| v as u64),
     }
 }
 
@@ -267,6 +268,7 @@ pub async fn set_quota(
             .max_memory
             .map(|v| big(v.bytes(), "max_memory"))
             .transpose()?,
+        max_fncalls: q.max_fncalls.map(|v| big(v, "max_fncalls")).transpose()?,
     };
     store::set_quota(c.iam.db(), actor(&who, &from), &path, quota)
         .await

@@ -79,6 +79,8 @@ pub struct Quota {
     pub max_cpu: Option<i64>,
     /// Most memory requested, bytes.
     pub max_memory: Option<i64>,
+    /// Most function calls in flight at once.
+    pub max_fncalls: Option<i64>,
 }
 
 /// An identity.
@@ -309,6 +311,7 @@ fn project_row(r: &sqlx::any::AnyRow) -> Result<ProjectRow> {
             max_sandboxes: r.try_get(3)?,
             max_cpu: r.try_get(4)?,
             max_memory: r.try_get(5)?,
+            max_fncalls: r.try_get(6)?,
         },
     })
 }
@@ -316,8 +319,8 @@ fn project_row(r: &sqlx::any::AnyRow) -> Result<ProjectRow> {
 /// Every project the actor may see, by path.
 pub async fn list_projects(db: &Db, actor: Actor<'_>) -> Result<Vec<ProjectRow>> {
     let rows = sqlx::query(
-        "SELECT path, created_ms, created_by, max_sandboxes, max_cpu, max_memory FROM projects \
-         ORDER BY path",
+        "SELECT path, created_ms, created_by, max_sandboxes, max_cpu, max_memory, max_fncalls \
+         FROM projects ORDER BY path",
     )
     .fetch_all(db)
     .await?;
@@ -334,8 +337,9 @@ pub async fn list_projects(db: &Db, actor: Actor<'_>) -> Result<Vec<ProjectRow>>
 /// Every project's quota, for checks on create.
 pub async fn quotas(db: &Db) -> Result<Vec<(String, Quota)>> {
     let rows = sqlx::query(
-        "SELECT path, created_ms, created_by, max_sandboxes, max_cpu, max_memory FROM projects \
-         WHERE max_sandboxes IS NOT NULL OR max_cpu IS NOT NULL OR max_memory IS NOT NULL",
+        "SELECT path, created_ms, created_by, max_sandboxes, max_cpu, max_memory, max_fncalls \
+         FROM projects WHERE max_sandboxes IS NOT NULL OR max_cpu IS NOT NULL \
+         OR max_memory IS NOT NULL OR max_fncalls IS NOT NULL",
     )
     .fetch_all(db)
     .await?;
@@ -352,6 +356,7 @@ pub async fn set_quota(db: &Db, actor: Actor<'_>, path: &str, q: Quota) -> Resul
         ("max_sandboxes", q.max_sandboxes),
         ("max_cpu", q.max_cpu),
         ("max_memory", q.max_memory),
+        ("max_fncalls", q.max_fncalls),
     ] {
         if v.is_some_and(|v| v < 0) {
             return Err(IamError::Invalid(format!("{what} must be 0 or more")));
@@ -364,11 +369,13 @@ pub async fn set_quota(db: &Db, actor: Actor<'_>, path: &str, q: Quota) -> Resul
     )?;
     let mut tx = db.begin().await?;
     let done = sqlx::query(
-        "UPDATE projects SET max_sandboxes = $1, max_cpu = $2, max_memory = $3 WHERE path = $4",
+        "UPDATE projects SET max_sandboxes = $1, max_cpu = $2, max_memory = $3, \
+         max_fncalls = $4 WHERE path = $5",
     )
     .bind(q.max_sandboxes)
     .bind(q.max_cpu)
     .bind(q.max_memory)
+    .bind(q.max_fncalls)
     .bind(path)
     .execute(&mut *tx)
     .await?;
@@ -376,8 +383,8 @@ pub async fn set_quota(db: &Db, actor: Actor<'_>, path: &str, q: Quota) -> Resul
         return Err(IamError::NotFound(format!("no project {path}")));
     }
     let detail = format!(
-        "max_sandboxes={:?} max_cpu={:?} max_memory={:?}",
-        q.max_sandboxes, q.max_cpu, q.max_memory
+        "max_sandboxes={:?} max_cpu={:?} max_memory={:?} max_fncalls={:?}",
+        q.max_sandboxes, q.max_cpu, q.max_memory, q.max_fncalls
     );
     audit(
         &mut tx,

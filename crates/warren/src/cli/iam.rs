@@ -36,6 +36,7 @@ pub enum ProjectCommand {
     /// Set a project's quotas, counted over it and everything below it.
     #[command(after_help = "Examples:\n  \
         warren project quota root/rl/job-42 --max-sandboxes 1000 --max-cpu 64000 --max-memory 256Gi\n  \
+        warren project quota root/rl/judge --max-fncalls 64\n  \
         warren project quota root/rl/job-42          # no limits of its own")]
     Quota {
         /// Its path.
@@ -49,6 +50,9 @@ pub enum ProjectCommand {
         /// Most memory requested, e.g. 256Gi.
         #[arg(long, value_name = "SIZE")]
         max_memory: Option<ByteSize>,
+        /// Most function calls in flight at once.
+        #[arg(long, value_name = "N")]
+        max_fncalls: Option<u64>,
     },
 }
 
@@ -167,6 +171,7 @@ pub async fn project(client: &Client, json: bool, cmd: ProjectCommand) -> anyhow
                     "MAX SANDBOXES",
                     "MAX CPU",
                     "MAX MEMORY",
+                    "MAX FNCALLS",
                     "CREATED BY",
                 ]);
                 for p in &l {
@@ -175,6 +180,7 @@ pub async fn project(client: &Client, json: bool, cmd: ProjectCommand) -> anyhow
                         p.max_sandboxes.map_or("-".into(), |v| v.to_string()),
                         p.max_cpu.map_or("-".into(), |v| format!("{v}m")),
                         p.max_memory.map_or("-".into(), |v| ByteSize(v).to_string()),
+                        p.max_fncalls.map_or("-".into(), |v| v.to_string()),
                         p.created_by.clone(),
                     ]);
                 }
@@ -190,6 +196,7 @@ pub async fn project(client: &Client, json: bool, cmd: ProjectCommand) -> anyhow
             max_sandboxes,
             max_cpu,
             max_memory,
+            max_fncalls,
         } => {
             client
                 .set_quota(
@@ -198,6 +205,7 @@ pub async fn project(client: &Client, json: bool, cmd: ProjectCommand) -> anyhow
                         max_sandboxes,
                         max_cpu,
                         max_memory,
+                        max_fncalls,
                     },
                 )
                 .await?;
