@@ -78,6 +78,7 @@ impl Node {
                 }
                 None => {
                     warm = false;
+                    self.fncall.starting(&key, true);
                     break self.start_worker(&call).await?;
                 }
             }
@@ -187,6 +188,7 @@ impl Node {
         };
         tokio::spawn(async move {
             let key = key_of(&call);
+            node.fncall.starting(&key, false);
             let started = node.start_worker(&call).await;
             node.fncall.refilled(&key);
             match started {

@@ -486,6 +486,7 @@ impl Node {
             cordoned: false,
             reachable: true,
             address: None,
+            fncall_pools: self.fncall.stats(),
         }
     }
 }

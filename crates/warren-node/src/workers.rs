@@ -37,6 +37,11 @@ struct Pool {
     peak_at: Instant,
     /// A worker being started in the background for it (at most one at a time).
     refilling: bool,
+    /// Calls since it was made; of them, those that found no idle worker.
+    calls: u64,
+    cold_calls: u64,
+    /// Workers started for it.
+    started: u64,
 }
 
 impl Pool {
@@ -47,6 +52,9 @@ impl Pool {
             peak: 0,
             peak_at: Instant::now(),
             refilling: false,
+            calls: 0,
+            cold_calls: 0,
+            started: 0,
         }
     }
 
@@ -90,6 +98,7 @@ impl Workers {
         let mut m = self.lock();
         let p = m.entry(key.clone()).or_insert_with(Pool::new);
         p.busy += 1;
+        p.calls += 1;
         p.keep();
         if p.busy > p.peak {
             p.peak = p.busy;
@@ -150,6 +159,42 @@ impl Workers {
     /// Idle workers, all pools.
     pub fn idle_count(&self) -> usize {
         self.lock().values().map(|p| p.idle.len()).sum()
+    }
+
+    /// A worker is being started for `key`'s pool; `cold`: for a call that found none idle.
+    pub(crate) fn starting(&self, key: &Key, cold: bool) {
+        let mut m = self.lock();
+        let p = m.entry(key.clone()).or_insert_with(Pool::new);
+        p.started += 1;
+        if cold {
+            p.cold_calls += 1;
+        }
+    }
+
+    /// Every pool as `GET /v1/nodes` shows it, by image and memory.
+    pub fn stats(&self) -> Vec<warren_types::api::FnCallPool> {
+        let mut m = self.lock();
+        let mut out: Vec<_> = m
+            .iter_mut()
+            .map(|(k, p)| warren_types::api::FnCallPool {
+                // The image as calls name it (the layers after `@` tell pools of one name
+                // apart, a name pointed at new layers, but say nothing to a reader).
+                image: k
+                    .image
+                    .rsplit_once('@')
+                    .map_or(&*k.image, |(n, _)| n)
+                    .into(),
+                memory: warren_types::ByteSize(k.memory),
+                idle: p.idle.len() as u32,
+                busy: p.busy as u32,
+                keep: p.keep() as u32,
+                calls: p.calls,
+                cold_calls: p.cold_calls,
+                workers_started: p.started,
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.image, a.memory).cmp(&(&b.image, b.memory)));
+        out
     }
 }
 

@@ -1127,6 +1127,33 @@ pub struct NodeInfo {
     /// the network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
+    /// Its function-call worker pools, one per image and memory (none until a call came).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fncall_pools: Vec<FnCallPool>,
+}
+
+/// A node's pool of function-call workers for one image and memory size.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FnCallPool {
+    /// The image (its name as calls give it).
+    pub image: String,
+    /// The calls' memory (rounded up to a power of two; each worker has 48 MiB more).
+    pub memory: ByteSize,
+    /// Idle workers, warm for the next call.
+    pub idle: u32,
+    /// Calls running now.
+    pub busy: u32,
+    /// How many idle workers it keeps now: its busiest in flight over the last minute, at
+    /// least 8.
+    pub keep: u32,
+    /// Calls it ran since it was made (a pool left with no worker and no call is forgotten).
+    pub calls: u64,
+    /// Of those, calls that found no idle worker and waited for one to start.
+    pub cold_calls: u64,
+    /// Workers it started (for cold calls, and in the background when its last idle one
+    /// was taken).
+    pub workers_started: u64,
 }
 
 fn root_project() -> String {
@@ -1171,6 +1198,7 @@ impl NodeInfo {
             cordoned: false,
             reachable: false,
             address: None,
+            fncall_pools: Vec::new(),
         }
     }
 }

@@ -830,10 +830,21 @@ async fn workers_are_back_in_their_pools_after_a_node_restart() {
         ids.sort();
         ids
     };
+    let pools = |c: Client| async move {
+        let nodes = c.nodes().await.unwrap();
+        assert_eq!(nodes.items.len(), 1);
+        let pools = nodes.items[0].fncall_pools.clone();
+        assert_eq!(pools.len(), 1, "{pools:?}");
+        let p = pools[0].clone();
+        assert_eq!((p.image.as_str(), p.busy, p.keep), ("host", 0, 8), "{p:?}");
+        (p.calls, p.cold_calls, p.workers_started, p.idle)
+    };
     let r = call(&p.client(), req("python", "print(1)")).await;
     assert_eq!(out(&r), "1\n");
     let before = workers(p.client()).await;
     assert_eq!(before.len(), 1, "{before:?}");
+    // The first call of a pool is cold: it started its worker, now idle.
+    assert_eq!(pools(p.client()).await, (1, 1, 1, 1));
     p.restart();
     for i in 0..3 {
         let r = call(&p.client(), req("python", &format!("print({i})"))).await;
@@ -847,6 +858,15 @@ async fn workers_are_back_in_their_pools_after_a_node_restart() {
     assert!(
         after.contains(&before[0]) && after.len() <= 2,
         "{before:?} then {after:?}"
+    );
+    // The restarted node's pool: three calls, none cold, one worker started in the
+    // background, both idle.
+    assert_eq!(pools(p.client()).await, (3, 0, 1, 2));
+    let cli = p.cli(&["fncall", "pools"]);
+    let text = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        cli.status.success() && text.starts_with("NODE") && text.contains(" host "),
+        "{cli:?}"
     );
 }
 

@@ -29,6 +29,15 @@ pub enum FnCallCommand {
         after_help = "Examples:\n  warren fncall languages\n  warren fncall languages --json"
     )]
     Languages,
+    /// Each node's warm worker pools: idle and busy workers, calls, cold starts.
+    #[command(
+        after_help = "Examples:\n  warren fncall pools\n  warren fncall pools --json\n\n\
+        IDLE workers wait warm for the next call; a pool KEEPs as many as its busiest in \
+        flight over the last minute, at least 8. COLD is the calls that found no idle worker \
+        and waited for one to start; STARTED the workers started, for those and in the \
+        background."
+    )]
+    Pools,
 }
 
 /// `warren fncall run` options.
@@ -81,7 +90,48 @@ pub async fn run(client: &Client, json: bool, cmd: FnCallCommand) -> anyhow::Res
             Ok(ExitCode::SUCCESS)
         }
         FnCallCommand::Run(a) => run_one(client, json, a).await,
+        FnCallCommand::Pools => pools(client, json).await,
     }
+}
+
+async fn pools(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let nodes = client.nodes().await?;
+    if json {
+        let all: Vec<_> = nodes
+            .items
+            .iter()
+            .flat_map(|n| {
+                n.fncall_pools.iter().map(|p| {
+                    let mut v = serde_json::to_value(p).unwrap_or_default();
+                    v["node"] = n.id.to_string().into();
+                    v
+                })
+            })
+            .collect();
+        output::json(&all)?;
+    } else {
+        let mut t = output::table(&[
+            "NODE", "IMAGE", "MEMORY", "IDLE", "BUSY", "KEEP", "CALLS", "COLD", "STARTED",
+        ]);
+        for n in &nodes.items {
+            for p in &n.fncall_pools {
+                t.add_row([
+                    n.id.to_string(),
+                    p.image.clone(),
+                    p.memory.to_string(),
+                    p.idle.to_string(),
+                    p.busy.to_string(),
+                    p.keep.to_string(),
+                    p.calls.to_string(),
+                    p.cold_calls.to_string(),
+                    p.workers_started.to_string(),
+                ]);
+            }
+        }
+        output::print(&t);
+    }
+    output::warn_unreachable(&nodes.unreachable, "its pools are as it last reported them");
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn run_one(client: &Client, json: bool, a: RunArgs) -> anyhow::Result<ExitCode> {
