@@ -31,6 +31,11 @@ def test_a_program_runs_once_and_says_how_it_ended(client: warren.Client) -> Non
     assert r.status == "compile_error" and r.run is None, r
     with pytest.raises(warren.InvalidArgument):
         client.fncall.run(language="cobol", code="x")
+    # The node reports the pool the calls ran on.
+    (node,) = client.nodes()
+    pools = [p for p in node.fncall_pools if p["image"] == "host"]
+    assert pools and sum(p["calls"] for p in pools) >= 4, node.fncall_pools
+    assert all(p["busy"] == 0 and p["keep"] >= 8 for p in pools), pools
 
 
 def test_a_batch_judges_every_case(client: warren.Client) -> None:

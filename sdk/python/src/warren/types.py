@@ -862,6 +862,9 @@ class NodeInfo:
     report's)."""
     address: Optional[str] = None
     """Where the control plane reaches it, for a node that joined over the network."""
+    fncall_pools: List[Dict[str, Any]] = field(default_factory=list)
+    """Its function-call worker pools, one per image and memory: ``image``, ``memory``,
+    ``idle``, ``busy``, ``keep``, ``calls``, ``cold_calls``, ``workers_started``."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NodeInfo:
@@ -891,6 +894,7 @@ class NodeInfo:
             cordoned=bool(d.get("cordoned", False)),
             reachable=bool(d.get("reachable", True)),
             address=d.get("address"),
+            fncall_pools=[dict(p) for p in d.get("fncall_pools") or []],
         )
 
 
