@@ -519,6 +519,34 @@ async fn a_batch_compiles_once_and_judges_every_case() {
         ],
         "{r:?}"
     );
+    // Over 40 cases the checker runs in three chunks, side by side: each case's verdict is
+    // its own.
+    let r = c
+        .fncall_batch(&py(
+            "print(int(input()) + 1)",
+            (0..40).map(|i| case(&i.to_string(), "ignored")).collect(),
+            Checker::Custom {
+                language: "python".into(),
+                code: checker.into(),
+            },
+        ))
+        .await
+        .unwrap();
+    let got: Vec<_> = r
+        .cases
+        .iter()
+        .map(|c| (c.passed, c.checker_message.clone()))
+        .collect();
+    let want: Vec<_> = (0..40)
+        .map(|i| {
+            let even = (i + 1) % 2 == 0;
+            (
+                Some(even),
+                Some(if even { "even\n" } else { "odd\n" }.to_string()),
+            )
+        })
+        .collect();
+    assert_eq!(got, want, "{r:?}");
 
     // Bounds.
     for (bad, why) in [

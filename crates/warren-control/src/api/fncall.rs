@@ -956,7 +956,9 @@ pub async fn batch(
 
     // The cases, spread over workers.
     let chunks: Vec<&[warren_types::fncall::TestCase]> = req.cases.chunks(per_chunk).collect();
-    let calls = chunks.iter().map(|cases| {
+    // Each chunk's call is made when it is sent (at most as many held at once as run: each
+    // carries the program's files, a compiled binary among them).
+    let build = |cases: &[warren_types::fncall::TestCase]| {
         let mut steps = Vec::new();
         if compile_in_chunks && let Some(s) = compile_step(lang, compile_timeout, max_output) {
             steps.push(s);
@@ -969,12 +971,14 @@ pub async fn batch(
         let mut call = p.call.clone();
         call.spec = spec_with(lang, files.clone(), steps, memory);
         call
-    });
-    let calls: Vec<NodeCall> = calls.collect();
+    };
     use futures_util::StreamExt;
     let c = &c;
-    let answers: Vec<_> = futures_util::stream::iter(calls)
-        .map(|call| async move { dispatch(c, &call).await })
+    let answers: Vec<_> = futures_util::stream::iter(0..chunks.len())
+        .map(|k| {
+            let call = build(chunks[k]);
+            async move { dispatch(c, &call).await }
+        })
         .buffered(slots.n as usize)
         .collect()
         .await;
@@ -1039,6 +1043,7 @@ pub async fn batch(
             &req.cases,
             &outputs,
             &mut cases,
+            slots.n as usize,
         )
         .await?;
     }
@@ -1053,8 +1058,9 @@ pub async fn batch(
 }
 
 /// Runs a custom checker over the cases that ran to completion and have an expected output:
-/// in chunks, each case's input, output and expected output as files `N/input.txt`,
-/// `N/output.txt`, `N/expected.txt` and as the checker's three arguments.
+/// in chunks, `parallel` at a time, each case's input, output and expected output as files
+/// `N/input.txt`, `N/output.txt`, `N/expected.txt` and as the checker's three arguments.
+#[allow(clippy::too_many_arguments)]
 async fn judge_custom(
     c: &Control,
     base: &NodeCall,
@@ -1063,14 +1069,19 @@ async fn judge_custom(
     tests: &[warren_types::fncall::TestCase],
     outputs: &[String],
     cases: &mut [CaseResult],
+    parallel: usize,
 ) -> Result<(), Error> {
+    use futures_util::StreamExt;
     let b64 = base64::engine::general_purpose::STANDARD;
     let todo: Vec<usize> = (0..cases.len())
         .filter(|&i| tests[i].expected.is_some() && cases[i].status == FnCallStatus::Ok)
         .collect();
     let timeout = Duration::from_secs(10);
     let max_output = 64 << 10;
-    for chunk in todo.chunks(CHUNK) {
+    let chunks: Vec<&[usize]> = todo.chunks(CHUNK).collect();
+    // Each chunk's call is made when it is sent (at most `parallel` held at once: their
+    // files copy the cases' outputs).
+    let build = |chunk: &[usize]| {
         let mut files = vec![CallFile {
             path: lang.file.into(),
             data: b64.encode(code),
@@ -1099,7 +1110,18 @@ async fn judge_custom(
         }
         let mut call = base.clone();
         call.spec = spec_with(lang, files, steps, 256 << 20);
-        let (answer, _) = dispatch(c, &call).await?;
+        call
+    };
+    let answers: Vec<_> = futures_util::stream::iter(0..chunks.len())
+        .map(|k| {
+            let call = build(chunks[k]);
+            async move { dispatch(c, &call).await }
+        })
+        .buffered(parallel.max(1))
+        .collect()
+        .await;
+    for (answer, chunk) in answers.into_iter().zip(chunks) {
+        let (answer, _) = answer?;
         let mut results = answer.result.steps.iter();
         if lang.compile.is_some() {
             let r = results.next().cloned().unwrap_or_default();
