@@ -65,6 +65,66 @@ pub async fn open(url: &str) -> Result<Db, sqlx::Error> {
     Ok(db)
 }
 
+/// Begins a transaction that will write. On SQLite it takes the write lock at once (`BEGIN
+/// IMMEDIATE`): a deferred transaction that reads and then writes cannot wait for another
+/// writer (SQLite answers "database is locked" at once rather than risk a deadlock), while
+/// one that starts as a writer waits its turn up to the busy timeout.
+pub async fn begin_write(db: &Db) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+    if db.connect_options().database_url.scheme() == "sqlite" {
+        db.begin_with("BEGIN IMMEDIATE").await
+    } else {
+        db.begin().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// Two SQLite writers that both read first: the second waits for the first instead of
+    /// failing. (PostgreSQL's writers to different rows do not wait for each other at all.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_writer_that_reads_first_waits_for_another_writer() {
+        {
+            let t = super::testing::sqlite().await;
+            let db = &t.db;
+            sqlx::query("CREATE TABLE w (n BIGINT)")
+                .execute(db)
+                .await
+                .unwrap();
+            let mut first = super::begin_write(db).await.unwrap();
+            sqlx::query("INSERT INTO w (n) VALUES (1)")
+                .execute(&mut *first)
+                .await
+                .unwrap();
+            let second = {
+                let db = db.clone();
+                tokio::spawn(async move {
+                    let mut tx = super::begin_write(&db).await?;
+                    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM w")
+                        .fetch_one(&mut *tx)
+                        .await?;
+                    sqlx::query("INSERT INTO w (n) VALUES ($1)")
+                        .bind(n + 10)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await
+                })
+            };
+            // The second is held up while the first writes, then goes on.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert!(!second.is_finished());
+            first.commit().await.unwrap();
+            second.await.unwrap().unwrap();
+            let (sum,): (i64,) = sqlx::query_as("SELECT SUM(n) FROM w")
+                .fetch_one(db)
+                .await
+                .unwrap();
+            assert_eq!(sum, 12, "the second saw the first's row");
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod testing {
     //! The databases the control plane's own tests run on: SQLite always, PostgreSQL where
@@ -78,16 +138,20 @@ pub(crate) mod testing {
         _dir: tempfile::TempDir,
     }
 
-    /// A fresh database of each kind this machine has.
-    pub(crate) async fn each() -> Vec<TestDb> {
-        let mut out = Vec::new();
+    /// A fresh SQLite database.
+    pub(crate) async fn sqlite() -> TestDb {
         let d = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}?mode=rwc", d.path().join("t.db").display());
-        out.push(TestDb {
+        TestDb {
             db: super::open(&url).await.unwrap(),
             _pg: None,
             _dir: d,
-        });
+        }
+    }
+
+    /// A fresh database of each kind this machine has.
+    pub(crate) async fn each() -> Vec<TestDb> {
+        let mut out = vec![sqlite().await];
         match crate::local_pg::binaries() {
             Ok(_) => {
                 let d = tempfile::Builder::new()

@@ -225,7 +225,7 @@ pub async fn record(
     project: Option<&str>,
     detail: Option<&str>,
 ) -> Result<()> {
-    let mut tx = db.begin().await?;
+    let mut tx = crate::db::begin_write(db).await?;
     audit(&mut tx, &actor, action, target, project, detail).await?;
     tx.commit().await?;
     Ok(())
@@ -261,7 +261,7 @@ pub async fn create_project(db: &Db, actor: Actor<'_>, path: &str) -> Result<Pro
     if model::parent(path).is_none() {
         return Err(IamError::Conflict("the root project always exists".into()));
     }
-    let mut tx = db.begin().await?;
+    let mut tx = crate::db::begin_write(db).await?;
     // Missing ancestors are made too (as `mkdir -p` does), each only where the actor holds
     // project.admin on its parent; all of them or none.
     let mut missing = vec![path];
@@ -367,7 +367,7 @@ pub async fn set_quota(db: &Db, actor: Actor<'_>, path: &str, q: Quota) -> Resul
         Perm::ProjectAdmin,
         model::parent(path).unwrap_or(ROOT),
     )?;
-    let mut tx = db.begin().await?;
+    let mut tx = crate::db::begin_write(db).await?;
     let done = sqlx::query(
         "UPDATE projects SET max_sandboxes = $1, max_cpu = $2, max_memory = $3, \
          max_fncalls = $4 WHERE path = $5",
@@ -438,7 +438,7 @@ pub async fn check_delete_project(db: &Db, actor: Actor<'_>, path: &str) -> Resu
         ));
     };
     need(&actor, Perm::ProjectAdmin, parent)?;
-    let mut tx = db.begin().await?;
+    let mut tx = crate::db::begin_write(db).await?;
     deletable(&mut tx, path).await
 }
 
@@ -460,7 +460,7 @@ pub async fn delete_project(db: &Db, actor: Actor<'_>, path: &str, sandboxes: us
              --force kills them)"
         )));
     }
-    let mut tx = db.begin().await?;
+    let mut tx = crate::db::begin_write(db).await?;
     deletable(&mut tx, path).await?;
     sqlx::query("DELETE FROM bindings WHERE project = $1")
         .bind(path)
@@ -498,7 +498,7 @@ pub async fn create_identity(
         )));
     }
     need(&actor, Perm::IamDelegate, project)?;
-    let mut tx = db.begin().await?;
+    let mut tx = crate::db::begin_write(db).await?;
     if !project_exists(&mut tx, project).await? {
         return Err(IamError::NotFound(format!("no project {project}")));
     }
@@ -603,7 +603,7 @@ pub async fn grant(
             held.names().join(", ")
         )));
     }
-    let mut tx = db.begin().await?;
+    let mut tx = crate::db::begin_write(db).await?;
     let Some(i) = identity(&mut tx, identity_name)
         .await?
         .filter(|i| manages(&actor, i))
@@ -665,7 +665,7 @@ pub async fn revoke_grant(
                 .into(),
         ));
     }
-    let mut tx = db.begin().await?;
+    let mut tx = crate::db::begin_write(db).await?;
     if identity(&mut tx, identity_name)
         .await?
         .filter(|i| manages(&actor, i))
@@ -789,7 +789,7 @@ pub async fn create_key(db: &Db, actor: Actor<'_>, new: NewKey<'_>) -> Result<(K
     }
     let identity_name = new.identity.unwrap_or(&actor.who.identity);
     check_identity(identity_name).map_err(IamError::Invalid)?;
-    let mut tx = db.begin().await?;
+    let mut tx = crate::db::begin_write(db).await?;
     let Some(i) = identity(&mut tx, identity_name)
         .await?
         .filter(|i| manages(&actor, i))
@@ -905,7 +905,7 @@ pub async fn revoke_key(db: &Db, actor: Actor<'_>, id: &str) -> Result<KeyRow> {
             "key {id} is the key making this request: revoke it with another key"
         )));
     }
-    let mut tx = db.begin().await?;
+    let mut tx = crate::db::begin_write(db).await?;
     let r = sqlx::query(concat!(
         "SELECT ",
         key_columns!(),
