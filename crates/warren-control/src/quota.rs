@@ -199,7 +199,8 @@ impl Usage {
 impl Usage {
     /// Counts up to `want` function calls (at least one) of `project` in flight, as many as
     /// the `max_fncalls` of the project and of each ancestor leave room for; none: which
-    /// limit is reached (a 429 with Retry-After).
+    /// limit is reached (a 429 with Retry-After). More than one (a batch's) takes at most
+    /// half the room left at each level, rounded up, so single calls still find some.
     pub fn take_calls(
         self: &Arc<Self>,
         quotas: &HashMap<String, Quota>,
@@ -225,7 +226,7 @@ impl Usage {
                     1,
                 ));
             }
-            n = n.min(room);
+            n = n.min(if want > 1 { room.div_ceil(2) } else { room });
         }
         for path in ancestry(project) {
             *calls.entry(path.to_string()).or_default() += n;
@@ -258,9 +259,10 @@ mod tests {
     fn calls_in_flight_count_at_every_level_until_dropped() {
         let u = Arc::new(Usage::default());
         let q = limits(&[("root/rl", 3), ("root/rl/a", 2)]);
-        // As many as the tightest level leaves room for.
+        // A batch: half the room of the tightest level, rounded up; then single calls.
         let a = u.take_calls(&q, "root/rl/a", 5).unwrap();
-        assert_eq!(a.n, 2);
+        assert_eq!(a.n, 1);
+        let a2 = u.take_calls(&q, "root/rl/a", 1).unwrap();
         let e = u.take_calls(&q, "root/rl/a", 1).err().unwrap();
         assert!(e.message.contains("root/rl/a's quota"), "{}", e.message);
         // The parent has one left, for a sibling.
@@ -275,9 +277,12 @@ mod tests {
         // Outside the limited subtree: not held up, never fewer than one.
         assert_eq!(u.take_calls(&q, "root/other", 7).unwrap().n, 7);
         assert_eq!(u.take_calls(&q, "root/other", 0).unwrap().n, 1);
-        drop(a);
+        drop((a, a2));
         assert_eq!(u.take_calls(&q, "root/rl/a", 1).unwrap().n, 1);
         drop(b);
+        // A batch alone under a limit of 64 takes 32 of them.
+        let wide = limits(&[("root/w", 64)]);
+        assert_eq!(u.take_calls(&wide, "root/w", 100).unwrap().n, 32);
         assert!(u.calls.lock().unwrap().is_empty());
         // A limit of 0: no calls.
         let none = limits(&[("root/off", 0)]);

@@ -7,8 +7,8 @@
 //! root** once, in a mount namespace of its own: the image's pristine layers as they were at
 //! start (never the worker's writable layer), the image's host paths, `/proc`, `/sys` and the
 //! device nodes, read-only throughout; then it pivots into it. `/proc` hides other uids'
-//! processes (`hidepid=invisible`): a call sees its own, not the worker's. Each call then
-//! costs only what is its own:
+//! processes from all but group 0 (`hidepid=invisible,gid=0`): a call sees its own, not the
+//! worker's. Each call then costs only what is its own:
 //!
 //! 1. **A fresh tmpfs** (the call's memory size) mounted at a directory only root may enter,
 //!    with the call's writable places bound from it: `/work` (its working directory, with its
@@ -343,11 +343,14 @@ fn set_up<'a>(
         }
         // The worker's own processes (guest, call server, zygote, killer) are another uid's:
         // hidden from a call, which sees its own processes only. The worker's /proc is this
-        // one's (one file system): the guest, root, still sees all.
+        // one's (one file system): group 0 (the guest's, which names the processes behind
+        // its incident records, and this server's; the kernel's default, said here) still
+        // sees all; the grader's processes have no group 0 (their supplementary groups are
+        // dropped).
         mount::reconfigure(
             &root.join("proc"),
             flags::NOSUID | flags::NODEV | flags::NOEXEC,
-            "hidepid=invisible",
+            "hidepid=invisible,gid=0",
         )?;
         mount::remount_flags(root, flags::RDONLY | flags::NOSUID | flags::NODEV)
     })?;
@@ -960,9 +963,14 @@ impl Server<'_> {
         };
         // Back in its own IPC namespace (the step's goes with its processes), and its next
         // children in its own PID namespace, whether the fork worked or not.
-        enter(self.own_ipc.as_fd(), Kind::Ipc)?;
-        enter(self.own_pid.as_fd(), Kind::Pid)?;
+        let back = enter(self.own_ipc.as_fd(), Kind::Ipc)
+            .and_then(|()| enter(self.own_pid.as_fd(), Kind::Pid));
         let init = init?;
+        if let Err(e) = back {
+            let _ = warren_sys::process::kill(init, 9);
+            let _ = warren_sys::unix::wait_child(init);
+            return Err(e);
+        }
         drop((out_w, err_w, status_w));
         let stdin_w = input.map(|(r, w)| {
             drop(r);

@@ -78,8 +78,10 @@ impl Node {
                 }
                 None => {
                     warm = false;
-                    self.fncall.starting(&key, true);
-                    break self.start_worker(&call).await?;
+                    self.fncall.cold(&key);
+                    let id = self.start_worker(&call).await?;
+                    self.fncall.started(&key);
+                    break id;
                 }
             }
         };
@@ -188,11 +190,11 @@ impl Node {
         };
         tokio::spawn(async move {
             let key = key_of(&call);
-            node.fncall.starting(&key, false);
             let started = node.start_worker(&call).await;
             node.fncall.refilled(&key);
             match started {
                 Ok(id) => {
+                    node.fncall.started(&key);
                     if !node.fncall.give_back(key, id.clone()) {
                         let _ = node.kill(&id).await;
                     }

@@ -37,10 +37,10 @@ struct Pool {
     peak_at: Instant,
     /// A worker being started in the background for it (at most one at a time).
     refilling: bool,
-    /// Calls since it was made; of them, those that found no idle worker.
+    /// Calls asked of it since it was made; of them, those that found no idle worker.
     calls: u64,
     cold_calls: u64,
-    /// Workers started for it.
+    /// Workers started for it (not counting starts that failed).
     started: u64,
 }
 
@@ -161,14 +161,19 @@ impl Workers {
         self.lock().values().map(|p| p.idle.len()).sum()
     }
 
-    /// A worker is being started for `key`'s pool; `cold`: for a call that found none idle.
-    pub(crate) fn starting(&self, key: &Key, cold: bool) {
-        let mut m = self.lock();
-        let p = m.entry(key.clone()).or_insert_with(Pool::new);
-        p.started += 1;
-        if cold {
+    /// A call of `key`'s pool found no idle worker.
+    pub(crate) fn cold(&self, key: &Key) {
+        if let Some(p) = self.lock().get_mut(key) {
             p.cold_calls += 1;
         }
+    }
+
+    /// A worker was started for `key`'s pool.
+    pub(crate) fn started(&self, key: &Key) {
+        self.lock()
+            .entry(key.clone())
+            .or_insert_with(Pool::new)
+            .started += 1;
     }
 
     /// Every pool as `GET /v1/nodes` shows it, by image and memory.

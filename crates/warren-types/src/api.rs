@@ -1147,12 +1147,14 @@ pub struct FnCallPool {
     /// How many idle workers it keeps now: its busiest in flight over the last minute, at
     /// least 8.
     pub keep: u32,
-    /// Calls it ran since it was made (a pool left with no worker and no call is forgotten).
+    /// Calls asked of it since it was made (a pool left with no worker and no call is
+    /// forgotten).
     pub calls: u64,
-    /// Of those, calls that found no idle worker and waited for one to start.
+    /// Of those, calls that found no idle worker and had one started for them (or were
+    /// refused when none could start).
     pub cold_calls: u64,
     /// Workers it started (for cold calls, and in the background when its last idle one
-    /// was taken).
+    /// was taken), not counting starts that failed.
     pub workers_started: u64,
 }
 

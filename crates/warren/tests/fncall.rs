@@ -261,6 +261,25 @@ print(sorted(os.listdir('.')))
     let ps = "for d in /proc/[0-9]*; do [ \"$(stat -c %u $d 2>/dev/null || id -u)\" = \"$(id -u)\" ] || echo other $d; done; echo listed";
     let r = call(&c, req("bash", ps)).await;
     assert_eq!(out(&r), "listed\n", "{r:?}");
+    // A call's denied system call is its worker's incident, named by the program that made
+    // it: the guest (group 0) still sees the call's processes.
+    let r = call(&c, req("bash", "unshare -m true 2>/dev/null; echo $?")).await;
+    assert_eq!(out(&r), "1\n", "{r:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let filter = warren_sdk::EventFilter {
+            task: Some("warren-fncall".into()),
+            kind: Some(warren_sdk::EventKind::Seccomp),
+            ..Default::default()
+        };
+        let ev = c.events(&filter).await.unwrap().into_items();
+        if let Some(e) = ev.iter().find(|e| e.detail == "unshare") {
+            assert_eq!(e.comm.as_deref(), Some("unshare"), "{e:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no incident: {ev:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     // The image itself cannot be changed by a call (it is read-only), and no network.
     let r = call(
         &c,
@@ -393,6 +412,20 @@ async fn admin_roles(p: &Platform, admin: &Client) {
                 "{role}"
             ),
         }
+        // The nodes' function-call pools name every project's images: a project's key
+        // sees the nodes, not the pools; the admin sees both.
+        let nodes = key.nodes().await.unwrap();
+        assert!(
+            !nodes.items.is_empty() && nodes.items.iter().all(|n| n.fncall_pools.is_empty()),
+            "{role}: {:?}",
+            nodes.items
+        );
+        let nodes = admin.nodes().await.unwrap();
+        assert!(
+            nodes.items.iter().any(|n| !n.fncall_pools.is_empty()),
+            "{:?}",
+            nodes.items
+        );
     }
 }
 

@@ -972,20 +972,20 @@ pub async fn batch(
         call.spec = spec_with(lang, files.clone(), steps, memory);
         call
     };
-    use futures_util::StreamExt;
+    use futures_util::{StreamExt, TryStreamExt};
     let c = &c;
+    // The first chunk that fails fails the batch: the rest are not sent (or are dropped).
     let answers: Vec<_> = futures_util::stream::iter(0..chunks.len())
         .map(|k| {
             let call = build(chunks[k]);
             async move { dispatch(c, &call).await }
         })
         .buffered(slots.n as usize)
-        .collect()
-        .await;
+        .try_collect()
+        .await?;
     let mut cases = Vec::with_capacity(req.cases.len());
     let mut outputs = Vec::with_capacity(req.cases.len());
-    for (answer, chunk) in answers.into_iter().zip(&chunks) {
-        let (answer, node) = answer?;
+    for ((answer, node), chunk) in answers.into_iter().zip(&chunks) {
         if !nodes.contains(&node) {
             nodes.push(node);
         }
@@ -1071,7 +1071,7 @@ async fn judge_custom(
     cases: &mut [CaseResult],
     parallel: usize,
 ) -> Result<(), Error> {
-    use futures_util::StreamExt;
+    use futures_util::{StreamExt, TryStreamExt};
     let b64 = base64::engine::general_purpose::STANDARD;
     let todo: Vec<usize> = (0..cases.len())
         .filter(|&i| tests[i].expected.is_some() && cases[i].status == FnCallStatus::Ok)
@@ -1118,10 +1118,9 @@ async fn judge_custom(
             async move { dispatch(c, &call).await }
         })
         .buffered(parallel.max(1))
-        .collect()
-        .await;
-    for (answer, chunk) in answers.into_iter().zip(chunks) {
-        let (answer, _) = answer?;
+        .try_collect()
+        .await?;
+    for ((answer, _), chunk) in answers.into_iter().zip(chunks) {
         let mut results = answer.result.steps.iter();
         if lang.compile.is_some() {
             let r = results.next().cloned().unwrap_or_default();

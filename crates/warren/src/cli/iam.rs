@@ -33,10 +33,11 @@ pub enum ProjectCommand {
         #[arg(long)]
         force: bool,
     },
-    /// Set a project's quotas, counted over it and everything below it.
+    /// Set a project's quotas, counted over it and everything below it. Each call sets all of
+    /// them: a limit not given is no limit.
     #[command(after_help = "Examples:\n  \
         warren project quota root/rl/job-42 --max-sandboxes 1000 --max-cpu 64000 --max-memory 256Gi\n  \
-        warren project quota root/rl/judge --max-fncalls 64\n  \
+        warren project quota root/rl/judge --max-sandboxes 10 --max-fncalls 64\n  \
         warren project quota root/rl/job-42          # no limits of its own")]
     Quota {
         /// Its path.
