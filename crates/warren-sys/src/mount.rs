@@ -136,14 +136,7 @@ pub fn bind(source: &Path, target: &Path, recursive: bool, flags: u64) -> io::Re
         // below it) would stay writable. mount_setattr changes the whole tree.
         return set_attrs_recursive(target, flags);
     }
-    raw_mount(
-        None,
-        &t,
-        None,
-        libc::MS_BIND | libc::MS_REMOUNT | flags,
-        None,
-    )
-    .map_err(|e| with_target(e, "remounting", target))
+    remount_flags(target, flags)
 }
 
 /// A detached copy of the mount of the file or directory at `source` (not following a final
@@ -176,14 +169,7 @@ pub fn attach_tree(tree: std::os::fd::OwnedFd, target: &Path, flags: u64) -> io:
     if flags == 0 {
         return Ok(());
     }
-    raw_mount(
-        None,
-        &c(target)?,
-        None,
-        libc::MS_BIND | libc::MS_REMOUNT | flags,
-        None,
-    )
-    .map_err(|e| with_target(e, "remounting", target))
+    remount_flags(target, flags)
 }
 
 /// Applies `flags` (read-only, nosuid, nodev, noexec) to the mount at `target` and every
