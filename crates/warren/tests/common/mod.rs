@@ -94,8 +94,12 @@ fn health_ok(port: u16) -> bool {
 }
 
 /// A free port below the kernel's ephemeral range (32768 and up here), so that no client
-/// connection's source port takes it while a platform restarts on it.
+/// connection's source port takes it while a platform restarts on it. A port is handed out
+/// once per test process: tests run side by side, and a port found free is free only until
+/// the platform it was picked for binds it, so two tests must never pick the same one.
 pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
@@ -104,7 +108,8 @@ pub fn free_port() -> u16 {
     for _ in 0..1000 {
         seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
         let port = 20000 + (seed >> 8) as u16 % 12000;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
             return port;
         }
     }
@@ -163,8 +168,20 @@ impl Platform {
             extra_config: extra_config.map(str::to_string),
             netns,
         };
-        p.launch();
-        p
+        // Another process on the machine may take the port between the check and the bind:
+        // a first start then moves to another port (a restart keeps its port and fails).
+        for _ in 0..3 {
+            match p.try_launch() {
+                Ok(()) => return p,
+                Err(e) if e.contains("Address already in use") => {
+                    eprintln!("port {} was taken; trying another:\n{e}", p.port);
+                    p.port = free_port();
+                    let _ = std::fs::remove_file(p.log_path());
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("warren up found every port it tried in use")
     }
 
     /// Runs `f` on a thread in the platform's network namespace, on a runtime of its own (so
@@ -180,6 +197,13 @@ impl Platform {
     }
 
     fn launch(&mut self) {
+        if let Err(e) = self.try_launch() {
+            panic!("{e}");
+        }
+    }
+
+    /// Starts `warren up` and waits until it answers; the error says why it exited.
+    fn try_launch(&mut self) -> Result<(), String> {
         let mut cmd = match &self.netns {
             // Only the network namespace changes (`ip netns exec` would remount /sys and hide
             // the cgroup hierarchies).
@@ -236,11 +260,11 @@ impl Platform {
                     .filter(|l| l.contains(&format!(":{}", self.port)))
                     .collect::<Vec<_>>()
                     .join("\n");
-                panic!(
+                return Err(format!(
                     "warren up exited with {status}:\n{}\nsockets on port {} (ss -tanp):\n{ss}",
                     self.log(),
                     self.port
-                );
+                ));
             }
             let port = self.port;
             if self.data.path().join("admin.key").exists()
@@ -259,6 +283,7 @@ impl Platform {
             .unwrap()
             .trim()
             .to_string();
+        Ok(())
     }
 
     pub fn log_path(&self) -> PathBuf {
