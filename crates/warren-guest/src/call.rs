@@ -389,6 +389,7 @@ fn set_up<'a>(
         confinement: c.clone(),
         own_pid: warren_sys::ns::own(warren_sys::ns::Kind::Pid)?,
         own_ipc,
+        had_zygote: zygote.is_some(),
         zygote: std::cell::RefCell::new(zygote),
         killer,
         one,
@@ -562,6 +563,8 @@ struct Server<'a> {
     own_ipc: OwnedFd,
     /// The Python zygote, while it serves.
     zygote: std::cell::RefCell<Option<Zygote>>,
+    /// Whether it started with one: a worker that lost its zygote asks to be replaced.
+    had_zygote: bool,
     /// Ends what a zygote's step left running (with the zygote).
     killer: Option<warren_sys::unix::Killer>,
     one: &'a warren_sys::unix::OneThread,
@@ -758,6 +761,9 @@ impl Server<'_> {
             out.files = fetch(&spec.fetch, spec.max_fetch);
         }
         drop(places);
+        // Its zygote failed (this call or before): the worker would serve Python at a third of
+        // the speed for the rest of its life; the node replaces it instead.
+        out.retire = self.had_zygote && self.zygote.borrow().is_none();
         Answer::Done(out)
     }
 

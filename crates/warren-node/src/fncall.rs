@@ -94,8 +94,9 @@ impl Node {
         let r = self.call_on(&worker, call.spec).await;
         guard.worker = None;
         match &r {
-            Ok(_) if self.fncall.give_back(key, worker.clone()) => {}
-            // A full pool, or a worker the call broke: it goes.
+            Ok((res, _)) if !res.retire && self.fncall.give_back(key, worker.clone()) => {}
+            // A full pool, a worker the call broke, or one that asks to go: it goes (the
+            // pool refills as it would after any worker's end).
             _ => {
                 let _ = self.kill(&worker).await;
             }

@@ -449,6 +449,10 @@ pub struct CallResult {
     pub steps: Vec<StepResult>,
     /// Fetched files: path and content (base64), or why not.
     pub files: Vec<FetchedFile>,
+    /// The worker lost what it serves calls with (its Python zygote): the node ends it rather
+    /// than pool it (absent from an older guest: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retire: bool,
 }
 
 /// A file read back after a call.

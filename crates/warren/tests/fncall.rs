@@ -712,6 +712,82 @@ async fn a_worker_killed_mid_call_is_replaced() {
     assert_eq!(out(&r), "again\n", "{r:?}");
 }
 
+/// A worker whose Python zygote died (here killed from the host; in life, say, chosen by the
+/// out-of-memory killer) still answers the call at hand, then is replaced rather than pooled:
+/// kept, it would run every Python call without its zygote, at a third of the speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_lost_its_zygote_is_replaced() {
+    require_root!();
+    let p = Platform::start();
+    let c = p.client();
+    let workers = || async {
+        c.list(&warren_sdk::ListFilter::default().task("warren-fncall"))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|s| s.id.to_string())
+            .collect::<Vec<_>>()
+    };
+    let r = call(&c, req("python", "print(1)")).await;
+    assert_eq!(out(&r), "1\n", "{r:?}");
+    let first = workers().await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    // The zygote: the worker's python3 started with zygote.py's text as its program.
+    let zygote = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cg.contains(&p.cgroup_parent)
+                && cg.contains(&first[0])
+                && String::from_utf8_lossy(&cmd).contains("The Python zygote of a function-call")
+        })
+        .expect("the worker's zygote");
+    // SAFETY-free: a process of this test's own platform, by pid.
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-KILL", &zygote.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Dead (a zombie until its server reaps it): its socket is closed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{zygote}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the zygote did not die"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The call it would have served runs all the same (under an init of its own)...
+    let r = call(&c, req("python", "print(2)")).await;
+    assert_eq!((r.status, out(&r)), (FnCallStatus::Ok, "2\n"), "{r:?}");
+    // ...and its worker goes; the pool has another.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let now = workers().await;
+        if !now.contains(&first[0]) && !now.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker without its zygote is still pooled: {now:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let r = call(&c, req("python", "print(3)")).await;
+    assert_eq!(out(&r), "3\n", "{r:?}");
+}
+
 /// An image whose own links would aim a call's writable places elsewhere (`/tmp` a link to
 /// `/dev`, where the worker's device nodes are): its worker's call server refuses to start,
 /// and the call is refused with why, rather than mounting through the link.
