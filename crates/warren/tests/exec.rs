@@ -135,7 +135,21 @@ async fn exec_semantics() {
         .unwrap();
     let d2 = doomed.clone();
     let running = tokio::spawn(async move { d2.exec(&argv(["sleep", "30"])).await });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Killed once the command runs (before, the exec would find no sandbox: a 404).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !doomed
+        .processes()
+        .await
+        .unwrap()
+        .iter()
+        .any(|p| p.running && p.argv.first().is_some_and(|a| a == "sleep"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command never ran"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     doomed.kill().await.unwrap();
     let e = running.await.unwrap().unwrap_err();
     assert_eq!(e.code(), Some(warren_sdk::ErrorCode::SandboxGone), "{e}");
