@@ -58,17 +58,30 @@ fn init_pid(p: &Platform, id: &str) -> i32 {
     v["pid"].as_i64().unwrap() as i32
 }
 
-async fn network_events(p: &warren_sdk::Client, sb: &Sandbox) -> Vec<warren_sdk::Event> {
-    // Refused attempts are gathered for a fraction of a second before they are stored.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    p.events(&EventFilter {
-        sandbox: Some(sb.id().to_string()),
-        kind: Some(EventKind::Network),
-        ..EventFilter::default()
-    })
-    .await
-    .unwrap()
-    .items
+/// The sandbox's network events, once `done` holds for them (refused attempts are gathered
+/// for a fraction of a second before they are stored, later on a loaded machine), or after
+/// 15 s, whatever they are then (the caller's assertions say what is missing).
+async fn network_events(
+    p: &warren_sdk::Client,
+    sb: &Sandbox,
+    done: impl Fn(&[warren_sdk::Event]) -> bool,
+) -> Vec<warren_sdk::Event> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let ev = p
+            .events(&EventFilter {
+                sandbox: Some(sb.id().to_string()),
+                kind: Some(EventKind::Network),
+                ..EventFilter::default()
+            })
+            .await
+            .unwrap()
+            .items;
+        if done(&ev) || std::time::Instant::now() >= deadline {
+            return ev;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[test]
@@ -106,7 +119,16 @@ fn deny_by_default_allow_by_cidr_and_port_and_change_at_run_time() {
         assert_eq!(icmp_probe(pid, SITE6), "unreachable 1");
 
         // Each refused attempt is an event: destination, protocol and port.
-        let ev = network_events(&c, &sb).await;
+        let to = |ev: &[warren_sdk::Event], dst: &str| {
+            ev.iter()
+                .any(|e| e.network.as_ref().is_some_and(|n| n.destination == dst))
+        };
+        let ev = network_events(&c, &sb, |ev| {
+            [gw.as_str(), "169.254.169.254", SITE6]
+                .iter()
+                .all(|d| to(ev, d))
+        })
+        .await;
         let on = |dst: &str| ev.iter().find(|e| e.network.as_ref().unwrap().destination == dst);
         let e = on(&gw).unwrap_or_else(|| panic!("no event for {gw}: {ev:#?}"));
         let n = e.network.as_ref().unwrap();
@@ -121,7 +143,16 @@ fn deny_by_default_allow_by_cidr_and_port_and_change_at_run_time() {
             ),
         )
         .await;
-        let ev = network_events(&c, &sb).await;
+        let ev = network_events(&c, &sb, |ev| {
+            // Until the scan's last port is in (one event, updated as attempts come).
+            ev.iter().any(|e| {
+                e.network
+                    .as_ref()
+                    .is_some_and(|n| n.destination == gw && n.ports.ends_with("-300"))
+                    && e.count >= 299
+            })
+        })
+        .await;
         let scans: Vec<_> = ev
             .iter()
             .filter(|e| e.network.as_ref().unwrap().destination == gw)
@@ -168,16 +199,32 @@ fn deny_by_default_allow_by_cidr_and_port_and_change_at_run_time() {
         assert_eq!(icmp_probe(pid, SITE), "reply");
         assert_eq!(icmp_probe(pid, SITE6), "unreachable 1");
 
-        // A connection open across a change that no longer allows it is reset.
+        // A connection open across a change that no longer allows it is reset. The script
+        // says when its connection is open (a file), and waits for the change (another).
         let code = format!(
-            "import socket,time\ns=socket.create_connection(('{SITE}',80),3); s.recv(3)\nprint('open',flush=True)\ntime.sleep(2)\ntry:\n    s.send(b'x'); s.settimeout(3); print('read', s.recv(9))\nexcept OSError as e: print(type(e).__name__)\n"
+            "import os,socket,time\ns=socket.create_connection(('{SITE}',80),3); s.recv(3)\nprint('open',flush=True)\nopen('/tmp/held-open','w').close()\nt=time.time()\nwhile not os.path.exists('/tmp/held-go') and time.time()-t<60: time.sleep(0.05)\ntry:\n    s.send(b'x'); s.settimeout(3); print('read', s.recv(9))\nexcept OSError as e: print(type(e).__name__)\n"
         );
         let held = tokio::spawn({
             let sb = sb.clone();
             async move { py(&sb, &code).await }
         });
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while sb
+            .exec(&argv(["test", "-e", "/tmp/held-open"]))
+            .await
+            .unwrap()
+            .status
+            .exit_code
+            != 0
+        {
+            assert!(
+                std::time::Instant::now() < deadline && !held.is_finished(),
+                "the connection never opened"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         sb.set_network(&NetworkPolicy::default()).await.unwrap();
+        sb.exec(&argv(["touch", "/tmp/held-go"])).await.unwrap();
         let out = held.await.unwrap();
         assert!(
             out.contains("open") && out.contains("ConnectionResetError"),
@@ -287,7 +334,14 @@ fn a_task_changes_phase_and_domains_resolve_through_the_node() {
         );
         // An allowed name that answers with the node's address: the answer is dropped.
         assert!(py(&a, &resolve("rebind.host.test")).await.starts_with("fail"));
-        let ev = network_events(&c, &a).await;
+        let ev = network_events(&c, &a, |ev| {
+            let named = |d: &str| {
+                ev.iter()
+                    .any(|e| e.network.as_ref().and_then(|n| n.domain.as_deref()) == Some(d))
+            };
+            named("other.test") && named("rebind.host.test")
+        })
+        .await;
         let domains: Vec<String> = ev
             .iter()
             .filter_map(|e| e.network.as_ref().and_then(|n| n.domain.clone()))
