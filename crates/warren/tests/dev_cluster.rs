@@ -82,9 +82,13 @@ async fn a_cut_off_node_a_killed_node_and_a_restarted_replica_lose_nothing() {
         let c = if i % 2 == 0 { &c0 } else { &c1 };
         made.push(c.create(&host("spread")).await.unwrap().id().to_string());
     }
+    // Each replica samples two nodes per create and knows the other's placements only from
+    // its next poll, so nine creates split unevenly now and then (2-to-4 each failed about
+    // one run in twenty of a simulation); every node getting some is what placement ensures
+    // here (a node left out of all nine: about one in a thousand).
     for id in &ids {
         let n = made.iter().filter(|s| s.starts_with(id.as_str())).count();
-        assert!((2..=4).contains(&n), "node {id} got {n} of 9: {made:?}");
+        assert!((1..=7).contains(&n), "node {id} got {n} of 9: {made:?}");
     }
 
     // Node 1 cut off: both replicas mark it, creates go elsewhere, its sandboxes are listed
