@@ -136,20 +136,21 @@ async fn exec_semantics() {
     let d2 = doomed.clone();
     let running = tokio::spawn(async move { d2.exec(&argv(["sleep", "30"])).await });
     // Killed once the command runs (before, the exec would find no sandbox: a 404).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !doomed
-        .processes()
-        .await
-        .unwrap()
-        .iter()
-        .any(|p| p.running && p.argv.first().is_some_and(|a| a == "sleep"))
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the command never ran"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    common::poll_until(
+        std::time::Duration::from_secs(20),
+        "the command never ran",
+        async || {
+            let ps = doomed.processes().await.unwrap();
+            match ps
+                .iter()
+                .any(|p| p.running && p.argv.first().is_some_and(|a| a == "sleep"))
+            {
+                true => Ok(()),
+                false => Err(format!("{ps:?}")),
+            }
+        },
+    )
+    .await;
     doomed.kill().await.unwrap();
     let e = running.await.unwrap().unwrap_err();
     assert_eq!(e.code(), Some(warren_sdk::ErrorCode::SandboxGone), "{e}");

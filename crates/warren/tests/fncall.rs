@@ -7,6 +7,8 @@ mod common;
 use common::Platform;
 use warren_sdk::{ByteSize, Client, ErrorCode, FnCallRequest, FnCallResult, FnCallStatus};
 
+const SECS_30: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn req(language: &str, code: &str) -> FnCallRequest {
     FnCallRequest {
         language: language.into(),
@@ -683,15 +685,14 @@ async fn a_worker_killed_mid_call_is_replaced() {
     let running = tokio::spawn(async move { c2.fncall(&slow).await });
     // Once it runs (its pool counts a busy worker, and Python has had a moment to start),
     // every worker goes: the one running it among them.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !c.nodes().await.unwrap().items[0]
-        .fncall_pools
-        .iter()
-        .any(|p| p.busy == 1)
-    {
-        assert!(std::time::Instant::now() < deadline, "the call never ran");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    common::poll_until(SECS_30, "the call never ran", async || {
+        let pools = c.nodes().await.unwrap().items[0].fncall_pools.clone();
+        match pools.iter().any(|p| p.busy == 1) {
+            true => Ok(()),
+            false => Err(format!("{pools:?}")),
+        }
+    })
+    .await;
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     assert!(!running.is_finished(), "the call is still running");
     let workers = c
@@ -779,18 +780,18 @@ async fn a_worker_that_lost_its_zygote_is_replaced() {
     let r = call(&c, req("python", "print(2)")).await;
     assert_eq!((r.status, out(&r)), (FnCallStatus::Ok, "2\n"), "{r:?}");
     // ...and its worker goes; the pool has another.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let now = workers().await;
-        if !now.contains(&first[0]) && !now.is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the worker without its zygote is still pooled: {now:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    common::poll_until(
+        SECS_30,
+        "the worker without its zygote is still pooled",
+        async || {
+            let now = workers().await;
+            match !now.contains(&first[0]) && !now.is_empty() {
+                true => Ok(()),
+                false => Err(format!("{now:?}")),
+            }
+        },
+    )
+    .await;
     let r = call(&c, req("python", "print(3)")).await;
     assert_eq!(out(&r), "3\n", "{r:?}");
 }
@@ -989,15 +990,15 @@ async fn workers_are_back_in_their_pools_after_a_node_restart() {
     }
     // The restarted node's pool: three calls, none cold, one worker started in the
     // background, both idle (once that worker has started: a sandbox and its zygote).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let now = pools(p.client()).await;
-        if now == (3, 0, 1, 2) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "pool {now:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    common::poll_until(
+        SECS_30,
+        "the restarted node's pool",
+        async || match pools(p.client()).await {
+            (3, 0, 1, 2) => Ok(()),
+            now => Err(format!("{now:?}")),
+        },
+    )
+    .await;
     // The first call took the re-adopted worker (and started one more in the background, as
     // for any pool's last idle worker); without it back in the pool, the calls would have
     // started one, and then one more.

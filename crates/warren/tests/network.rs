@@ -208,21 +208,19 @@ fn deny_by_default_allow_by_cidr_and_port_and_change_at_run_time() {
             let sb = sb.clone();
             async move { py(&sb, &code).await }
         });
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while sb
-            .exec(&argv(["test", "-e", "/tmp/held-open"]))
-            .await
-            .unwrap()
-            .status
-            .exit_code
-            != 0
-        {
-            assert!(
-                std::time::Instant::now() < deadline && !held.is_finished(),
-                "the connection never opened"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        common::poll_until(
+            Duration::from_secs(30),
+            "the connection never opened",
+            async || {
+                let r = sb.exec(&argv(["test", "-e", "/tmp/held-open"])).await;
+                match r.unwrap().status.exit_code {
+                    0 => Ok(()),
+                    _ if held.is_finished() => panic!("the script ended before it opened"),
+                    _ => Err("no /tmp/held-open yet".into()),
+                }
+            },
+        )
+        .await;
         sb.set_network(&NetworkPolicy::default()).await.unwrap();
         sb.exec(&argv(["touch", "/tmp/held-go"])).await.unwrap();
         let out = held.await.unwrap();

@@ -105,18 +105,15 @@ async fn idle_timeout_pauses_and_the_next_operation_resumes() {
     assert_eq!(r.status.exit_code, 0);
     assert_eq!(sb.info().await.unwrap().state, SandboxState::Running);
     // Paused about a second later (polled: a loaded machine takes longer to pause).
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let state = sb.info().await.unwrap().state;
-        if state == SandboxState::Paused {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still {state:?} 20 s after going idle with idle_timeout 1"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::poll_until(
+        Duration::from_secs(20),
+        "not paused 20 s after going idle with idle_timeout 1",
+        async || match sb.info().await.unwrap().state {
+            SandboxState::Paused => Ok(()),
+            state => Err(format!("{state:?}")),
+        },
+    )
+    .await;
     // Transparent resume.
     assert_eq!(
         sb.exec(&argv(["echo", "back"])).await.unwrap().stdout,
@@ -132,17 +129,15 @@ async fn idle_timeout_pauses_and_the_next_operation_resumes() {
         })
         .await
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        match stopper.info().await {
-            Err(e) if e.code() == Some(ErrorCode::SandboxNotFound) => break,
-            r => assert!(
-                std::time::Instant::now() < deadline,
-                "not stopped 20 s after going idle with idle_timeout 1: {r:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::poll_until(
+        Duration::from_secs(20),
+        "not stopped 20 s after going idle with idle_timeout 1",
+        async || match stopper.info().await {
+            Err(e) if e.code() == Some(ErrorCode::SandboxNotFound) => Ok(()),
+            r => Err(format!("{r:?}")),
+        },
+    )
+    .await;
     let bad = c
         .create(&CreateSandbox {
             on_idle: Some(IdleAction::Stop),

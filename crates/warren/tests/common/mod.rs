@@ -93,6 +93,24 @@ fn health_ok(port: u16) -> bool {
     matches!(s.read(&mut buf), Ok(n) if n >= 12 && &buf[9..12] == b"200")
 }
 
+/// Polls `check` until it answers `Ok`, every 50 ms for up to `within`; past that, panics with
+/// `what` and its last answer. For what a loaded machine makes late: never a fixed sleep.
+pub async fn poll_until(
+    within: Duration,
+    what: &str,
+    mut check: impl AsyncFnMut() -> Result<(), String>,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let last = match check().await {
+            Ok(()) => return,
+            Err(e) => e,
+        };
+        assert!(Instant::now() < deadline, "{what}: {last}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A free port below the kernel's ephemeral range (32768 and up here), so that no client
 /// connection's source port takes it while a platform restarts on it. A port is handed out
 /// once per test process: tests run side by side, and a port found free is free only until
