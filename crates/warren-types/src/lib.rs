@@ -12,9 +12,11 @@
 //! - [`events`]: incident events (what sandboxes tried that the platform stopped).
 //! - [`guest`]: the host ↔ guest agent protocol (frames, requests, replies, version).
 //! - [`path`]: validation of paths that users pass to the file API.
+//! - [`denied`]: the always-denied destinations (reviewed data, `policy/denied-addresses.txt`).
 //! - [`net`]: network policies (rules by CIDR, domain, port and protocol) and their parsed form.
 
 pub mod api;
+pub mod denied;
 pub mod error;
 pub mod events;
 pub mod fncall;
