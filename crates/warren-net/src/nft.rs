@@ -17,8 +17,11 @@
 //!
 //! Outbound, a new connection from a sandbox is checked in this order:
 //! 1. its source address must be its own (`src4`/`src6`), else it is dropped;
-//! 2. the always-denied ranges (`internal4`/`internal6`: the node, the control plane, the
-//!    pools, loopback, link-local, metadata, multicast), less the administrator's exemptions;
+//! 2. the always-denied ranges (`internal4`/`internal6`: the reviewed list of
+//!    `warren_types::denied` — private, shared and benchmarking space, loopback, link-local,
+//!    metadata, multicast, the IPv6 prefixes that carry IPv4 addresses — plus the node's own
+//!    addresses, the control plane it joined, the pools and `internal`), less the
+//!    administrator's exemptions;
 //! 3. the sandbox's deny rules (`denyany*` for whole CIDRs, `deny*` by protocol and port);
 //! 4. its allow rules: whole CIDRs (`any*`, which lets ICMP through too), by protocol and port
 //!    (`allow*`), and the addresses its allowed domains resolved to, for their TTL (`dyn*`,
@@ -108,30 +111,12 @@ pub struct FirewallConfig {
     pub proxy_port: Option<u16>,
 }
 
-/// The ranges no sandbox reaches by default: unspecified, loopback, link-local (cloud metadata
-/// included), multicast and reserved, IPv4-mapped IPv6, the metadata and platform addresses
-/// clouds put elsewhere (AWS's IPv6 ones, Alibaba's, Azure's WireServer), plus the pools.
+/// The ranges no sandbox reaches by default: the reviewed list (`warren_types::denied`,
+/// `crates/warren-types/policy/denied-addresses.txt`: private, shared and benchmarking space,
+/// loopback, link-local, metadata, multicast and reserved, the IPv6 prefixes that carry IPv4
+/// addresses), plus the pools.
 pub fn default_internal(addressing: &Addressing) -> Vec<Cidr> {
-    let mut v: Vec<Cidr> = [
-        "0.0.0.0/8",
-        "127.0.0.0/8",
-        "169.254.0.0/16",
-        "224.0.0.0/3",
-        "::/128",
-        "::1/128",
-        "::ffff:0:0/96",
-        "fe80::/10",
-        "ff00::/8",
-        "fd00:ec2::254/128",
-        // Other clouds' metadata and platform services.
-        "100.100.100.200/32",
-        "168.63.129.16/32",
-        "fd00:ec2::253/128",
-        "fd00:ec2::123/128",
-    ]
-    .iter()
-    .filter_map(|c| Cidr::parse(c).ok())
-    .collect();
+    let mut v = warren_types::denied::cidrs();
     v.push(addressing.v4);
     v.push(addressing.v6);
     v

@@ -215,6 +215,11 @@ pub fn run_node(args: NodeDaemonArgs) -> anyhow::Result<()> {
         .map(|j| j.trim().trim_end_matches('/').to_string())
         .filter(|j| !j.is_empty())
         .collect();
+    // The control plane is an always-denied destination of this node's sandboxes: every
+    // address its `--join` names resolve to now (a name that moves later is not followed).
+    for a in control_plane_addresses(&joins)? {
+        cfg.network.internal.push(a.to_string());
+    }
     let kill_on_exit = args.kill_sandboxes_on_exit;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -246,6 +251,37 @@ pub fn run_node(args: NodeDaemonArgs) -> anyhow::Result<()> {
         stop_node(&node, kill_on_exit).await;
         Ok(())
     })
+}
+
+/// The addresses of the control planes a node joins, resolved once at start.
+fn control_plane_addresses(joins: &[String]) -> anyhow::Result<Vec<std::net::IpAddr>> {
+    use std::net::ToSocketAddrs;
+    let mut out = Vec::new();
+    for j in joins {
+        let url = reqwest::Url::parse(j).with_context(|| {
+            format!("--join {j:?} is not a URL: give http://CONTROL:7700")
+        })?;
+        let port = url.port_or_known_default().unwrap_or(80);
+        let Some(host) = url.host_str() else {
+            anyhow::bail!("--join {j:?} names no host: give http://CONTROL:7700");
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<std::net::IpAddr> = match host.parse::<std::net::IpAddr>() {
+            Ok(a) => vec![a],
+            Err(_) => (host, port)
+                .to_socket_addrs()
+                .with_context(|| {
+                    format!(
+                        "resolving {host} (--join {j}): the node denies its sandboxes the \
+                         control plane's addresses and must know them at start"
+                    )
+                })?
+                .map(|a| a.ip())
+                .collect(),
+        };
+        out.extend(addrs);
+    }
+    Ok(out)
 }
 
 /// At most 16 KiB of an answer's body (a join answer is tens of bytes; a wrong `--join`

@@ -393,9 +393,12 @@ impl NodeNet {
         let (tx, rx) = mpsc::channel(4096);
         // The DNS proxy holds a socket per query in flight, up to a thousand or so: the node
         // raised its open-file limit before making its backend (`capacity::raise_open_files`).
+        // What the DNS proxy drops from answers and the transparent proxy never dials: the
+        // firewall's always-denied ranges with the exemptions cut out of them (an exemption
+        // inside a wider range, `10.1.0.0/16` of `10.0.0.0/8`, opens just that part).
         let mut never: Vec<Cidr> = warren_net::nft::default_internal(&addressing);
         never.extend(cfg.firewall.internal.iter().copied());
-        never.retain(|c| !cfg.firewall.exempt.iter().any(|e| e.covers(c)));
+        let never = warren_types::denied::subtract(&never, &cfg.firewall.exempt);
         let mut dns_cfg = dns::Config::new(
             vec![std::net::SocketAddr::new(
                 IpAddr::V4(addressing.gateway4()),
@@ -483,8 +486,8 @@ impl NodeNet {
         Ok(net)
     }
 
-    /// Refuses a policy that allows what no sandbox may reach here (the node, the pools,
-    /// loopback, link-local and metadata addresses, the administrator's internal ranges).
+    /// Refuses a policy that allows what no sandbox may reach here (the node, the pools, the
+    /// reviewed always-denied ranges, the administrator's internal ranges).
     pub(crate) fn check(&self, policy: &Policy) -> Result<(), String> {
         let fw = self.fw.lock().unwrap_or_else(|p| p.into_inner());
         for (i, r) in policy.allow.iter().enumerate() {
@@ -493,9 +496,10 @@ impl NodeNet {
             {
                 return Err(format!(
                     "allow[{i}]: {c} is inside {range}, which no sandbox on this node may \
-                     reach (the node itself, its sandboxes, loopback, link-local and metadata \
-                     addresses are always denied); an administrator can exempt a range with \
-                     [node.network] exempt"
+                     reach (the node itself, its sandboxes, the control plane, private and \
+                     shared address space, loopback, link-local and metadata addresses are \
+                     always denied); an administrator can exempt a range with [node.network] \
+                     exempt"
                 ));
             }
         }
