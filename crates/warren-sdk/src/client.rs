@@ -52,6 +52,8 @@ struct Inner {
     base: String,
     api_key: Option<String>,
     missing_key: Option<String>,
+    /// The key id its requests are made on behalf of (`x-warren-on-behalf-of`), if any.
+    on_behalf_of: Option<String>,
 }
 
 impl std::fmt::Debug for Client {
@@ -151,6 +153,7 @@ impl Client {
                 base,
                 api_key: cfg.api_key,
                 missing_key,
+                on_behalf_of: None,
             }),
         })
     }
@@ -340,6 +343,23 @@ impl Client {
                 base: self.inner.base.clone(),
                 api_key: Some(key.to_string()),
                 missing_key: None,
+                on_behalf_of: None,
+            }),
+        }
+    }
+
+    /// The same client (same key, same connections) making its requests on behalf of the key
+    /// whose id is `key_id`: Warren then gives them that key's grants, refuses them once it is
+    /// revoked or expired, and audits what they change under it. Only a key holding every
+    /// permission on `root` may do this (Warren's E2B gateway does, for its callers).
+    pub fn on_behalf_of(&self, key_id: &str) -> Client {
+        Client {
+            inner: Arc::new(Inner {
+                http: self.inner.http.clone(),
+                base: self.inner.base.clone(),
+                api_key: self.inner.api_key.clone(),
+                missing_key: self.inner.missing_key.clone(),
+                on_behalf_of: Some(key_id.to_string()),
             }),
         }
     }
@@ -353,7 +373,10 @@ impl Client {
 
     /// A request with the client's credentials.
     pub(crate) fn request(&self, method: Method, url: Url) -> RequestBuilder {
-        let rb = self.inner.http.request(method, url);
+        let mut rb = self.inner.http.request(method, url);
+        if let Some(id) = &self.inner.on_behalf_of {
+            rb = rb.header(warren_types::project::ON_BEHALF_HEADER, id);
+        }
         match &self.inner.api_key {
             Some(key) => rb.bearer_auth(key),
             None => rb,

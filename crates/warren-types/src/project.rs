@@ -80,3 +80,7 @@ pub fn image_readable(scope: &[String], project: &str) -> bool {
 pub const SCOPE_HEADER: &str = "x-warren-scope";
 /// The header in which it tells the subtrees whose sandboxes the caller may see.
 pub const VISIBLE_HEADER: &str = "x-warren-visible";
+/// The header in which a caller holding every permission on `root` (the E2B gateway, acting
+/// with the admin key) names the key id a request is made for: the request then holds that
+/// key's grants, is refused once it is revoked or expired, and is audited under it.
+pub const ON_BEHALF_HEADER: &str = "x-warren-on-behalf-of";

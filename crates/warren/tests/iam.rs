@@ -712,3 +712,69 @@ async fn images_and_events_belong_to_projects() {
         );
     }
 }
+
+/// A request the admin key makes on behalf of another key (what the E2B gateway does for an
+/// envd access token) holds that key's grants, not the admin's; it is refused once that key
+/// is revoked, and runs nothing then; what it runs is audited under that key, naming the key
+/// that asked. Only a key holding everything on root may ask.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_on_behalf_of_a_key_hold_its_grants_end_with_it_and_are_audited_under_it() {
+    require_root!();
+    let p = Platform::start();
+    let admin = p.client();
+    admin.create_project("root/ob").await.unwrap();
+    let mine = admin.create(&in_project("root/ob")).await.unwrap();
+    let other = admin.create(&in_project("root")).await.unwrap();
+    let runner = key_for(&admin, &p.url, "ob", "root/ob", "runner").await;
+    let kid = runner.whoami().await.unwrap().key_id;
+    let admin_kid = admin.whoami().await.unwrap().key_id;
+    let acting = admin.on_behalf_of(&kid);
+    assert_eq!(acting.whoami().await.unwrap().key_id, kid);
+    // Its grants: its project's sandbox runs commands; one outside it is not even seen.
+    let sb = acting.sandbox(mine.id().as_str()).unwrap();
+    assert_eq!(sb.exec(&shell("echo hi")).await.unwrap().stdout, "hi\n");
+    let out = acting.sandbox(other.id().as_str()).unwrap();
+    assert_eq!(
+        code(out.exec(&shell("true")).await),
+        Some(ErrorCode::SandboxNotFound)
+    );
+    // Audited under the key it acted for, naming the admin key that asked.
+    let log = admin.audit(None, Some(1000)).await.unwrap().entries;
+    let rec = log
+        .iter()
+        .find(|e| {
+            e.key_id.as_deref() == Some(kid.as_str()) && e.target.contains(mine.id().as_str())
+        })
+        .unwrap_or_else(|| panic!("no record of the exec under {kid}: {log:?}"));
+    assert_eq!(rec.action, "sandbox.exec");
+    assert_eq!(rec.actor, "ob");
+    assert_eq!(rec.project.as_deref(), Some("root/ob"));
+    assert!(
+        rec.detail.as_deref().unwrap_or("").contains(&admin_kid),
+        "{rec:?}"
+    );
+    // A key short of everything on root cannot act for another (nor for itself).
+    let e = runner.on_behalf_of(&kid).whoami().await.unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::PermissionDenied), "{e}");
+    // Unknown, and revoked: refused, and nothing runs.
+    let e = admin
+        .on_behalf_of("key_000000000000")
+        .whoami()
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthenticated), "{e}");
+    admin.revoke_key(&kid).await.unwrap();
+    let e = sb
+        .exec(&shell("touch /tmp/after-revoke"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::Unauthenticated), "{e}");
+    assert!(e.to_string().contains("revoked"), "{e}");
+    let check = admin
+        .sandbox(mine.id().as_str())
+        .unwrap()
+        .exec(&shell("test -e /tmp/after-revoke && echo ran || echo not"))
+        .await
+        .unwrap();
+    assert_eq!(check.stdout, "not\n");
+}

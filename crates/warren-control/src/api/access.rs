@@ -19,10 +19,10 @@ use axum::http::{HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use warren_types::error::{ApiError, ErrorCode};
-use warren_types::project::{ROOT, SCOPE_HEADER, VISIBLE_HEADER};
+use warren_types::project::{ON_BEHALF_HEADER, ROOT, SCOPE_HEADER, VISIBLE_HEADER};
 
 use crate::Control;
-use crate::iam::{Perm, Principal};
+use crate::iam::{Perm, Perms, Principal};
 
 /// What a route needs of a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,6 +228,21 @@ pub async fn authorize(State(c): State<Arc<Control>>, mut req: Request, next: Ne
         }
         Err(e) => return warren_http::Error(e.into()).into_response(),
     };
+    // Made on behalf of another key (the E2B gateway's envd calls): that key's grants decide,
+    // and changes are audited under it.
+    let named = req
+        .headers()
+        .get(ON_BEHALF_HEADER)
+        .map(|v| v.to_str().unwrap_or("").trim().to_string());
+    let acting = match on_behalf(&c, &who, named).await {
+        Ok(Some(p)) => Some((p, who.key_id.clone())),
+        Ok(None) => None,
+        Err(r) => return r,
+    };
+    let who = match &acting {
+        Some((p, _)) => p.clone(),
+        None => who,
+    };
     let route = req
         .extensions()
         .get::<MatchedPath>()
@@ -280,8 +295,76 @@ pub async fn authorize(State(c): State<Arc<Control>>, mut req: Request, next: Ne
             _ => return denied(&who, p, &who.project),
         }
     }
-    req.extensions_mut().insert(who);
-    next.run(req).await
+    req.extensions_mut().insert(who.clone());
+    let Some((_, by)) = acting else {
+        return next.run(req).await;
+    };
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let from = super::iam::source_of(req.headers(), req.extensions().get());
+    let resp = next.run(req).await;
+    // What another key's request changed or ran (not what it read) is audited under that key,
+    // whatever the answer: the record says who asked for whom.
+    if method != Method::GET {
+        let action = match need {
+            Need::Key => "request",
+            Need::In(p) | Need::Root(p) => p.name(),
+        };
+        let detail = format!(
+            "{method} {path} on behalf of {} by key {by} (E2B gateway): {}",
+            who.key_id,
+            resp.status().as_u16()
+        );
+        super::iam::audited(
+            &c,
+            &who,
+            &from,
+            action,
+            &path,
+            Some(&who.project),
+            Some(&detail),
+        )
+        .await;
+    }
+    resp
+}
+
+/// The principal of the key a request is made on behalf of (`x-warren-on-behalf-of`), if it
+/// names one; or the refusal. Only a key holding every permission on `root` may name one (it
+/// can already do all the named key can, so acting for it grants nothing new: it narrows the
+/// request to what that key may do and makes the audit log name it). A revoked, expired or
+/// unknown key is a 401 that names it.
+async fn on_behalf(
+    c: &Control,
+    who: &Principal,
+    named: Option<String>,
+) -> Result<Option<Arc<Principal>>, Response> {
+    let Some(id) = named else {
+        return Ok(None);
+    };
+    if !who.perms_at(ROOT).contains(Perms::all()) {
+        return Err(warren_http::Error(ApiError::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "{ON_BEHALF_HEADER}: only a key holding every permission on root may act on                  behalf of another key (key {} does not); leave the header out",
+                who.key_id
+            ),
+        ))
+        .into_response());
+    }
+    match c.iam.principal_by_id(&id).await {
+        Ok(Some(p)) => Ok(Some(p)),
+        Ok(None) => Err(warren_http::Error(ApiError::new(
+            ErrorCode::Unauthenticated,
+            format!(
+                "key {:?}, on whose behalf this request is made, is not valid (revoked, expired \
+                 or unknown): ask for a new key, and a new E2B access token with it \
+                 (Sandbox.connect)",
+                id.chars().take(64).collect::<String>()
+            ),
+        ))
+        .into_response()),
+        Err(e) => Err(warren_http::Error(e.into()).into_response()),
+    }
 }
 
 fn denied(who: &Principal, p: Perm, project: &str) -> Response {

@@ -1159,6 +1159,9 @@ pub fn keyless_router(c: std::sync::Arc<Control>, key_file: std::path::PathBuf) 
     let inject = move |mut req: axum::extract::Request, next: axum::middleware::Next| {
         let key_file = key_file.clone();
         async move {
+            // Anyone may call here: no one acts on behalf of another key.
+            req.headers_mut()
+                .remove(warren_types::project::ON_BEHALF_HEADER);
             let h = req.headers();
             if !h.contains_key(axum::http::header::AUTHORIZATION) && !h.contains_key("x-api-key") {
                 let key = tokio::fs::read_to_string(&*key_file).await.map_err(|e| {

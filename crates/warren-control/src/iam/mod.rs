@@ -83,6 +83,33 @@ impl Iam {
             return Ok(None);
         }
         let hash = crate::auth::hash(key);
+        self.cached(hash.clone(), || store::principal(&self.db, &hash))
+            .await
+    }
+
+    /// The principal of the key whose id is `id`, if it works now: what a request made on its
+    /// behalf holds (`api::access`). Cached like [`Iam::authenticate`]'s, so a revoked key
+    /// stops working for requests made on its behalf within about a second too.
+    pub async fn principal_by_id(&self, id: &str) -> Result<Option<Arc<Principal>>, IamError> {
+        if !id.starts_with("key_") || id.len() > 128 {
+            return Ok(None);
+        }
+        // Hashes are hex: an entry by id cannot take one's place.
+        self.cached(format!("id:{id}"), || store::principal_by_id(&self.db, id))
+            .await
+    }
+
+    /// The principal cached under `entry`, read with `load` when missing or too old.
+    async fn cached<F, Fut>(
+        &self,
+        entry: String,
+        load: F,
+    ) -> Result<Option<Arc<Principal>>, IamError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<Principal>, IamError>>,
+    {
+        let hash = entry;
         let cached = self
             .cache
             .read()
@@ -93,7 +120,7 @@ impl Iam {
             Some((at, p)) if at.elapsed() < MAX_AGE => p,
             stale => {
                 let before = self.epoch.load(Ordering::Acquire);
-                let p = match store::principal(&self.db, &hash).await {
+                let p = match load().await {
                     Ok(p) => p.map(Arc::new),
                     // The database away: what was known of the key stands (sandboxes keep
                     // working through an outage), an unknown key gets the error.

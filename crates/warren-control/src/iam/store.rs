@@ -939,14 +939,32 @@ pub async fn revoke_key(db: &Db, actor: Actor<'_>, id: &str) -> Result<KeyRow> {
 
 /// The principal of the key whose hash is `hash`, if it is a key that works now.
 pub async fn principal(db: &Db, hash: &str) -> Result<Option<Principal>> {
-    let Some(r) = sqlx::query(
+    let r = sqlx::query(
         "SELECT id, identity, project, role, expires_ms, revoked_ms FROM api_keys \
          WHERE key_hash = $1",
     )
     .bind(hash)
     .fetch_optional(db)
-    .await?
-    else {
+    .await?;
+    principal_of(db, r).await
+}
+
+/// The principal of the key with id `id`, if it works now (not revoked, not expired): what a
+/// request made on its behalf holds (see `api::access`).
+pub async fn principal_by_id(db: &Db, id: &str) -> Result<Option<Principal>> {
+    let r = sqlx::query(
+        "SELECT id, identity, project, role, expires_ms, revoked_ms FROM api_keys \
+         WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    principal_of(db, r).await
+}
+
+/// The principal of a key's row (id, identity, project, role, expires_ms, revoked_ms).
+async fn principal_of(db: &Db, r: Option<sqlx::any::AnyRow>) -> Result<Option<Principal>> {
+    let Some(r) = r else {
         return Ok(None);
     };
     let id: String = r.try_get(0)?;
