@@ -398,8 +398,8 @@ fn set_up<'a>(
 
 /// A Python zygote (see `zygote.py`): the image's python3, started once, which forks a child
 /// per Python step. It runs as root with only `CAP_SETUID` and `CAP_SETGID` (what it needs to
-/// make its child the grader, whose switch drops them) in an IPC namespace of its own, not
-/// dumpable. Its children are not in a PID namespace of their own: after each step every
+/// make its child the grader, whose switch drops them) under the agent's Landlock ruleset and
+/// system-call filter, in an IPC namespace of its own, not dumpable. Its children are not in a PID namespace of their own: after each step every
 /// process of the grader's uid is killed (`kill(-1)` as that uid), and every System V object
 /// and message queue of the zygote's IPC namespace is removed.
 struct Zygote {
@@ -420,12 +420,6 @@ impl Zygote {
         if !std::fs::metadata(PYTHON).is_ok_and(|m| m.is_file()) {
             return Ok(None);
         }
-        if !c.filters.is_empty() {
-            // The zygote's child installs the one notifying filter only.
-            return Err(io::Error::other(
-                "the policy has filters it does not hand on",
-            ));
-        }
         let (mine, theirs) = rustix::net::socketpair(
             rustix::net::AddressFamily::UNIX,
             rustix::net::SocketType::SEQPACKET,
@@ -437,17 +431,6 @@ impl Zygote {
             rustix::net::sockopt::Timeout::Recv,
             Some(ZYGOTE_START),
         )?;
-        let bpf = match &c.notify {
-            Some((p, _)) => {
-                let fd = rustix::fs::memfd_create(c"warren-bpf", rustix::fs::MemfdFlags::CLOEXEC)?;
-                let mut f = std::fs::File::from(fd);
-                f.write_all(&p.to_bytes())?;
-                use std::io::Seek;
-                f.rewind()?;
-                Some(OwnedFd::from(f))
-            }
-            None => None,
-        };
         unshare(Kind::Ipc)?;
         let made = (|| {
             let ipc = own(Kind::Ipc)?;
@@ -461,7 +444,7 @@ impl Zygote {
         })();
         let pid = match &made {
             Ok(_) => match warren_sys::unix::fork(one) {
-                Ok(None) => zygote_exec(theirs, c, uid, bpf),
+                Ok(None) => zygote_exec(theirs, c, uid),
                 Ok(Some(pid)) => Ok(pid),
                 Err(e) => Err(e),
             },
@@ -477,7 +460,6 @@ impl Zygote {
             }
         };
         drop(theirs);
-        drop(bpf);
         let mut buf = [0u8; 16];
         let ready = matches!(rustix::net::recv(&mine, &mut buf, rustix::net::RecvFlags::empty()),
             Ok((5, _)) if &buf[..5] == b"ready");
@@ -504,41 +486,36 @@ impl Zygote {
     }
 }
 
-/// In the zygote's fork: hands it the socket, the listener channel, the Landlock ruleset and
-/// the filter program, keeps only `CAP_SETUID` and `CAP_SETGID` for what it execs, and execs
-/// the image's python3 with `zygote.py`. Never returns.
-fn zygote_exec(sock: OwnedFd, c: &Confinement, uid: u32, bpf: Option<OwnedFd>) -> ! {
+/// In the zygote's fork: keeps only `CAP_SETUID` and `CAP_SETGID` for what it execs, confines
+/// itself as any command (rlimits, Landlock, the agent filter, whose listener goes to the
+/// guest), keeps only the socket, and execs the image's python3, isolated, with `zygote.py`.
+/// Never returns.
+fn zygote_exec(sock: OwnedFd, c: &Confinement, uid: u32) -> ! {
     let r = (|| -> io::Result<io::Error> {
-        let raw = |f: Option<&OwnedFd>| f.map_or(-1, |f| f.as_raw_fd());
-        let fds = [
-            sock.as_raw_fd(),
-            raw(c.notify.as_ref().map(|(_, s)| s)),
-            raw(c.landlock.as_ref()),
-            raw(bpf.as_ref()),
-        ];
-        let mut keep = vec![0, 1, 2];
-        let handed = [
-            Some(&sock),
-            c.notify.as_ref().map(|(_, s)| s),
-            c.landlock.as_ref(),
-            bpf.as_ref(),
-        ];
-        for f in handed.into_iter().flatten() {
-            rustix::io::fcntl_setfd(f, rustix::io::FdFlags::empty())?;
-            keep.push(f.as_raw_fd());
-        }
-        warren_sys::unix::close_all_except(&keep)?;
         let ids = rustix::thread::CapabilitySet::SETUID | rustix::thread::CapabilitySet::SETGID;
         warren_sys::creds::set_inheritable(ids)?;
         warren_sys::creds::lock_out_exec_capabilities_but_ambient(true)?;
         warren_sys::creds::keep_only_uid_switch_for_exec()?;
         warren_sys::creds::set_no_new_privs()?;
+        // The image's python3 is the image's code, and so is every module it imports: it runs
+        // under the agent's Landlock ruleset and system-call filter from its first
+        // instruction, as every command does. The guest answers the filter's notifications
+        // and records what it denies, for the zygote and for each step's child, which
+        // inherits both (a second listener in one process's filters is refused by the kernel,
+        // and a second filter would add nothing).
+        c.apply_to_self()?;
+        rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::empty())?;
+        warren_sys::unix::close_all_except(&[0, 1, 2, sock.as_raw_fd()])?;
+        // Isolated (`-I`: no `PYTHON*` variable, no user site, no working directory on the
+        // path) and without `site` (`-S`): no `.pth` file or `sitecustomize` of the image
+        // runs in the zygote, where it would outlive its call; a step's child runs `site`
+        // after its uid switch and limits, as a fresh interpreter would.
         Ok(Command::new(PYTHON)
+            .args(["-I", "-S"])
             .arg("-c")
             .arg(ZYGOTE)
-            .arg(fds[0].to_string())
+            .arg(sock.as_raw_fd().to_string())
             .arg(uid.to_string())
-            .args(fds[1..].iter().map(|f| f.to_string()))
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("LANG", "C.UTF-8")

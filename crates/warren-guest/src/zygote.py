@@ -1,11 +1,12 @@
 # The Python zygote of a function-call worker (see call.rs): the image's own python3, started
-# once by the call server with only CAP_SETUID and CAP_SETGID (root without the rest), which
-# forks one child per Python step. The child becomes the grader's uid (which drops those two),
-# takes the step's limits, Landlock ruleset and system-call filter, and runs the program as
+# once by the call server with only CAP_SETUID and CAP_SETGID (root without the rest), already
+# under the agent's Landlock ruleset and system-call filter, isolated (-I) and without `site`
+# (-S: no .pth file or sitecustomize of the image runs here), which forks one child per Python
+# step. The child becomes the grader's uid (which drops those two), takes the step's limits
+# (the ruleset and the filter it has from the zygote), runs `site`, and runs the program as
 # `python3 main.py ARGS` would, in an interpreter already started.
 #
-# argv: the server's socket (SOCK_SEQPACKET), the grader's uid, the listener channel, the
-# Landlock ruleset, a memfd with the filter program (descriptors; -1 where there is none).
+# argv: the server's socket (SOCK_SEQPACKET), the grader's uid.
 # Each step comes as one message with five descriptors: a memfd with its request (read by the
 # child only), its stdin, stdout and stderr, and the pipe the zygote reports on.
 import atexit
@@ -39,46 +40,17 @@ libc = ctypes.CDLL(None, use_errno=True)
 REAL_OPEN = io.open
 OPENED = []
 PR_SET_DUMPABLE, PR_SET_NAME = 4, 15
-SYS_seccomp, SYS_landlock_restrict_self = 317, 446
-SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER = 1, 8
-
-
-class SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-def fail(what):
-    err = ctypes.get_errno()
-    raise OSError(err, f"{what}: {os.strerror(err)}")
-
 
 def limit(v):
     return resource.RLIM_INFINITY if v >= 1 << 63 else v
 
 
-def confine(req, landlock, notify, bpf):
+def confine(req):
     os.setgroups([])
     os.setgid(GRADER)
     os.setuid(GRADER)  # from root: every capability goes
     for res, soft, hard in req["rlimits"]:
         resource.setrlimit(res, (limit(soft), limit(hard)))
-    if landlock >= 0 and libc.syscall(SYS_landlock_restrict_self, landlock, 0) != 0:
-        fail("landlock_restrict_self")
-    if bpf:
-        buf = ctypes.create_string_buffer(bpf, len(bpf))
-        prog = SockFprog(len(bpf) // 8, ctypes.cast(buf, ctypes.c_void_p))
-        listener = libc.syscall(
-            SYS_seccomp,
-            SECCOMP_SET_MODE_FILTER,
-            SECCOMP_FILTER_FLAG_NEW_LISTENER,
-            ctypes.byref(prog),
-        )
-        if listener < 0:
-            fail("seccomp")
-        ch = socket.socket(fileno=notify)
-        socket.send_fds(ch, [b"l"], [listener])
-        ch.detach()
-        os.close(listener)
 
 
 def main_frames(tb, path):
@@ -106,7 +78,7 @@ def run_main(path, argv):
     exec(code, main.__dict__)
 
 
-def child(fds, landlock, notify, bpf):
+def child(fds):
     # Runs in the fork, as root until confine(): nothing of the call's is imported or run
     # before it, and the call's request is read here, never by the zygote.
     try:
@@ -117,7 +89,7 @@ def child(fds, landlock, notify, bpf):
         for fd, to in ((stdin, 0), (out, 1), (err, 2)):
             os.dup2(fd, to)
             os.close(fd)
-        confine(req, landlock, notify, bpf)
+        confine(req)
         os.closerange(3, 2**31 - 1)
         os.chdir("/work")
         os.environ.clear()
@@ -137,6 +109,11 @@ def child(fds, landlock, notify, bpf):
                 )
                 setattr(sys, name, new)
                 setattr(sys, "__" + name + "__", new)
+        # What `site` does at an interpreter's start (site-packages on the path, their .pth
+        # files, sitecustomize), done here, confined, as the grader: never in the zygote.
+        import site
+
+        site.main()
         argv = req["argv"]
         path = os.path.abspath(argv[1])
         sys.path.insert(0, os.path.dirname(path))
@@ -202,11 +179,6 @@ def serve():
     global GRADER
     sock = int(sys.argv[1])
     GRADER = int(sys.argv[2])
-    notify, landlock, bpf_fd = (int(a) for a in sys.argv[3:6])
-    bpf = b""
-    if bpf_fd >= 0:
-        with os.fdopen(bpf_fd, "rb") as f:
-            bpf = f.read()
     # `-c` put the working directory first on the path: a child imports nothing from there.
     if sys.path and sys.path[0] == "":
         sys.path.pop(0)
@@ -227,7 +199,7 @@ def serve():
         pid = os.fork()
         if pid == 0:
             srv.detach()
-            child(fds, landlock, notify, bpf)
+            child(fds)
         for f in fds[:4]:
             os.close(f)
         while True:

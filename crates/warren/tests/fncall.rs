@@ -1112,3 +1112,137 @@ async fn a_projects_fncall_quota_bounds_its_calls_in_flight() {
     let fq = listed.iter().find(|p| p.path == "root/fq").unwrap();
     assert_eq!(fq.max_fncalls, None, "{fq:?}");
 }
+
+/// The processes of `p`'s platform whose command line contains `needle`, by pid.
+fn platform_processes(p: &Platform, needle: &[u8]) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cg.contains(&p.cgroup_parent) && cmd.windows(needle.len()).any(|w| w == needle)
+        })
+        .collect()
+}
+
+/// A line of `/proc/PID/status` (`Seccomp`, `NoNewPrivs`, ...), its value.
+fn status_field(pid: i32, field: &str) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| Some(l.strip_prefix(field)?.strip_prefix(':')?.trim().to_string()))
+}
+
+/// The Python zygote is the image's own python3, and everything it imports is the image's
+/// code: it runs under the agent's system-call filter and Landlock from its first instruction,
+/// isolated and without `site`; the image's `site` (site-packages, `.pth` files) runs in each
+/// call's child, confined as the grader. An image whose `python3` is a script gets a filtered
+/// process too (before the fix: `Seccomp: 0`, and a user namespace with every capability).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_zygote_runs_confined_from_its_first_instruction() {
+    require_root!();
+    let p = Platform::start_with(Some("[node]\nlayer_idle_unmount = 1\n"));
+    let c = p.client();
+    // A program sees the interpreter a fresh `python3 main.py` gives: site-packages on the
+    // path and `site`'s builtins (`exit`).
+    let r = call(
+        &c,
+        req(
+            "python",
+            "import sys\nprint(any(p.endswith(('site-packages', 'dist-packages')) for p in sys.path))\nexit(3)",
+        ),
+    )
+    .await;
+    assert_eq!(
+        (out(&r), r.run.as_ref().and_then(|s| s.exit_code)),
+        ("True\n", Some(3)),
+        "{r:?}"
+    );
+    let zygotes = platform_processes(&p, b"The Python zygote of a function-call");
+    assert!(!zygotes.is_empty(), "no zygote found");
+    for z in zygotes {
+        assert_eq!(
+            status_field(z, "Seccomp").as_deref(),
+            Some("2"),
+            "the zygote {z} runs without the agent filter"
+        );
+        assert_eq!(status_field(z, "NoNewPrivs").as_deref(), Some("1"));
+        // Only CAP_SETUID and CAP_SETGID.
+        assert_eq!(
+            status_field(z, "CapEff").as_deref(),
+            Some("00000000000000c0")
+        );
+        let cmd = std::fs::read(format!("/proc/{z}/cmdline")).unwrap();
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        assert!(
+            args.contains(&&b"-I"[..]) && args.contains(&&b"-S"[..]),
+            "the zygote's interpreter is not isolated: {:?}",
+            String::from_utf8_lossy(&cmd)
+        );
+    }
+
+    // An image whose python3 is a script: what it runs is filtered too.
+    let d = tempfile::tempdir().unwrap();
+    let root = d.path().join("root");
+    for dir in ["bin", "usr/bin", "etc", "tmp", "var/tmp", "home", "dev"] {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+        .expect("busybox is installed (make test installs busybox-static)");
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    for tool in ["sh", "bash", "true", "sleep"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
+    }
+    std::fs::write(
+        root.join("usr/bin/python3"),
+        "#!/bin/sh\nexec /bin/sleep 31\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        root.join("usr/bin/python3"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let imported = p.cli(&[
+        "image",
+        "import",
+        root.to_str().unwrap(),
+        "--name",
+        "t/python-script:1",
+    ]);
+    assert!(imported.status.success(), "{imported:?}");
+    let running = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.fncall(&FnCallRequest {
+                image: Some("t/python-script:1".into()),
+                timeout: Some(1.0),
+                ..req("python", "print(1)")
+            })
+            .await
+        }
+    });
+    let mut seen = Vec::new();
+    common::poll_until(SECS_30, "the image's python3 never ran", async || {
+        seen = platform_processes(&p, b"/bin/sleep\x0031");
+        match seen.is_empty() {
+            false => Ok(()),
+            true => Err("no process yet".to_string()),
+        }
+    })
+    .await;
+    for pid in &seen {
+        assert_eq!(
+            status_field(*pid, "Seccomp").as_deref(),
+            Some("2"),
+            "the image's python3 ({pid}) runs without the agent filter"
+        );
+    }
+    // Whatever the call's answer (its python3 never serves), it ends.
+    let _ = running.await.unwrap();
+}
