@@ -56,7 +56,11 @@ const MASKED_DIRS: &[&str] = &[
 /// Directories whose root-only files are masked (see [`MASKED_FILES`]).
 const SCAN_FOR_ROOT_ONLY: &[&str] = &["proc", "sys/kernel"];
 
-/// Paths made read-only.
+/// Paths made read-only. Every other entry at the top of /proc (but the processes' own
+/// directories) that holds a file with a write bit is made read-only too
+/// ([`writable_entries`]): uid 0 in a sandbox owns those files, and some need no capability
+/// to act on the whole host (`/proc/dynamic_debug/control` floods the kernel's log,
+/// `/proc/pressure/*` triggers cost the kernel work for every task).
 const READONLY: &[&str] = &[
     "proc/bus",
     "proc/fs",
@@ -218,6 +222,79 @@ fn dev() -> io::Result<()> {
     Ok(())
 }
 
+/// The entries of `dir` (/proc) that hold a file with a write bit, at the top or below it:
+/// every entry but the processes' own directories (`[0-9]+`, `self`, `thread-self`: a
+/// sandbox's processes write their own `oom_score_adj`, `comm`, ...), links (`net`, `mounts`
+/// lead into `self`), and the names in `skip` (made read-only or hidden already). A directory
+/// too large to walk in [`SCAN_BUDGET`] entries counts as writable.
+fn writable_entries(dir: &Path, skip: &[&str]) -> Vec<std::path::PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut budget = SCAN_BUDGET;
+    let mut found = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.bytes().all(|b| b.is_ascii_digit())
+            || name == "self"
+            || name == "thread-self"
+            || skip.contains(&name.as_ref())
+        {
+            continue;
+        }
+        let Ok(m) = e.path().symlink_metadata() else {
+            continue;
+        };
+        let writable = if m.is_dir() {
+            holds_writable(&e.path(), 0, &mut budget)
+        } else {
+            m.is_file() && mode_writable(&m)
+        };
+        if writable {
+            found.push(e.path());
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Most entries [`writable_entries`] looks at below one /proc.
+const SCAN_BUDGET: usize = 20_000;
+/// Deepest directory it walks into.
+const SCAN_DEPTH: usize = 8;
+
+fn mode_writable(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    m.permissions().mode() & 0o222 != 0
+}
+
+/// Whether `dir` holds a regular file with a write bit (links not followed); `true` when
+/// the walk is too deep or too long to tell.
+fn holds_writable(dir: &Path, depth: usize, budget: &mut usize) -> bool {
+    if depth >= SCAN_DEPTH {
+        return true;
+    }
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    for e in rd.flatten() {
+        if *budget == 0 {
+            return true;
+        }
+        *budget -= 1;
+        let Ok(m) = e.path().symlink_metadata() else {
+            continue;
+        };
+        if (m.is_file() && mode_writable(&m))
+            || (m.is_dir() && holds_writable(&e.path(), depth + 1, budget))
+        {
+            return true;
+        }
+    }
+    false
+}
+
 /// Regular files directly in `dir` that only their owner may read (no read bit for others):
 /// on /proc and /sys those are root's.
 fn root_only_files(dir: &Path) -> Vec<std::path::PathBuf> {
@@ -356,6 +433,15 @@ fn mask() -> io::Result<()> {
             mount::remount_readonly(p)?;
         }
     }
+    // What is left of /proc that root could write, after the masks (a masked file has mode 0).
+    let skip: Vec<&str> = READONLY
+        .iter()
+        .chain(MASKED_DIRS)
+        .filter_map(|r| r.strip_prefix("proc/"))
+        .collect();
+    for p in writable_entries(Path::new("proc"), &skip) {
+        mount::remount_readonly(&p)?;
+    }
     Ok(())
 }
 
@@ -369,4 +455,52 @@ pub fn lock_down() -> io::Result<()> {
     warren_sys::creds::keep_only_agent_capabilities().map_err(|e| ctx(e, "capset"))?;
     warren_sys::creds::set_no_new_privs().map_err(|e| ctx(e, "no_new_privs"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn file(root: &Path, rel: &str, mode: u32) {
+        let p = root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, b"").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn the_proc_scan_finds_every_entry_that_holds_a_writable_file() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        file(r, "12/oom_score_adj", 0o644); // a process's own
+        file(r, "readable", 0o444);
+        file(r, "mtrr", 0o644);
+        file(r, "sysrq-trigger", 0o200);
+        file(r, "pressure/cpu", 0o666);
+        file(r, "dynamic_debug/deep/er/control", 0o644);
+        file(r, "driver/rtc", 0o444);
+        file(r, "sys/kernel/x", 0o644); // skipped: made read-only already
+        std::os::unix::fs::symlink("12", r.join("self")).unwrap();
+        std::os::unix::fs::symlink("mtrr", r.join("link")).unwrap();
+        let found: Vec<String> = writable_entries(r, &["sys"])
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            found,
+            ["dynamic_debug", "mtrr", "pressure", "sysrq-trigger"]
+        );
+    }
+
+    #[test]
+    fn a_tree_too_deep_to_walk_counts_as_writable() {
+        let d = tempfile::tempdir().unwrap();
+        let deep = (0..SCAN_DEPTH + 1)
+            .map(|i| format!("d{i}"))
+            .collect::<Vec<_>>();
+        file(d.path(), &format!("{}/ro", deep.join("/")), 0o444);
+        let found = writable_entries(d.path(), &[]);
+        assert_eq!(found, [d.path().join("d0")]);
+    }
 }

@@ -27,6 +27,34 @@ async fn run(sb: &Sandbox, cmd: &str, root: bool) -> (i32, String, String) {
     (r.status.exit_code, r.stdout, r.stderr)
 }
 
+/// Root in a sandbox owns the host-wide files of /proc, and some act on the whole host without
+/// a capability (`/proc/dynamic_debug/control`, `/proc/pressure/*` triggers): outside the
+/// processes' own directories nothing in /proc is writable, at any depth, whatever this
+/// kernel has; a process's own files still are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn root_finds_no_writable_host_file_in_proc() {
+    require_root!();
+    let p = Platform::start();
+    let sb = host_sandbox(&p).await;
+    let (code, out, err) = run(
+        &sb,
+        "find /proc -path /proc/self -prune -o -path /proc/thread-self -prune          -o -regex '/proc/[0-9]+' -prune -o -type f -writable -print 2>/dev/null;          [ ! -e /proc/pressure/cpu ] || echo 'some 500000 1000000' > /proc/pressure/cpu",
+        true,
+    )
+    .await;
+    assert_eq!(
+        out, "",
+        "root in a sandbox can write these host files:\n{out}"
+    );
+    if std::path::Path::new("/proc/pressure/cpu").exists() {
+        assert_ne!(code, 0, "a PSI trigger was written");
+        assert!(err.contains("Read-only"), "{err}");
+    }
+    // A process's own files are its own: raising its OOM score needs no capability.
+    let (code, _, err) = run(&sb, "echo 500 > /proc/self/oom_score_adj", false).await;
+    assert_eq!(code, 0, "{err}");
+}
+
 /// Root-only host information: root in a sandbox has uid 0 but no capabilities, and owns the
 /// files /proc and /sys keep for root, so each must be masked, not merely mode-protected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
