@@ -34,6 +34,9 @@ pub fn kind(url: &str) -> Result<Kind, String> {
 pub async fn open(url: &str) -> Result<Db, sqlx::Error> {
     sqlx::any::install_default_drivers();
     let k = kind(url).map_err(|e| sqlx::Error::Configuration(e.into()))?;
+    if k == Kind::Sqlite {
+        private_sqlite_files(url).map_err(sqlx::Error::Io)?;
+    }
     let db = sqlx::any::AnyPoolOptions::new()
         .max_connections(match k {
             // One writer at a time in SQLite anyway.
@@ -65,6 +68,40 @@ pub async fn open(url: &str) -> Result<Db, sqlx::Error> {
     Ok(db)
 }
 
+/// Makes an SQLite database's files readable by their owner only (mode 0600): they hold the
+/// identities, key hashes and audit log. The database file is made so before SQLite opens it
+/// (SQLite gives its `-wal` and `-shm` files the database file's mode), and files an earlier
+/// version made with the process's umask are closed.
+fn private_sqlite_files(url: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .unwrap_or(url);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if path.is_empty() || path.starts_with(':') || query.split('&').any(|q| q == "mode=memory") {
+        return Ok(()); // in memory
+    }
+    if query.split('&').any(|q| q == "mode=rwc") {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)?;
+    }
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let p = format!("{path}{suffix}");
+        match std::fs::metadata(&p) {
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Begins a transaction that will write. On SQLite it takes the write lock at once (`BEGIN
 /// IMMEDIATE`): a deferred transaction that reads and then writes cannot wait for another
 /// writer (SQLite answers "database is locked" at once rather than risk a deadlock), while
@@ -80,6 +117,37 @@ pub async fn begin_write(db: &Db) -> Result<sqlx::Transaction<'static, sqlx::Any
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    /// The database and its write-ahead files are their owner's alone, whatever the umask,
+    /// and files an earlier version left readable are closed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_files_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("w.db");
+        let mode = |s: &str| {
+            std::fs::metadata(format!("{}{s}", path.display()))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        let url = format!("sqlite://{}?mode=rwc", path.display());
+        let db = super::open(&url).await.unwrap();
+        sqlx::query("CREATE TABLE m (n BIGINT)")
+            .execute(&db)
+            .await
+            .unwrap();
+        assert_eq!(
+            (mode(""), mode("-wal"), mode("-shm")),
+            (0o600, 0o600, 0o600)
+        );
+        db.close().await;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let db = super::open(&url).await.unwrap();
+        assert_eq!(mode(""), 0o600);
+        db.close().await;
+    }
 
     /// Two SQLite writers that both read first: the second waits for the first instead of
     /// failing. (PostgreSQL's writers to different rows do not wait for each other at all.)

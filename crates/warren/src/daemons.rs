@@ -87,12 +87,37 @@ fn read_file_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
     }
 }
 
-fn make_data_dir(d: &Path) -> anyhow::Result<()> {
+/// Makes the data directory, or takes an existing one, private to its owner (mode 0700): it
+/// holds the identities, key hashes and audit log. One that others may write to and whose
+/// sticky bit is set (a shared directory such as `/tmp`) is refused rather than closed to them.
+pub(crate) fn make_data_dir(d: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(d)
-        .with_context(|| format!("creating data directory {}", d.display()))
+        .with_context(|| format!("creating data directory {}", d.display()))?;
+    let mode = std::fs::metadata(d)
+        .with_context(|| format!("reading data directory {}", d.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o1002 == 0o1002 {
+        anyhow::bail!(
+            "data directory {} is a shared directory (mode {:o}): give warren a directory of              its own with --data-dir",
+            d.display(),
+            mode & 0o7777
+        );
+    }
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making data directory {} private", d.display()))?;
+        tracing::warn!(
+            "data directory {} was mode {:o}: made 0700 (it holds keys and the audit log)",
+            d.display(),
+            mode & 0o7777
+        );
+    }
+    Ok(())
 }
 
 /// Runs the control plane alone until Ctrl-C or SIGTERM.
@@ -366,5 +391,33 @@ async fn join_loop(joins: Vec<String>, token: String, reg: NodeRegistration) {
             }
         }
         tokio::time::sleep(wait).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    fn mode(p: &std::path::Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn the_data_directory_is_private_whoever_made_it() {
+        let t = tempfile::tempdir().unwrap();
+        let new = t.path().join("a/b");
+        super::make_data_dir(&new).unwrap();
+        assert_eq!(mode(&new), 0o700);
+        let old = t.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        super::make_data_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o700);
+        let shared = t.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = super::make_data_dir(&shared).unwrap_err().to_string();
+        assert!(e.contains("shared directory"), "{e}");
+        assert_eq!(mode(&shared), 0o1777, "left as it was");
     }
 }

@@ -4,7 +4,7 @@
 //! control plane reaches it there, exactly as it would reach a remote node over TCP. Stopping
 //! `warren up` (Ctrl-C, SIGTERM) leaves sandboxes running; the next `warren up` re-adopts them.
 
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -211,11 +211,7 @@ async fn serve(
     control_cfg: ControlConfig,
     kill_on_exit: bool,
 ) -> anyhow::Result<()> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&data_dir)
-        .with_context(|| format!("creating data directory {}", data_dir.display()))?;
+    crate::daemons::make_data_dir(&data_dir)?;
     let tcp = listen_tcp(&listen).await.with_context(|| {
         format!(
             "listening on {listen} (is another warren up running? choose another with --listen)"
