@@ -147,6 +147,7 @@ async fn caller(gw: &Arc<Gateway>, headers: &HeaderMap) -> Answer<Arc<Gateway>> 
         base_image: gw.base_image.clone(),
         domain: gw.domain.clone(),
         caller: Some(Arc::new(who)),
+        tokens: gw.tokens.clone(),
     }))
 }
 
@@ -219,19 +220,17 @@ fn template_of(gw: &Gateway, image: &str) -> String {
     }
 }
 
-fn created(gw: &Gateway, sb: &SandboxInfo) -> Created {
-    Created {
+/// E2B's `Sandbox` for `sb`, with the caller's envd access token where it may have one.
+async fn created(gw: &Gateway, sb: &SandboxInfo) -> Answer<Created> {
+    let token = gw.envd_token(sb).await?;
+    Ok(Created {
         template_id: template_of(gw, &sb.image),
         sandbox_id: sb.id.to_string(),
         client_id: CLIENT_ID,
         envd_version: ENVD_VERSION,
-        envd_access_token: if gw.may_envd(&sb.project) {
-            keys::access_token(&gw.key, sb.id.as_str())
-        } else {
-            String::new()
-        },
+        envd_access_token: token.unwrap_or_default(),
         domain: gw.domain.clone(),
-    }
+    })
 }
 
 async fn create(
@@ -276,11 +275,12 @@ async fn create(
         Some(i) => i.clone(),
         None => sb.info().await?,
     };
-    Ok((StatusCode::CREATED, Json(created(&gw, &info))))
+    Ok((StatusCode::CREATED, Json(created(&gw, &info).await?)))
 }
 
-/// E2B's `SandboxDetail` and `ListedSandbox` (the latter without the token).
-fn detail(gw: &Gateway, sb: &SandboxInfo, with_token: bool) -> Value {
+/// E2B's `SandboxDetail` (with `token`, the caller's envd access token) and `ListedSandbox`
+/// (without).
+fn detail(gw: &Gateway, sb: &SandboxInfo, token: Option<String>) -> Value {
     let mut v = json!({
         "templateID": template_of(gw, &sb.image),
         "sandboxID": sb.id.to_string(),
@@ -297,8 +297,8 @@ fn detail(gw: &Gateway, sb: &SandboxInfo, with_token: bool) -> Value {
     if let Some(d) = &gw.domain {
         v["domain"] = json!(d);
     }
-    if with_token && gw.may_envd(&sb.project) {
-        v["envdAccessToken"] = json!(keys::access_token(&gw.key, sb.id.as_str()));
+    if let Some(t) = token {
+        v["envdAccessToken"] = json!(t);
     }
     v
 }
@@ -309,7 +309,8 @@ async fn info(
 ) -> Answer<Json<Value>> {
     sandbox_id(&id)?;
     let sb = gw.warren.get(&id).await?;
-    Ok(Json(detail(&gw, &sb, true)))
+    let token = gw.envd_token(&sb).await?;
+    Ok(Json(detail(&gw, &sb, token)))
 }
 
 /// `GET /sandboxes/{id}/metrics[?start=&end=]`: one sample, measured now (Warren keeps no
@@ -474,7 +475,7 @@ async fn list_page(gw: &Gateway, q: ListQuery, page: Option<usize>) -> Answer<Re
         .iter()
         .skip(offset)
         .take(limit)
-        .map(|s| detail(gw, s, false))
+        .map(|s| detail(gw, s, None))
         .collect();
     let mut resp = Json(page).into_response();
     let next = offset.saturating_add(limit);
@@ -559,7 +560,7 @@ async fn connect_or_resume(
     if let Some(t) = b.timeout {
         info = sb.set_timeout(t).await?;
     }
-    Ok((status, Json(created(gw, &info))))
+    Ok((status, Json(created(gw, &info).await?)))
 }
 
 async fn connect(

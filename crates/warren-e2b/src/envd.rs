@@ -4,8 +4,11 @@
 //! Served: `GET /health` (204 while the sandbox runs; 502 with E2B's "was not found" when it
 //! does not, which is how `is_running()` turns false), `process.Process` (see `process`), and
 //! `/files` and `filesystem.Filesystem` (see `files`). Every call but `/health` must carry the
-//! sandbox's access token (`X-Access-Token`, answered at create), checked before its body is
-//! read, or, for `/files`, a signed URL (the sandbox found from the signature).
+//! sandbox's access token (`X-Access-Token`, answered at create and connect), checked before
+//! its body is read, or, for `/files`, a signed URL with the routing headers naming its
+//! sandbox (the signature checked against that sandbox's recent tokens only). Each call is
+//! made on behalf of the Warren key the token names: Warren refuses it once that key is
+//! revoked or has lost the sandbox, and audits what it runs under that key.
 
 use std::sync::Arc;
 
@@ -40,29 +43,32 @@ pub(crate) async fn require_token(
         && req.uri().query().is_some_and(|q| q.contains("signature="))
         && !req.headers().contains_key("x-access-token");
     if signed {
-        // A signed file URL carries no token (and, made by the SDK, no sandbox header): the
-        // signature names the sandbox whose token made it. Found, the request goes on as one
-        // with that sandbox's headers.
+        // A signed file URL carries no token, only a hash of one: the sandbox must be named
+        // (its routing headers), and the signature is checked against that sandbox's recent
+        // tokens. Found, the request goes on as one with that token.
         let (uri, method) = (req.uri().clone(), req.method().clone());
-        let named = target(req.headers()).ok().flatten().map(|(id, _)| id);
-        match signed_sandbox(&gw, &uri, &method, named).await {
-            Ok(id) => {
-                let token = keys::access_token(&gw.key, &id);
-                let h = req.headers_mut();
-                // The user is the signed one (`username`, or the default user): a user named
-                // in `Authorization` was not signed and must not replace it.
-                h.remove(axum::http::header::AUTHORIZATION);
-                for (name, value) in [
-                    ("e2b-sandbox-id", id.as_str()),
-                    ("e2b-sandbox-port", "49983"),
-                    ("x-access-token", token.as_str()),
-                ] {
-                    if let Ok(v) = axum::http::HeaderValue::from_str(value) {
-                        h.insert(name, v);
+        let named = match target(req.headers()) {
+            Ok(Some((id, _))) => id,
+            Ok(None) => return files_error((StatusCode::BAD_REQUEST, UNNAMED_SIGNED.into())),
+            // Answered below, as for any request.
+            Err(_) => String::new(),
+        };
+        if !named.is_empty() {
+            match signed_token(&gw, &uri, &method, &named) {
+                Ok(token) => {
+                    let h = req.headers_mut();
+                    // The user is the signed one (`username`, or the default user): a user
+                    // named in `Authorization` was not signed and must not replace it.
+                    h.remove(axum::http::header::AUTHORIZATION);
+                    match axum::http::HeaderValue::from_str(&token) {
+                        Ok(v) => {
+                            h.insert("x-access-token", v);
+                        }
+                        Err(_) => return files_error(signature_mismatch(&named)),
                     }
                 }
+                Err(e) => return files_error(e),
             }
-            Err(e) => return files_error(e),
         }
     }
     // As E2B's proxy answers: a port other than envd's is "not open", an impossible id "not
@@ -101,13 +107,30 @@ struct SignedQuery {
     signature_expiration: Option<i64>,
 }
 
-/// The sandbox whose access token made the signature of this `/files` request (a download for
-/// GET, an upload for POST), among the one its headers name or else every sandbox.
-async fn signed_sandbox(
+/// The refusal of a signed URL that names no sandbox.
+const UNNAMED_SIGNED: &str = "a signed file URL must name its sandbox: send E2b-Sandbox-Id: \
+     <sandbox id> and E2b-Sandbox-Port: 49983 with it (a URL made under E2B_SANDBOX_URL carries \
+     no sandbox id), or send X-Access-Token instead of the signature";
+
+fn signature_mismatch(id: &str) -> (StatusCode, String) {
+    (
+        StatusCode::UNAUTHORIZED,
+        format!(
+            "the signature does not match this URL (path, user, operation and expiry are \
+             signed) for sandbox {id}'s access token; if the gateway restarted since the URL \
+             was made, connect to the sandbox (Sandbox.connect) and make the URL again"
+        ),
+    )
+}
+
+/// The access token of sandbox `id` that made the signature of this `/files` request (a
+/// download for GET, an upload for POST): one of the few the gateway answered or accepted
+/// for that sandbox lately, so a request costs a handful of hashes and no call to Warren.
+fn signed_token(
     gw: &Gateway,
     uri: &axum::http::Uri,
     method: &axum::http::Method,
-    named: Option<String>,
+    id: &str,
 ) -> Result<String, (StatusCode, String)> {
     let unauthorized = |m: &str| (StatusCode::UNAUTHORIZED, m.to_string());
     let q = axum::extract::Query::<SignedQuery>::try_from_uri(uri)
@@ -123,19 +146,14 @@ async fn signed_sandbox(
     } else {
         "write"
     };
-    if let Some(exp) = q.signature_expiration {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() as i64)
-            .unwrap_or(0);
-        if exp < now {
-            return Err(unauthorized(
-                "the signed URL has expired: ask for a new one",
-            ));
-        }
+    if let Some(exp) = q.signature_expiration
+        && exp < crate::tokens::now()
+    {
+        return Err(unauthorized(
+            "signature is already expired: make a new signed URL",
+        ));
     }
-    // `v1_` and the unpadded base64 of a SHA-256 digest: anything else matches no sandbox, and
-    // is refused before any are listed.
+    // `v1_` and the unpadded base64 of a SHA-256 digest: anything else matches no token.
     if !q.signature.starts_with("v1_") || q.signature.len() != 3 + 43 {
         return Err(unauthorized("not a v1 signature: E2B's v1 signatures only"));
     }
@@ -146,32 +164,12 @@ async fn signed_sandbox(
     if user.contains(':') {
         return Err(unauthorized("a signed URL's username cannot contain ':'"));
     }
-    let candidates: Vec<String> = match named {
-        Some(id) => vec![id],
-        None => gw
-            .warren
-            .list(&warren_sdk::ListFilter::default())
-            .await
-            .map_err(|e| (crate::warren_status(&e), e.to_string()))?
-            .into_items()
-            .into_iter()
-            .map(|s| s.id.to_string())
-            .collect(),
-    };
-    candidates
-        .into_iter()
-        .find(|id| {
-            let token = keys::access_token(&gw.key, id);
-            let want =
-                keys::file_signature(&path, operation, &user, &token, q.signature_expiration);
+    gw.tokens
+        .find(id, |token| {
+            let want = keys::file_signature(&path, operation, &user, token, q.signature_expiration);
             keys::matches(&q.signature, &want)
         })
-        .ok_or_else(|| {
-            unauthorized(
-                "the signature does not match this URL (path, user, operation and expiry are \
-                 signed) for any sandbox",
-            )
-        })
+        .ok_or_else(|| signature_mismatch(id))
 }
 
 pub(crate) fn routes() -> Router<Arc<Gateway>> {
@@ -359,14 +357,15 @@ pub(crate) fn sandbox_for(gw: &Gateway, headers: &HeaderMap) -> Result<Sandbox, 
         .get("x-access-token")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if !keys::matches(token, &keys::access_token(&gw.key, &id)) {
-        return Err(Error::new(
-            Code::Unauthenticated,
-            "missing or wrong X-Access-Token: use the envdAccessToken the create answered",
-        ));
-    }
+    let grant = gw
+        .tokens
+        .check(token, &id)
+        .map_err(|e| Error::new(Code::Unauthenticated, e.to_string()))?;
+    // Made on behalf of the token's key: Warren checks that key's current state and grants
+    // on every call (a revoked key, or one that lost the sandbox, is refused there).
     let sb = gw
         .warren
+        .on_behalf_of(&grant.key_id)
         .sandbox(&id)
         .map_err(|e| Error::new(Code::NotFound, e.to_string()))?;
     match basic_user(headers)? {

@@ -362,7 +362,13 @@ pub(crate) async fn filesystem(sb: Sandbox, method: &str, body: Bytes) -> Respon
 use crate::json_error as http_error;
 
 fn from_warren(e: warren_sdk::Error) -> Response {
-    http_error(crate::warren_status(&e), e.to_string())
+    // A call made on behalf of a token's key: Warren's 401 is that key gone (revoked,
+    // expired), the caller's to fix, and its message says so.
+    let status = match &e {
+        warren_sdk::Error::Api { status: 401, .. } => axum::http::StatusCode::UNAUTHORIZED,
+        _ => crate::warren_status(&e),
+    };
+    http_error(status, e.to_string())
 }
 
 /// `GET /files?path=`: the file's bytes.

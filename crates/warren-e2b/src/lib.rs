@@ -2,13 +2,19 @@
 //! `E2B_API_URL` and `E2B_SANDBOX_URL` (one listener serves both), drives Warren sandboxes.
 //!
 //! It is a thin translation onto Warren's own REST API (through `warren-sdk`), holding no state
-//! of its own: E2B's control-plane routes (`api`) become Warren creates, lists, timeouts,
+//! of its own but each sandbox's last few envd access tokens (`tokens`, for signed URLs): E2B's control-plane routes (`api`) become Warren creates, lists, timeouts,
 //! pauses and kills; the in-sandbox side (envd's routes, chosen by the `E2b-Sandbox-Id` and
 //! `E2b-Sandbox-Port` headers, `envd`) becomes Warren's exec and file operations. The Connect
 //! protocol envd speaks is in `connect`.
 //!
 //! Keys: the SDK sends `X-API-KEY`, which older SDKs insist is `e2b_` and hex; the gateway
-//! has one such key (`warren up` writes it to `<data-dir>/e2b.key`) and acts with a Warren key.
+//! has one such key (`warren up` writes it to `<data-dir>/e2b.key`) and acts with a Warren key
+//! (the admin key); any other key is a Warren key and the gateway acts with it.
+//!
+//! envd access tokens (`tokens`) name the Warren key they were answered to — the caller's,
+//! or the admin key's for the gateway's own key — and expire; every envd call is made on that
+//! key's behalf (`x-warren-on-behalf-of`), so Warren refuses it once the key is revoked or has
+//! lost the sandbox, and audits what it runs under that key.
 
 pub mod api;
 pub mod connect;
@@ -17,6 +23,7 @@ mod files;
 pub mod keys;
 mod network;
 mod process;
+pub mod tokens;
 
 use std::sync::Arc;
 
@@ -47,6 +54,8 @@ pub struct Gateway {
     /// The caller's key, when it is not the gateway's own: what it holds where (envd access
     /// tokens go only to callers holding `sandbox.exec` and `sandbox.files` on the sandbox).
     pub caller: Option<Arc<warren_sdk::WhoAmI>>,
+    /// envd access tokens: what signs them, and each sandbox's recent ones.
+    pub tokens: Arc<tokens::Tokens>,
 }
 
 impl Gateway {
@@ -63,6 +72,23 @@ impl Gateway {
             })
         };
         held("sandbox.exec") && held("sandbox.files")
+    }
+
+    /// The envd access token the caller may have for sandbox `sb` (none: it may not run
+    /// commands and files there), bound to the caller's Warren key.
+    pub(crate) async fn envd_token(
+        &self,
+        sb: &warren_sdk::SandboxInfo,
+    ) -> Result<Option<String>, warren_sdk::Error> {
+        if !self.may_envd(&sb.project) {
+            return Ok(None);
+        }
+        let key_id = match &self.caller {
+            Some(who) => who.key_id.clone(),
+            None => self.tokens.own_key_id(&self.warren).await?,
+        };
+        let end = tokens::parse_time(&sb.expires_at);
+        Ok(Some(self.tokens.issue(&key_id, sb.id.as_str(), end)))
     }
 }
 

@@ -19,8 +19,16 @@ fn gateway() -> (axum::Router, String) {
         base_image: "host".into(),
         domain: None,
         caller: None,
+        tokens: Arc::new(crate::tokens::Tokens::new(keys::TokenKey::new(
+            b"test", &key,
+        ))),
     };
     (router(Arc::new(gw)), key)
+}
+
+/// An envd access token of the gateway `gateway()` makes, for key `key_test`, valid an hour.
+fn token(key: &str, sandbox: &str) -> String {
+    keys::TokenKey::new(b"test", key).issue("key_test", sandbox, crate::tokens::now() + 3600)
 }
 
 async fn call(app: &axum::Router, req: Request<Body>) -> (StatusCode, serde_json::Value) {
@@ -256,14 +264,10 @@ async fn stream_answer(app: &axum::Router, req: Request<Body>) -> Vec<(u8, serde
 #[tokio::test]
 async fn data_plane_calls_need_the_sandboxs_token_and_whole_envelopes() {
     let (app, key) = gateway();
-    let good = keys::access_token(&key, "abcdef0123456789wxyz");
+    let good = token(&key, "abcdef0123456789wxyz");
     let start = crate::connect::envelope(0, br#"{"process":{"cmd":"true"}}"#).to_vec();
     // Streaming: the error is the end-of-stream message.
-    for token in [
-        None,
-        Some("nope"),
-        Some(keys::access_token(&key, "other").as_str()),
-    ] {
+    for token in [None, Some("nope"), Some(token(&key, "other").as_str())] {
         let ev = stream_answer(
             &app,
             envd_call(
@@ -475,7 +479,7 @@ async fn data_plane_calls_need_the_sandboxs_token_and_whole_envelopes() {
 #[tokio::test]
 async fn file_routes_refuse_what_they_cannot_serve() {
     let (app, key) = gateway();
-    let good = keys::access_token(&key, "abcdef0123456789wxyz");
+    let good = token(&key, "abcdef0123456789wxyz");
     let get = |uri: &str, token: Option<&str>| {
         let mut b = Request::get(uri)
             .header("e2b-sandbox-id", "abcdef0123456789wxyz")
@@ -519,7 +523,7 @@ async fn file_routes_refuse_what_they_cannot_serve() {
     assert!(j["message"].as_str().unwrap().contains("':'"), "{j}");
     // The right signature for another path, user or operation does not match either; an
     // expired one is refused before any is computed.
-    let token = keys::access_token(&key, "abcdef0123456789wxyz");
+    let token = token(&key, "abcdef0123456789wxyz");
     // As the SDK writes it in a URL (urllib's quote): base64's + and / escaped.
     let enc = |s: String| s.replace('+', "%2B").replace('/', "%2F");
     let sig = enc(keys::file_signature("/a", "read", "", &token, None));
@@ -542,12 +546,18 @@ async fn file_routes_refuse_what_they_cannot_serve() {
     .await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert!(j["message"].as_str().unwrap().contains("expired"), "{j}");
-    // The right one gets through to Warren (unreachable here: a 503).
+    // The right one, of a token the gateway has not seen (answered before a restart): the
+    // gateway cannot tell it from a forgery.
     let (s, j) = call(&app, get(&format!("/files?path=/a&signature={sig}"), None)).await;
-    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{j}");
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{j}");
+    assert!(j["message"].as_str().unwrap().contains("connect"), "{j}");
+    // Once the token is used, it is known: the URL gets through to Warren (unreachable here:
+    // a 503).
     let (s, j) = call(&app, get("/files", Some(&good))).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(j["message"].as_str().unwrap().contains("?path="), "{j}");
+    let (s, j) = call(&app, get(&format!("/files?path=/a&signature={sig}"), None)).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{j}");
     // Warren unreachable: a 503 that says so.
     let (s, _) = call(&app, get("/files?path=/a", Some(&good))).await;
     assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
@@ -675,4 +685,80 @@ async fn file_routes_refuse_what_they_cannot_serve() {
         (s, j["code"].as_str()),
         (StatusCode::BAD_REQUEST, Some("invalid_argument"))
     );
+}
+
+/// A signed URL costs no call to Warren and no work per sandbox: without the sandbox named it
+/// is refused at once (it used to make the gateway list every sandbox of every node with the
+/// admin key and hash once per sandbox); named, it is checked against that sandbox's few
+/// recent tokens only. Warren is unreachable here: any call to it would be a 503.
+#[tokio::test]
+async fn signed_urls_name_their_sandbox_and_ask_warren_nothing() {
+    let (app, key) = gateway();
+    let enc = |s: String| s.replace('+', "%2B").replace('/', "%2F");
+    let good = token(&key, "abcdef0123456789wxyz");
+    let sig = enc(keys::file_signature("/a", "read", "", &good, None));
+    let uri = format!("/files?path=/a&signature={sig}");
+    let (s, j) = call(&app, Request::get(&uri).body(Body::empty()).unwrap()).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{j}");
+    assert!(
+        j["message"].as_str().unwrap().contains("E2b-Sandbox-Id"),
+        "{j}"
+    );
+    // Known to the gateway (used once), under another sandbox's name it matches nothing; a
+    // forged signature neither.
+    let named = |id: &str, uri: &str, token: Option<&str>| {
+        let mut b = Request::get(uri)
+            .header("e2b-sandbox-id", id)
+            .header("e2b-sandbox-port", "49983");
+        if let Some(t) = token {
+            b = b.header("x-access-token", t);
+        }
+        b.body(Body::empty()).unwrap()
+    };
+    let (s, _) = call(&app, named("abcdef0123456789wxyz", "/files", Some(&good))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, j) = call(&app, named("otherotherother", &uri, None)).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{j}");
+    let forged = format!("/files?path=/a&signature=v1_{}", "B".repeat(43));
+    let (s, j) = call(&app, named("abcdef0123456789wxyz", &forged, None)).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{j}");
+    assert!(
+        j["message"].as_str().unwrap().contains("does not match"),
+        "{j}"
+    );
+}
+
+/// envd access tokens are bound to a sandbox and expire; neither another sandbox's token
+/// nor an expired one reaches Warren.
+#[tokio::test]
+async fn expired_and_other_sandboxes_tokens_are_refused() {
+    let (app, key) = gateway();
+    let list = |token: &str| {
+        envd_call(
+            "/process.Process/List",
+            Some(token),
+            "application/json",
+            b"{}".to_vec(),
+        )
+    };
+    let expired = keys::TokenKey::new(b"test", &key).issue(
+        "key_test",
+        "abcdef0123456789wxyz",
+        crate::tokens::now() - 1,
+    );
+    let (s, j) = call(&app, list(&expired)).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{j}");
+    assert!(j["message"].as_str().unwrap().contains("expired"), "{j}");
+    let (s, j) = call(&app, list(&token(&key, "anothersandbox"))).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{j}");
+    assert!(
+        j["message"].as_str().unwrap().contains("not this sandbox"),
+        "{j}"
+    );
+    // The old form (a hash of the gateway's key and the sandbox) is no token any more.
+    let (s, _) = call(&app, list(&"0".repeat(40))).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    // A good one gets to Warren (unreachable: unavailable).
+    let (s, j) = call(&app, list(&token(&key, "abcdef0123456789wxyz"))).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{j}");
 }

@@ -395,12 +395,18 @@ pub(crate) fn e2b_gateway(
     let admin = std::fs::read_to_string(warren_sdk::config::key_file(data_dir))
         .with_context(|| "reading the admin key the E2B gateway acts with")?;
     let warren = warren_sdk::Client::new(&format!("http://{listen}"), Some(admin.trim()))?;
+    // What signs envd access tokens: only the gateway reads it.
+    let secret_file = data_dir.join("e2b-token.secret");
+    let secret = warren_e2b::keys::token_secret(&secret_file)
+        .with_context(|| format!("the E2B gateway's token secret {}", secret_file.display()))?;
+    let tokens = warren_e2b::tokens::Tokens::new(warren_e2b::keys::TokenKey::new(&secret, &key));
     Ok(warren_e2b::Gateway {
         warren,
         key,
         base_image: "host".into(),
         domain,
         caller: None,
+        tokens: std::sync::Arc::new(tokens),
     })
 }
 

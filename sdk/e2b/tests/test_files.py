@@ -115,37 +115,56 @@ async def test_async_files(gateway):
 
 
 def test_signed_urls_of_a_secure_sandbox(gateway):
-    """`download_url`/`upload_url` carry a signature instead of the token and no sandbox
-    header: the gateway finds the sandbox from the signature."""
+    """`download_url`/`upload_url` carry a signature instead of the token. Made under
+    `E2B_SANDBOX_URL` they carry no sandbox id either: the request names the sandbox with the
+    routing headers the SDK sends on its own calls, and the gateway checks the signature
+    against that sandbox's tokens only. Without them it is refused at once (it used to make
+    the gateway search every sandbox)."""
     import httpx
     from e2b import Sandbox
 
     s = Sandbox.create("base", timeout=60, secure=True)
+    route = {"E2b-Sandbox-Id": s.sandbox_id, "E2b-Sandbox-Port": "49983"}
     try:
         s.files.write("/home/user/signed.txt", "signed content")
         url = s.download_url("/home/user/signed.txt")
         assert "signature=" in url
-        r = httpx.get(url, timeout=30)
+        r = httpx.get(url, headers=route, timeout=30)
         assert (r.status_code, r.text) == (200, "signed content")
+        r = httpx.get(url, timeout=30)
+        assert r.status_code == 400 and "E2b-Sandbox-Id" in r.json()["message"], r.text
+        # Under another sandbox's name it matches nothing.
+        other = Sandbox.create("base", timeout=60, secure=True)
+        try:
+            r = httpx.get(
+                url,
+                headers={"E2b-Sandbox-Id": other.sandbox_id, "E2b-Sandbox-Port": "49983"},
+                timeout=30,
+            )
+            assert r.status_code == 401, r.text
+        finally:
+            other.kill()
         # A user named beside the signature is not the signed one: ignored (as root, the
         # relative path would be /root/secret).
         s.files.write("/root/secret", "root only", user="root")
         r = httpx.get(
-            s.download_url("secret"), headers={"Authorization": "Basic cm9vdDo="}, timeout=30
+            s.download_url("secret"),
+            headers={**route, "Authorization": "Basic cm9vdDo="},
+            timeout=30,
         )
         assert r.status_code == 404, r.text
         # Another path under the same signature, or a write with a read's, is refused.
-        r = httpx.get(url.replace("signed.txt", "other.txt"), timeout=30)
+        r = httpx.get(url.replace("signed.txt", "other.txt"), headers=route, timeout=30)
         assert r.status_code == 401, r.text
-        r = httpx.post(url, files={"file": ("x", b"x")}, timeout=30)
+        r = httpx.post(url, headers=route, files={"file": ("x", b"x")}, timeout=30)
         assert r.status_code == 401, r.text
         up = s.upload_url("/home/user/up.txt", use_signature_expiration=60)
-        r = httpx.post(up, files={"file": ("up.txt", b"uploaded")}, timeout=30)
+        r = httpx.post(up, headers=route, files={"file": ("up.txt", b"uploaded")}, timeout=30)
         assert r.status_code == 200, r.text
         assert s.files.read("/home/user/up.txt") == "uploaded"
         # An expired one.
         old = s.download_url("/home/user/signed.txt", use_signature_expiration=-5)
-        r = httpx.get(old, timeout=30)
+        r = httpx.get(old, headers=route, timeout=30)
         assert r.status_code == 401 and "expired" in r.json()["message"], r.text
     finally:
         s.kill()

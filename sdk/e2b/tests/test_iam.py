@@ -85,3 +85,73 @@ def test_an_e2b_key_acts_as_its_warren_identity(gateway):
         r = httpx.get(f"{gateway.url}/v2/sandboxes", headers={"X-API-KEY": bad}, timeout=30)
         assert r.status_code == 401, r.text
         assert "invalid API key" in r.json()["message"], r.text
+
+
+def _envd(gateway, sandbox_id: str, token: str, method: str, body: dict) -> httpx.Response:
+    """A unary envd call made by hand, as the SDK makes it (its routing headers, the token)."""
+    return httpx.post(
+        f"{gateway.url}/{method}",
+        headers={
+            "E2b-Sandbox-Id": sandbox_id,
+            "E2b-Sandbox-Port": "49983",
+            "X-Access-Token": token,
+            "Content-Type": "application/json",
+            "Connect-Protocol-Version": "1",
+        },
+        json=body,
+        timeout=30,
+    )
+
+
+def _ran(gateway, sandbox_id: str, path: str) -> bool:
+    """Whether `path` exists in the sandbox, asked of Warren with the admin key."""
+    r = _warren(
+        gateway,
+        "POST",
+        f"/v1/sandboxes/{sandbox_id}/exec",
+        json={"cmd": f"test -e {path} && echo yes || echo no", "user": "root"},
+    )
+    return r["stdout"].strip() == "yes"
+
+
+def test_envd_tokens_die_with_their_key_and_name_it_in_the_audit_log(gateway):
+    """An envd access token is bound to the key it was answered to: its commands are audited
+    as that key, it opens no other sandbox, and once the key is revoked it runs nothing."""
+    from e2b import Sandbox
+
+    _warren(gateway, "POST", "/v1/projects", json={"path": "root/e2b-revoke"})
+    key = _warren(
+        gateway,
+        "POST",
+        "/v1/keys",
+        json={"name": "e2b-revoke", "project": "root/e2b-revoke", "role": "runner", "form": "e2b"},
+    )
+    secret = key["secret"]
+    a = Sandbox.create("base", timeout=120, api_key=secret)
+    b = Sandbox.create("base", timeout=120, api_key=secret)
+    try:
+        token = a._envd_access_token
+        assert token, "a runner key gets an envd access token"
+        assert a.commands.run("echo hi").stdout == "hi\n"
+        # The exec is in the audit log under the caller's key, not the gateway's.
+        entries = _warren(gateway, "GET", "/v1/audit?limit=1000")["entries"]
+        mine = [e for e in entries if e.get("key_id") == key["id"] and a.sandbox_id in e["target"]]
+        assert any(e["action"] == "sandbox.exec" for e in mine), entries[:10]
+        # A's token does not open B.
+        r = _envd(gateway, b.sandbox_id, token, "process.Process/List", {})
+        assert r.status_code == 401, r.text
+        assert _envd(gateway, a.sandbox_id, token, "process.Process/List", {}).status_code == 200
+        # Revoked: the old token is refused and runs nothing.
+        _warren(gateway, "DELETE", f"/v1/keys/{key['id']}")
+        r = _envd(gateway, a.sandbox_id, token, "process.Process/List", {})
+        assert r.status_code == 401, r.text
+        assert "revoked" in r.json()["message"], r.text
+        with pytest.raises(Exception):
+            a.commands.run("touch /tmp/ran-after-revoke", user="root")
+        assert not _ran(gateway, a.sandbox_id, "/tmp/ran-after-revoke")
+        with pytest.raises(Exception):
+            a.files.write("/tmp/written-after-revoke", "x")
+        assert not _ran(gateway, a.sandbox_id, "/tmp/written-after-revoke")
+    finally:
+        for s in (a, b):
+            _warren(gateway, "DELETE", f"/v1/sandboxes/{s.sandbox_id}")
