@@ -756,6 +756,29 @@ async fn requests_on_behalf_of_a_key_hold_its_grants_end_with_it_and_are_audited
     // A key short of everything on root cannot act for another (nor for itself).
     let e = runner.on_behalf_of(&kid).whoami().await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::PermissionDenied), "{e}");
+    // Its grant removed (the key itself still valid): refused on that sandbox, nothing runs.
+    let granted = key_for(&admin, &p.url, "ob2", "root/ob", "runner").await;
+    let kid2 = granted.whoami().await.unwrap().key_id;
+    let sb2 = admin
+        .on_behalf_of(&kid2)
+        .sandbox(mine.id().as_str())
+        .unwrap();
+    assert_eq!(sb2.exec(&shell("echo hi")).await.unwrap().stdout, "hi\n");
+    admin
+        .revoke_grant("ob2", "root/ob", "runner")
+        .await
+        .unwrap();
+    let e = sb2
+        .exec(&shell("touch /tmp/after-ungrant"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.code(),
+            Some(ErrorCode::SandboxNotFound | ErrorCode::PermissionDenied)
+        ),
+        "{e}"
+    );
     // Unknown, and revoked: refused, and nothing runs.
     let e = admin
         .on_behalf_of("key_000000000000")
@@ -773,7 +796,9 @@ async fn requests_on_behalf_of_a_key_hold_its_grants_end_with_it_and_are_audited
     let check = admin
         .sandbox(mine.id().as_str())
         .unwrap()
-        .exec(&shell("test -e /tmp/after-revoke && echo ran || echo not"))
+        .exec(&shell(
+            "test -e /tmp/after-revoke -o -e /tmp/after-ungrant && echo ran || echo not",
+        ))
         .await
         .unwrap();
     assert_eq!(check.stdout, "not\n");
