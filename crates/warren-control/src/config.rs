@@ -50,6 +50,10 @@ pub struct ControlConfig {
     /// their APIs. Made (mode 0600) when missing. Every replica of a cluster needs the same
     /// one. Default `<data_dir>/cluster.token`.
     pub cluster_token_file: Option<PathBuf>,
+    /// Ranges image pulls may reach although they are always denied (private, loopback,
+    /// link-local and metadata addresses, `warren_types::denied`): a registry on the site's
+    /// own network, e.g. `["10.20.0.0/16"]`. CIDRs. Default none.
+    pub registry_exempt: Vec<String>,
 }
 
 impl Default for ControlConfig {
@@ -69,6 +73,7 @@ impl Default for ControlConfig {
             node_task_timeout_ms: 600_000,
             sandbox_domain: None,
             cluster_token_file: None,
+            registry_exempt: Vec::new(),
         }
     }
 }
@@ -102,6 +107,20 @@ impl ControlConfig {
             .filter(|n| !n.is_empty())
             .all(eligible);
         (all && !self.burst_images.is_empty()).then_some(self.burst_threshold)
+    }
+
+    /// The destinations image pulls may not reach: the always-denied ranges less
+    /// `registry_exempt`, or what is wrong with that setting.
+    pub fn registry_denied(&self) -> Result<warren_types::denied::Denied, String> {
+        let exempt = self
+            .registry_exempt
+            .iter()
+            .map(|s| {
+                warren_types::net::Cidr::parse(s)
+                    .map_err(|e| format!("[control] registry_exempt: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(warren_types::denied::Denied::new(&[], &exempt))
     }
 
     /// The cluster token's file in effect.

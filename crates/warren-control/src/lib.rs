@@ -18,6 +18,7 @@ pub mod node_api;
 pub mod nodes;
 pub mod openapi;
 pub mod quota;
+pub mod registry;
 pub mod scheduler;
 
 use std::sync::Arc;
@@ -102,6 +103,7 @@ impl Control {
                 cfg.burst_threshold
             )));
         }
+        cfg.registry_denied().map_err(StartError::Config)?;
         let url = cfg.database_url();
         // Shown without its password, should it hold one.
         let shown = match url.split_once('@') {

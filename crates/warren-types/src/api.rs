@@ -1522,7 +1522,9 @@ pub struct PullRequest {
     /// Name for it in Warren; default: its repository and tag (`library/python:3.12`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Talk plain HTTP to the registry (a registry on a private network without TLS).
+    /// Talk plain HTTP to the registry (a registry without TLS). The administrator's key only
+    /// (403 otherwise). A registry at a private, loopback, link-local or metadata address is
+    /// refused either way unless `[control] registry_exempt` names its range.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub insecure: bool,
     /// Registry user name (with `password`); anonymous when absent.

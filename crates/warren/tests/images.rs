@@ -614,7 +614,8 @@ async fn registry_double(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pull_from_a_registry() {
     require_root!();
-    let p = Platform::start_with(Some(CONFIG));
+    // The registry double is on loopback, which pulls reach only by the operator's leave.
+    let p = Platform::start_with(Some(&format!("{CONFIG}{LOOPBACK_REGISTRY}")));
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
     base_rootfs(&root);
@@ -684,6 +685,181 @@ async fn pull_from_a_registry() {
         "{out:?}"
     );
     assert_eq!(p.client().images().await.unwrap().len(), 1);
+    p.assert_clean();
+}
+
+/// The control plane's leave to pull from a registry on 127.0.0.1 (and nowhere else
+/// internal).
+const LOOPBACK_REGISTRY: &str = "[control]\nregistry_exempt = [\"127.0.0.1/32\"]\n";
+
+/// A server on 127.0.0.2 (outside the exemption) that counts the requests it gets and answers
+/// each with a secret: what a pull must never reach or repeat.
+async fn witness() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let app = axum::Router::new().fallback(move || {
+        h.fetch_add(1, Ordering::SeqCst);
+        async { "SECRET-OF-THE-INTERNAL-SERVICE" }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}"), hits)
+}
+
+/// A registry on 127.0.0.1 whose every answer is `answer` (status, headers, body).
+async fn hostile_registry(status: u16, headers: Vec<(&'static str, String)>, body: &str) -> u16 {
+    use axum::response::IntoResponse;
+    let body = body.to_string();
+    let app = axum::Router::new().fallback(move || {
+        let (headers, body) = (headers.clone(), body.clone());
+        async move {
+            let mut r = (axum::http::StatusCode::from_u16(status).unwrap(), body).into_response();
+            for (k, v) in headers {
+                r.headers_mut().insert(k, v.parse().unwrap());
+            }
+            r
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+fn pull_req(reference: String, insecure: bool) -> warren_sdk::PullRequest {
+    warren_sdk::PullRequest {
+        reference,
+        name: None,
+        insecure,
+        username: None,
+        password: None,
+        project: None,
+    }
+}
+
+/// Registry pulls are no way into the control plane's networks (security review, issue 29):
+/// a registry, token service or redirect at an internal address is refused before any
+/// connection, `insecure` is the administrator's alone, and no registry's answer body is
+/// repeated in an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_pulls_reach_no_internal_address_and_repeat_no_answer() {
+    use std::sync::atomic::Ordering;
+    require_root!();
+    let (secret_url, hits) = witness().await;
+    let empty = [].into();
+    let port = registry_double(b"{}".to_vec(), empty).await;
+
+    // Without the operator's leave, loopback is refused, by address or by name, and says why.
+    {
+        let p = Platform::start_with(Some(CONFIG));
+        let c = p.client();
+        for reference in [
+            format!("127.0.0.1:{port}/t/img:1"),
+            format!("localhost:{port}/t/img:1"),
+            format!("{}/t/img:1", secret_url.trim_start_matches("http://")),
+        ] {
+            let e = c
+                .pull_image(&pull_req(reference.clone(), true))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                e.code(),
+                Some(ErrorCode::PermissionDenied),
+                "{reference}: {e}"
+            );
+            let m = e.to_string();
+            assert!(
+                m.contains("registry_exempt") && m.contains("loopback"),
+                "{m}"
+            );
+        }
+    }
+
+    let p = Platform::start_with(Some(&format!("{CONFIG}{LOOPBACK_REGISTRY}")));
+    let admin = p.client();
+    // `insecure` from a project's builder: 403, whatever the registry.
+    admin
+        .create_identity(&warren_sdk::CreateIdentity {
+            name: "ci".into(),
+            kind: None,
+            project: Some("root".into()),
+        })
+        .await
+        .unwrap();
+    admin.grant("ci", "root", "builder").await.unwrap();
+    let k = admin
+        .create_key(&warren_sdk::CreateKey {
+            name: "ci".into(),
+            identity: Some("ci".into()),
+            project: Some("root".into()),
+            role: Some("builder".into()),
+            expires_in: None,
+            form: None,
+        })
+        .await
+        .unwrap();
+    let builder = warren_sdk::Client::new(&p.url, Some(&k.secret)).unwrap();
+    let e = builder
+        .pull_image(&pull_req(format!("127.0.0.1:{port}/t/img:1"), true))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::PermissionDenied), "{e}");
+    assert!(e.to_string().contains("administrator"), "{e}");
+
+    // A realm at an internal address: refused, never asked.
+    let realm = hostile_registry(
+        401,
+        vec![(
+            "www-authenticate",
+            format!("Bearer realm=\"{secret_url}/token\",service=\"r\""),
+        )],
+        "",
+    )
+    .await;
+    // A redirect to one: refused, never followed.
+    let redirect = hostile_registry(
+        307,
+        vec![("location", format!("{secret_url}/latest/meta-data/"))],
+        "",
+    )
+    .await;
+    for (port, what) in [(realm, "realm"), (redirect, "redirect")] {
+        let e = admin
+            .pull_image(&pull_req(format!("127.0.0.1:{port}/t/img:1"), true))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(ErrorCode::PermissionDenied), "{what}: {e}");
+        let m = e.to_string();
+        assert!(
+            m.contains("127.0.0.2") && m.contains("registry_exempt"),
+            "{what}: {m}"
+        );
+        assert!(!m.contains("SECRET"), "{what}: {m}");
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "the internal server was reached"
+    );
+
+    // A registry's error body is never repeated: its status and what to check instead.
+    for status in [404, 500] {
+        let port = hostile_registry(status, vec![], "SECRET-FROM-THE-REGISTRY config dump").await;
+        let e = admin
+            .pull_image(&pull_req(format!("127.0.0.1:{port}/t/img:1"), true))
+            .await
+            .unwrap_err();
+        let m = e.to_string();
+        assert!(!m.contains("SECRET"), "{m}");
+        assert!(
+            m.contains(&status.to_string()) && m.contains("check"),
+            "{m}"
+        );
+        assert_ne!(e.code(), Some(ErrorCode::Internal), "{m}");
+    }
+    assert!(admin.images().await.unwrap().is_empty());
     p.assert_clean();
 }
 

@@ -715,10 +715,11 @@ fn one(node: &crate::nodes::NodeEntry, e: CallError) -> Error {
     request_body = PullRequest,
     responses((status = 201, body = ImageDetail),
         (status = 400, description = "A bad reference or name.", body = ErrorBody),
+        (status = 403, description = "The key does not hold the permission this needs there (the message names it); `insecure` from a key that is not the administrator's, or a registry, token service or redirect at a private, loopback, link-local or metadata address (see `[control] registry_exempt`).", body = ErrorBody),
         (status = 404, description = "No such project.", body = ErrorBody),
         (status = 409, description = "The name is another project's image's.", body = ErrorBody),
         (status = 413, description = "The image is larger than max_image_upload, or a blob longer than its manifest says.", body = ErrorBody),
-        (status = 502, description = "The registry failed or refused.", body = ErrorBody)),
+        (status = 503, description = "The registry failed or refused: its status and what to check, never its answer's body.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn pull(
     axum::extract::State(c): S,
@@ -726,7 +727,7 @@ pub async fn pull(
     from: Source,
     Json(req): Json<PullRequest>,
 ) -> Result<(StatusCode, Json<ImageDetail>), Error> {
-    use oci_client::secrets::RegistryAuth;
+    use crate::registry::{PullError, Registry};
     let bad = |m: String| Error(ApiError::new(ErrorCode::InvalidArgument, m));
     let reference: oci_client::Reference = req.reference.parse().map_err(|e| {
         bad(format!(
@@ -756,29 +757,41 @@ pub async fn pull(
     })?;
     let (project, old) =
         build_target(&c, &who, req.project.as_deref(), &who.project, &name).await?;
-    let auth = match (&req.username, &req.password) {
-        (Some(u), Some(p)) => RegistryAuth::Basic(u.clone(), p.clone()),
-        (None, None) => RegistryAuth::Anonymous,
+    let basic = match (&req.username, &req.password) {
+        (Some(u), Some(p)) => Some((u.clone(), p.clone())),
+        (None, None) => None,
         _ => return Err(bad("give both username and password, or neither".into())),
     };
-    let client = oci_client::Client::new(oci_client::client::ClientConfig {
-        protocol: if req.insecure {
-            oci_client::client::ClientProtocol::Http
-        } else {
-            oci_client::client::ClientProtocol::Https
-        },
-        ..Default::default()
-    });
-    let registry = |e: oci_client::errors::OciDistributionError| {
-        Error(ApiError::new(
-            ErrorCode::Unavailable,
-            format!("pulling {}: the registry said: {e}", req.reference),
-        ))
+    // Plain HTTP reaches whatever answers on a port; it is the administrator's to use.
+    if req.insecure && !who.allows(crate::iam::Perm::ClusterAdmin, crate::iam::model::ROOT) {
+        return Err(Error(ApiError::new(
+            ErrorCode::PermissionDenied,
+            "`insecure` (plain HTTP to the registry) is for the administrator only: pull over \
+             HTTPS, or ask an administrator to pull the image",
+        )));
+    }
+    let denied = c
+        .cfg
+        .registry_denied()
+        .map_err(|e| Error(ApiError::internal(e)))?;
+    let registry = |e: PullError| {
+        Error(match e {
+            PullError::Internal(m) => ApiError::new(
+                ErrorCode::PermissionDenied,
+                format!("pulling {}: {m}", req.reference),
+            ),
+            PullError::Remote(m) => ApiError::new(
+                ErrorCode::Unavailable,
+                format!("pulling {}: {m}", req.reference),
+            ),
+            PullError::Write(e) => ApiError::new(
+                ErrorCode::Unavailable,
+                format!("pulling {}: {e}", req.reference),
+            ),
+        })
     };
-    let (manifest, _digest, config) = client
-        .pull_manifest_and_config(&reference, &auth)
-        .await
-        .map_err(registry)?;
+    let mut client = Registry::new(reference, denied, req.insecure, basic).map_err(registry)?;
+    let (manifest, config) = client.manifest_and_config().await.map_err(registry)?;
 
     // Lay the image out as an OCI image layout in the store's tmp, then import that.
     let st = store(&c)?.clone();
@@ -825,7 +838,7 @@ pub async fn pull(
             left
         };
         let mut w = Capped::new(f, cap);
-        let r = client.pull_blob(&reference, layer, &mut w).await;
+        let r = client.blob(&layer.digest, &mut w, None).await;
         if w.over {
             return Err(too_large());
         }

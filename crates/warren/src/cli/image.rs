@@ -51,7 +51,10 @@ pub enum ImageCommand {
         warren image pull ghcr.io/org/env:v3 --name tk/env:v3\n  \
         echo $TOKEN | warren image pull registry.local:5000/team/env:1 --insecure --username ci --password-stdin\n\n\
         The control plane fetches the manifest for this machine's platform and the layers\n\
-        (digests checked) into the layer store, one layer per image layer.")]
+        (digests checked) into the layer store, one layer per image layer. It refuses a\n\
+        registry, token service or redirect at a private, loopback, link-local or metadata\n\
+        address unless [control] registry_exempt names its range; --insecure is the\n\
+        administrator's only.")]
     Pull(PullArgs),
     /// List images, or with --orphans the layers no image names.
     #[command(
@@ -120,7 +123,7 @@ pub struct PullArgs {
     /// Name in Warren [default: the reference's repository and tag].
     #[arg(long)]
     pub name: Option<String>,
-    /// Plain HTTP to the registry (no TLS).
+    /// Plain HTTP to the registry (no TLS); the administrator's key only.
     #[arg(long)]
     pub insecure: bool,
     /// Registry user name; the password is read from standard input (--password-stdin).
