@@ -173,11 +173,14 @@ pub struct NetworkConfig {
     pub pool4: String,
     /// The IPv6 pool, /64 to /120. Default `fd77:7761::/64`.
     pub pool6: String,
-    /// More destinations no sandbox may reach, whatever its policy (the node's own addresses,
-    /// the pools, loopback, link-local and metadata addresses are always in). CIDRs.
+    /// More destinations no sandbox may reach, whatever its policy: a database or another
+    /// node on a public address. Always in: the reviewed list of `warren_types::denied`
+    /// (private, shared and unique-local space, loopback, link-local, metadata, ...), the
+    /// node's own addresses, the pools and the control plane's `--join` addresses. CIDRs.
     pub internal: Vec<String>,
     /// Destinations taken out of the always-denied ones (a sandbox still needs a rule to reach
-    /// them), e.g. a package mirror on the node's own network. CIDRs.
+    /// them), e.g. `10.20.0.0/16` for a package mirror on the site's network; a range inside a
+    /// wider denied one opens just that part. CIDRs.
     pub exempt: Vec<String>,
     /// The NFLOG group refused packets are logged to (one per node per network namespace).
     /// Default 1977.

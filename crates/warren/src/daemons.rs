@@ -283,9 +283,8 @@ fn control_plane_addresses(joins: &[String]) -> anyhow::Result<Vec<std::net::IpA
     use std::net::ToSocketAddrs;
     let mut out = Vec::new();
     for j in joins {
-        let url = reqwest::Url::parse(j).with_context(|| {
-            format!("--join {j:?} is not a URL: give http://CONTROL:7700")
-        })?;
+        let url = reqwest::Url::parse(j)
+            .with_context(|| format!("--join {j:?} is not a URL: give http://CONTROL:7700"))?;
         let port = url.port_or_known_default().unwrap_or(80);
         let Some(host) = url.host_str() else {
             anyhow::bail!("--join {j:?} names no host: give http://CONTROL:7700");

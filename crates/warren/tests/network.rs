@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::Platform;
 use common::lab::{
-    LATE_NODE, Lab, NODE_UPLINK, OTHER_SITE, SITE, SITE6, UNNAMED_SITE, http_probe, icmp_probe,
-    tcp_probe, tls_probe,
+    LATE_NODE, Lab, NODE_UPLINK, OTHER_SITE, PRIVATE_SITES, SITE, SITE6, UNNAMED_SITE, http_probe,
+    icmp_probe, tcp_probe, tls_probe,
 };
 use warren_sdk::{
     CreateSandbox, EventFilter, EventKind, NetRule, NetworkMode, NetworkPolicy, Protocol, Sandbox,
@@ -253,6 +253,89 @@ fn deny_by_default_allow_by_cidr_and_port_and_change_at_run_time() {
             assert!(e.to_string().contains(says), "{bad:?}: {e}");
         }
         assert!(sb.network().await.unwrap().allow.is_empty());
+    });
+}
+
+/// "The internet" (`0.0.0.0/0` and `::/0`, E2B's `allow_internet_access`) is public unicast
+/// only: private, shared and unique-local hosts beyond the node stay refused (each attempt a
+/// `network` event) until the node's operator exempts their range (security review, issue 29).
+#[test]
+fn the_internet_is_public_addresses_only_until_the_node_exempts_a_range() {
+    require_root!();
+    let lab = Lab::new("p");
+    lab.add_private_sites();
+    let internet = NetworkPolicy::internet();
+    {
+        let p = Platform::start_in(&lab.node.name, Some(&lab.node_config()));
+        p.run(async || {
+            let c = p.client();
+            let sb = c
+                .create(&create_req(None, Some(internet.clone())))
+                .await
+                .unwrap();
+            connects(&sb, SITE, 80).await;
+            connects(&sb, SITE6, 80).await;
+            for a in PRIVATE_SITES {
+                refused(&sb, a, 80).await;
+            }
+            let ev = network_events(&c, &sb, |ev| {
+                PRIVATE_SITES.iter().all(|a| {
+                    ev.iter()
+                        .any(|e| e.network.as_ref().is_some_and(|n| n.destination == *a))
+                })
+            })
+            .await;
+            for a in PRIVATE_SITES {
+                assert!(
+                    ev.iter()
+                        .any(|e| e.network.as_ref().is_some_and(|n| n.destination == *a)),
+                    "no network event for {a}: {ev:#?}"
+                );
+            }
+            // Naming a private range in a rule is a 400 that says how to open it.
+            let e = sb
+                .set_network(&NetworkPolicy {
+                    allow: vec![NetRule::cidr("10.99.0.0/16")],
+                    ..NetworkPolicy::default()
+                })
+                .await
+                .unwrap_err();
+            let m = e.to_string();
+            assert!(
+                m.contains("no sandbox on this node may reach") && m.contains("exempt"),
+                "{m}"
+            );
+            sb.kill().await.unwrap();
+        });
+    }
+    // The operator opens two ranges: those hosts are reachable, the rest of the private space
+    // still is not.
+    let cfg = format!(
+        "{}exempt = [\"10.99.0.0/16\", \"fc00::7:0/112\"]\n",
+        lab.node_config()
+    );
+    let p = Platform::start_in(&lab.node.name, Some(&cfg));
+    p.run(async || {
+        let c = p.client();
+        let sb = c
+            .create(&create_req(None, Some(internet.clone())))
+            .await
+            .unwrap();
+        connects(&sb, "10.99.0.1", 80).await;
+        connects(&sb, "fc00::7:1", 80).await;
+        for a in ["172.20.0.1", "192.168.77.1", "100.64.7.1"] {
+            refused(&sb, a, 80).await;
+        }
+        // A rule may name the exempt range now, and only its hosts.
+        sb.set_network(&NetworkPolicy {
+            allow: vec![NetRule::cidr("10.99.0.0/16")],
+            ..NetworkPolicy::default()
+        })
+        .await
+        .unwrap();
+        connects(&sb, "10.99.0.1", 80).await;
+        refused(&sb, SITE, 80).await;
+        sb.kill().await.unwrap();
     });
 }
 

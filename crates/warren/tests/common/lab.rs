@@ -17,6 +17,16 @@ pub const SITE6: &str = "2001:db8:1::1";
 pub const DNS: &str = "198.51.100.53";
 /// The node's uplink address.
 pub const NODE_UPLINK: &str = "198.51.100.2";
+/// Hosts beyond the node on private, shared and unique-local addresses (an office network, a
+/// cluster's database, a carrier-grade NAT, a private IPv6 network): "the internet" does not
+/// hold them (see [`Lab::add_private_sites`]).
+pub const PRIVATE_SITES: &[&str] = &[
+    "10.99.0.1",
+    "172.20.0.1",
+    "192.168.77.1",
+    "100.64.7.1",
+    "fc00::7:1",
+];
 /// An address the node gains after it started (see [`Lab::node_gains_an_address`]).
 pub const LATE_NODE: &str = "198.51.100.9";
 
@@ -152,6 +162,21 @@ impl Lab {
         self.node
             .ip(&["addr", "add", &format!("{LATE_NODE}/32"), "dev", "up0"]);
         self.serve_tcp(format!("{LATE_NODE}:443").parse().unwrap());
+    }
+
+    /// [`PRIVATE_SITES`] on the internet's side of the node (routed there by the node's
+    /// default routes), each with a TCP server on port 80.
+    pub fn add_private_sites(&self) {
+        for a in PRIVATE_SITES {
+            let cidr = format!("{a}/{}", if a.contains(':') { 128 } else { 32 });
+            let mut args = vec!["addr", "add", &cidr, "dev", "up0"];
+            if a.contains(':') {
+                args.push("nodad");
+            }
+            self.internet.ip(&args);
+            let addr: IpAddr = a.parse().unwrap();
+            self.serve_tcp(SocketAddr::new(addr, 80));
+        }
     }
 
     /// The node's configuration for this lab (its resolver, short TTLs).
