@@ -266,7 +266,10 @@ mod tests {
         let eff = d.effective();
         assert!(!eff.iter().any(|c| c.contains(ip("10.1.2.3"))), "{eff:?}");
         assert!(eff.iter().any(|c| c.contains(ip("10.2.0.1"))), "{eff:?}");
-        assert!(eff.iter().any(|c| c.contains(ip("10.0.255.255"))), "{eff:?}");
+        assert!(
+            eff.iter().any(|c| c.contains(ip("10.0.255.255"))),
+            "{eff:?}"
+        );
         assert!(!eff.iter().any(|c| c.contains(ip("10.1.255.255"))));
     }
 
@@ -276,7 +279,10 @@ mod tests {
         assert_eq!(s.len(), 8, "{s:?}");
         assert!(s.contains(&cidr("10.0.0.0/16")));
         assert!(s.contains(&cidr("10.128.0.0/9")));
-        assert_eq!(subtract(&[cidr("10.0.0.0/8")], &[cidr("10.0.0.0/7")]), vec![]);
+        assert_eq!(
+            subtract(&[cidr("10.0.0.0/8")], &[cidr("10.0.0.0/7")]),
+            vec![]
+        );
         assert_eq!(
             subtract(&[cidr("fc00::/7")], &[cidr("fd77::1/128")]).len(),
             121
