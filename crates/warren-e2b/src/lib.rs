@@ -59,8 +59,9 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Whether the caller may have sandbox `project`'s envd access token (commands and files
-    /// run through envd as the gateway).
+    /// Whether the caller may have an envd access token for a sandbox of `project` (Warren
+    /// checks each envd call again, made on behalf of the caller's key; this spares a token
+    /// that could do nothing).
     pub fn may_envd(&self, project: &str) -> bool {
         let Some(who) = &self.caller else {
             return true;
