@@ -265,6 +265,15 @@ fn the_internet_is_public_addresses_only_until_the_node_exempts_a_range() {
     let lab = Lab::new("p");
     lab.add_private_sites();
     let internet = NetworkPolicy::internet();
+    let office = NetworkPolicy {
+        allow: vec![NetRule::domain("office.host.test")],
+        ..NetworkPolicy::default()
+    };
+    let resolve = |host: &str| {
+        format!(
+            "import socket\ntry: print(socket.gethostbyname('{host}'))\nexcept OSError as e: print('fail', e.errno)\n"
+        )
+    };
     {
         let p = Platform::start_in(&lab.node.name, Some(&lab.node_config()));
         p.run(async || {
@@ -306,6 +315,17 @@ fn the_internet_is_public_addresses_only_until_the_node_exempts_a_range() {
                 "{m}"
             );
             sb.kill().await.unwrap();
+            // An allowed name that resolves to a private address: the DNS proxy drops it.
+            let named = c
+                .create(&create_req(None, Some(office.clone())))
+                .await
+                .unwrap();
+            assert!(
+                py(&named, &resolve("office.host.test"))
+                    .await
+                    .starts_with("fail")
+            );
+            named.kill().await.unwrap();
         });
     }
     // The operator opens two ranges: those hosts are reachable, the rest of the private space
@@ -336,6 +356,22 @@ fn the_internet_is_public_addresses_only_until_the_node_exempts_a_range() {
         connects(&sb, "10.99.0.1", 80).await;
         refused(&sb, SITE, 80).await;
         sb.kill().await.unwrap();
+        // The DNS proxy answers the exempt address, and the transparent proxy (port 80 of a
+        // name) dials it: the exemption is cut out of 10.0.0.0/8 for both.
+        let named = c
+            .create(&create_req(None, Some(office.clone())))
+            .await
+            .unwrap();
+        assert_eq!(py(&named, &resolve("office.host.test")).await, "10.99.0.1");
+        assert_eq!(
+            py(
+                &named,
+                &http_probe("office.host.test", 80, "office.host.test")
+            )
+            .await,
+            "hi"
+        );
+        named.kill().await.unwrap();
     });
 }
 

@@ -38,6 +38,8 @@ pub const ZONE: &[(&str, &str, u32)] = &[
     ("other.test", OTHER_SITE, 300),
     // An allowed name that answers with the node's gateway: DNS rebinding.
     ("rebind.host.test", "10.200.0.1", 300),
+    // An allowed name that answers with a private address (see `PRIVATE_SITES`).
+    ("office.host.test", "10.99.0.1", 300),
     // An allowed name that answers with an address the node gained after it started.
     ("late.host.test", LATE_NODE, 300),
 ];
