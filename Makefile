@@ -28,6 +28,7 @@ test:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) build --workspace
 	$(CARGO) test --workspace
+	fuzz/run.sh
 	sdk/python/run-tests.sh
 	sdk/e2b/run-tests.sh
 	deploy/check.sh

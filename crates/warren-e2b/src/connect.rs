@@ -269,7 +269,8 @@ where
     }
 
     /// The next message's payload; `None` at the end of the stream (the body's end, or an
-    /// end-of-stream envelope, which must be the last thing in it).
+    /// end-of-stream envelope, which must be the last thing in it: after one, the body is read
+    /// to its end, and any byte there is an error).
     pub async fn next(&mut self) -> Result<Option<Vec<u8>>, Error> {
         use futures_util::StreamExt;
         loop {
@@ -281,11 +282,28 @@ where
                     self.pos += 5 + len;
                     if flags & FLAG_END_STREAM != 0 {
                         self.ended = true;
-                        if self.pos < self.buf.len() {
-                            return Err(Error::new(
+                        let after = || {
+                            Error::new(
                                 Code::InvalidArgument,
                                 "data after the end-of-stream envelope",
-                            ));
+                            )
+                        };
+                        if self.pos < self.buf.len() {
+                            return Err(after());
+                        }
+                        // Nothing may follow it, however the body is cut into chunks: the
+                        // rest of the body is read to its end (empty chunks pass).
+                        while let Some(chunk) = self.body.next().await {
+                            match chunk {
+                                Ok(c) if c.is_empty() => {}
+                                Ok(_) => return Err(after()),
+                                Err(e) => {
+                                    return Err(Error::new(
+                                        Code::Canceled,
+                                        format!("the request stream broke off: {e}"),
+                                    ));
+                                }
+                            }
                         }
                         return Ok(None);
                     }
@@ -456,6 +474,32 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code, Code::Canceled);
+    }
+
+    /// Found by the fuzz target `connect_envelope`: with the end-of-stream envelope alone in
+    /// a chunk, what came after it in a later chunk was never looked at, and the stream passed
+    /// as well formed. However the body is cut, data after the end is refused.
+    #[tokio::test]
+    async fn data_after_the_end_of_stream_is_refused_however_the_body_is_cut() {
+        let mut body = end_stream(None).to_vec();
+        body.extend_from_slice(&envelope(0, b"x"));
+        for n in [1, 2, 5, 7, 8, 100] {
+            let e = all(reader_over(&body, n)).await.unwrap_err();
+            assert!(
+                e.message.contains("after the end-of-stream"),
+                "chunks of {n}: {e}"
+            );
+        }
+        // The fuzzer's input: an empty end-of-stream envelope, then a header, a byte at a time.
+        let e = all(reader_over(b"\x02\0\0\0\0\0\0\0\0\x08\xff\xff\xff\xff", 1))
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("after the end-of-stream"), "{e}");
+        // Empty chunks after it are no data.
+        let chunks: Vec<Result<bytes::Bytes, std::io::Error>> =
+            vec![Ok(end_stream(None)), Ok(bytes::Bytes::new())];
+        let r = EnvelopeReader::new(futures_util::stream::iter(chunks));
+        assert!(all(r).await.unwrap().is_empty());
     }
 
     #[test]

@@ -32,6 +32,8 @@
 //! no larger than the query, and the client's stub gives up fast instead of retrying for
 //! seconds); over the rate limit it is dropped (answering a flood is what the limit prevents).
 
+#[doc(hidden)]
+pub mod fuzz;
 pub(crate) mod limits;
 mod lookup;
 mod message;

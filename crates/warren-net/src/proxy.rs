@@ -59,6 +59,8 @@
 
 mod cache;
 mod conn;
+#[doc(hidden)]
+pub mod fuzz;
 mod hello;
 mod http;
 mod listen;
