@@ -397,6 +397,21 @@ async fn join_loop(joins: Vec<String>, token: String, reg: NodeRegistration) {
 mod tests {
     use std::os::unix::fs::PermissionsExt;
 
+    #[test]
+    fn the_control_planes_a_node_joins_are_named_by_address() {
+        let a = super::control_plane_addresses(&[
+            "http://127.0.0.1:7700".into(),
+            "http://[::1]:7700".into(),
+            "http://localhost:7700".into(),
+        ])
+        .unwrap();
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert_eq!(&a[..2], &[ip("127.0.0.1"), ip("::1")]);
+        assert!(a.len() > 2, "localhost resolves: {a:?}");
+        let e = super::control_plane_addresses(&["control:7700".into()]).unwrap_err();
+        assert!(format!("{e:#}").contains("CONTROL:7700"), "{e:#}");
+    }
+
     fn mode(p: &std::path::Path) -> u32 {
         std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
     }
