@@ -142,7 +142,7 @@ pub struct CreateSandbox {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub builder: bool,
     /// Its network: `{"mode": "none"}` for loopback only, or rules of what it may reach
-    /// (`{"allow": [{"domain": "pypi.org"}, {"cidr": "10.1.0.0/16", "ports": "443"}]}`); see
+    /// (`{"allow": [{"domain": "pypi.org"}, {"cidr": "203.0.113.0/24", "ports": "443"}]}`); see
     /// `NetworkPolicy`. Default: the node's — an interface with everything outbound denied
     /// (`filtered`, no rules), or loopback only on a node without a sandbox network. Changed
     /// later with `PUT /v1/sandboxes/{id}/network`.

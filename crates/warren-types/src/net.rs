@@ -154,7 +154,8 @@ impl NetworkPolicy {
         }
     }
 
-    /// Every address outside the always-denied ranges, every port.
+    /// Every public address, every port: `0.0.0.0/0` and `::/0`, which the always-denied
+    /// ranges (`crate::denied`: private networks, loopback, link-local, metadata, ...) narrow.
     pub fn internet() -> NetworkPolicy {
         NetworkPolicy {
             mode: NetworkMode::Filtered,

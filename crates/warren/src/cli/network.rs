@@ -15,7 +15,7 @@ pub struct PolicyArgs {
     /// `pypi.org`, or `*.pythonhosted.org` for every name under it (repeatable).
     #[arg(long = "allow-domain", value_name = "DOMAIN")]
     allow_domain: Vec<String>,
-    /// Allow every protocol and port to an address or CIDR: `10.1.0.0/16`, `2001:db8::/32`
+    /// Allow every protocol and port to an address or CIDR: `203.0.113.0/24`, `2001:db8::/32` (private ranges only where the node's operator exempts them)
     /// (repeatable).
     #[arg(long = "allow-cidr", value_name = "CIDR")]
     allow_cidr: Vec<String>,
@@ -36,8 +36,9 @@ pub struct PolicyArgs {
     /// denied (the interface stays).
     #[arg(long, conflicts_with_all = ["internet", "allow_domain", "allow_cidr", "allow_port", "deny_domain", "deny_cidr", "deny_port", "expose"])]
     none: bool,
-    /// Allow every address outside the always-denied ones (the node, other sandboxes,
-    /// loopback, link-local and metadata addresses), every port.
+    /// Allow every public address, every port: every address outside the always-denied ones
+    /// (the node, other sandboxes, the control plane, private networks, loopback, link-local
+    /// and metadata addresses).
     #[arg(long)]
     internet: bool,
     /// Make a TCP port of the sandbox reachable from outside it (repeatable): the node gives
@@ -116,8 +117,8 @@ pub enum NetworkCommand {
     #[command(after_help = "Examples:\n  \
         warren network set $id --allow-domain pypi.org --allow-domain '*.pythonhosted.org'\n  \
         warren network set --task run-7 --none          # the agent phase: nothing reachable\n  \
-        warren network set $id --allow-cidr 10.1.0.0/16 --allow-port 53/udp\n  \
-        warren network set $id --internet --deny-cidr 10.0.0.0/8\n  \
+        warren network set $id --allow-cidr 203.0.113.0/24 --allow-port 53/udp\n  \
+        warren network set $id --internet --deny-cidr 203.0.113.0/24\n  \
         warren network set $id --expose 8000              # reachable from the node's host\n\n\
         The flags give the whole new policy (no flag: everything denied). New connections \
         follow it at once; an open connection that it no longer allows is reset at its next \

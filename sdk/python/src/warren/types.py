@@ -146,9 +146,9 @@ class NetworkPolicy:
 
         NetworkPolicy()                                         # an interface, nothing allowed
         NetworkPolicy.none()                                    # loopback only
-        NetworkPolicy.internet(deny_cidrs=["10.0.0.0/8"])       # everything but a range
+        NetworkPolicy.internet(deny_cidrs=["203.0.113.0/24"])   # every public address but a range
         NetworkPolicy(allow_domains=["pypi.org", "*.pythonhosted.org"],
-                      allow_cidrs=["10.1.0.0/16"], allow_ports=["443/tcp", "53/udp"])
+                      allow_cidrs=["203.0.113.0/24"], allow_ports=["443/tcp", "53/udp"])
 
     ``expose`` lists TCP ports of the sandbox reachable from outside it (at most 32; mode
     ``filtered`` only): inbound connections are denied except to these. Each gets a port on its
@@ -241,8 +241,9 @@ class NetworkPolicy:
         deny_ports: Iterable[Union[str, int]] = (),
         expose: Iterable[int] = (),
     ) -> NetworkPolicy:
-        """Every address outside the always-denied ones, every port (``0.0.0.0/0`` and
-        ``::/0``), less what ``deny`` says; ``expose`` as for the constructor."""
+        """Every public address, every port (``0.0.0.0/0`` and ``::/0``: the node, other
+        sandboxes, private networks, loopback, link-local and metadata addresses stay denied),
+        less what ``deny`` says; ``expose`` as for the constructor."""
         return cls(
             allow_cidrs=["0.0.0.0/0", "::/0"],
             deny=deny,
