@@ -505,8 +505,10 @@ pub async fn get_network(
 /// reset. Addresses an allowed domain resolved to stay allowed while the new policy still
 /// allows that domain. `{"mode": "none"}` denies everything (a sandbox created with an
 /// interface keeps it); a sandbox created with mode `none` has no interface and takes no
-/// other policy (400). Rules that allow what no sandbox may reach (the node, other sandboxes,
-/// loopback, link-local and metadata addresses) are refused (400).
+/// other policy (400). Rules that allow only what no sandbox may reach (the node, other
+/// sandboxes, the control plane, private networks, loopback, link-local and metadata
+/// addresses, unless the node exempts a range) are refused (400); `0.0.0.0/0` and `::/0` allow
+/// the public internet.
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "network",
     params(("id" = String, Path, description = "Sandbox id.")),
     request_body = NetworkPolicy,
