@@ -432,8 +432,10 @@ impl Registry {
         if kind.contains("index") || kind.contains("manifest.list") {
             let index: OciImageIndex = serde_json::from_slice(&body).map_err(|e| {
                 PullError::Remote(format!(
-                    "the image index of {} is not valid: {e}",
-                    self.reference
+                    "the image index of {} is not a valid index (line {}, column {})",
+                    self.reference,
+                    e.line(),
+                    e.column()
                 ))
             })?;
             let digest = oci_client::client::current_platform_resolver(&index.manifests)
@@ -445,6 +447,7 @@ impl Registry {
                         std::env::consts::ARCH
                     ))
                 })?;
+            self.check_digest(&digest, "the index")?;
             (body, kind) = self.manifest(&digest).await?;
             if kind.contains("index") || kind.contains("manifest.list") {
                 return Err(PullError::Remote(format!(
@@ -455,10 +458,18 @@ impl Registry {
         }
         let manifest: OciImageManifest = serde_json::from_slice(&body).map_err(|e| {
             PullError::Remote(format!(
-                "the manifest of {} is not valid: {e}",
-                self.reference
+                "the manifest of {} is not a valid image manifest (line {}, column {})",
+                self.reference,
+                e.line(),
+                e.column()
             ))
         })?;
+        // Digests go into paths, URLs and messages: only well-formed ones, so no text of the
+        // registry's is repeated.
+        self.check_digest(&manifest.config.digest, "the manifest")?;
+        for l in &manifest.layers {
+            self.check_digest(&l.digest, "the manifest")?;
+        }
         let mut config = Vec::new();
         self.blob(
             &manifest.config.digest,
@@ -470,6 +481,24 @@ impl Registry {
             PullError::Remote(format!("the config of {} is not UTF-8", self.reference))
         })?;
         Ok((manifest, config))
+    }
+
+    /// Refuses a digest that is not `sha256:` and 64 lower-case hex digits (without repeating
+    /// it).
+    fn check_digest(&self, d: &str, from: &str) -> Result<(), PullError> {
+        let ok = d.strip_prefix("sha256:").is_some_and(|h| {
+            h.len() == 64
+                && h.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        });
+        if ok {
+            Ok(())
+        } else {
+            Err(PullError::Remote(format!(
+                "{from} of {} names a digest that is not sha256 and 64 hex digits",
+                self.reference
+            )))
+        }
     }
 
     /// One manifest or index by tag or digest: its bytes and media type.
@@ -506,9 +535,8 @@ impl Registry {
         out: &mut W,
         cap: Option<u64>,
     ) -> Result<(), PullError> {
-        let hex = digest.strip_prefix("sha256:").ok_or_else(|| {
-            PullError::Remote(format!("{digest:?}: only sha256 digests are supported"))
-        })?;
+        self.check_digest(digest, "a blob")?;
+        let hex = digest.trim_start_matches("sha256:");
         let what = format!("blob {digest} of {}", self.reference);
         let url = self.url("blobs", digest)?;
         let resp = self.get(url, None, &what).await?;
@@ -584,12 +612,32 @@ mod tests {
         assert!(challenge_params("").is_empty());
     }
 
+    #[test]
+    fn digests_are_checked_without_repeating_them() {
+        let r: Reference = "registry.example/t/x:1".parse().unwrap();
+        let reg = Registry::new(r, Denied::new(&[], &[]), false, None).unwrap();
+        let good = format!("sha256:{}", "ab".repeat(32));
+        assert!(reg.check_digest(&good, "the manifest").is_ok());
+        for bad in [
+            "sha256:SECRET",
+            "md5:00",
+            &format!("sha256:{}", "AB".repeat(32)),
+        ] {
+            let e = reg
+                .check_digest(bad, "the manifest")
+                .unwrap_err()
+                .to_string();
+            assert!(!e.contains("SECRET") && !e.contains("AB"), "{e}");
+        }
+    }
+
     #[tokio::test]
     async fn names_and_literals_inside_denied_ranges_are_refused_before_any_connection() {
         let r: Reference = "127.0.0.1:5000/t/x:1".parse().unwrap();
         let mut reg = Registry::new(r, Denied::new(&[], &[]), true, None).unwrap();
         let mut sink = Vec::new();
-        let e = reg.blob("sha256:00", &mut sink, None).await.unwrap_err();
+        let d = format!("sha256:{}", "0".repeat(64));
+        let e = reg.blob(&d, &mut sink, None).await.unwrap_err();
         assert!(
             matches!(&e, PullError::Internal(m) if m.contains("registry_exempt")),
             "{e}"

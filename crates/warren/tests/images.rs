@@ -859,6 +859,25 @@ async fn registry_pulls_reach_no_internal_address_and_repeat_no_answer() {
         );
         assert_ne!(e.code(), Some(ErrorCode::Internal), "{m}");
     }
+    // Nor is what a "manifest" holds: a parse error names the place, not the text.
+    let port = hostile_registry(
+        200,
+        vec![(
+            "content-type",
+            "application/vnd.oci.image.manifest.v1+json".into(),
+        )],
+        r#"{"schemaVersion": "SECRET-FROM-THE-REGISTRY"}"#,
+    )
+    .await;
+    let e = admin
+        .pull_image(&pull_req(format!("127.0.0.1:{port}/t/img:1"), true))
+        .await
+        .unwrap_err();
+    let m = e.to_string();
+    assert!(
+        !m.contains("SECRET") && m.contains("not a valid image manifest"),
+        "{m}"
+    );
     assert!(admin.images().await.unwrap().is_empty());
     p.assert_clean();
 }
