@@ -114,6 +114,88 @@ fn check_url(url: &str) -> Result<String, ApiError> {
     Ok(u.as_str().trim_end_matches('/').to_string())
 }
 
+/// The cluster's addresses, resolved again when the nodes change or after
+/// [`ADDRESSES_TTL`]: when, for which node URLs, and what they resolved to.
+#[derive(Default)]
+pub struct ClusterAddresses(tokio::sync::Mutex<Option<Resolved>>);
+
+type Resolved = (std::time::Instant, Vec<String>, Vec<std::net::IpAddr>);
+
+/// How long the resolved cluster addresses are kept.
+const ADDRESSES_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The hosts of the database's URL (PostgreSQL's; SQLite has none) and of every node's.
+pub fn cluster_hosts(database_url: &str, node_urls: &[String]) -> Vec<(String, u16)> {
+    let mut out = Vec::new();
+    let db = database_url
+        .strip_prefix("postgres://")
+        .or_else(|| database_url.strip_prefix("postgresql://"));
+    if let Some(rest) = db {
+        // user:password@host:port/db?options — the host is between the last '@' of the
+        // authority and the path.
+        let authority = rest.split(['/', '?']).next().unwrap_or_default();
+        let hostport = authority.rsplit('@').next().unwrap_or_default();
+        if let Ok(u) = reqwest::Url::parse(&format!("postgres://{hostport}/"))
+            && let Some(h) = u.host_str()
+            && !h.is_empty()
+        {
+            out.push((h.to_string(), u.port().unwrap_or(5432)));
+        }
+    }
+    for n in node_urls {
+        if let Ok(u) = reqwest::Url::parse(n)
+            && let Some(h) = u.host_str()
+        {
+            out.push((h.to_string(), u.port_or_known_default().unwrap_or(80)));
+        }
+    }
+    out
+}
+
+/// What joined nodes deny their sandboxes besides the fixed ranges: the addresses of the
+/// database and of every node, resolved here (cached for [`ADDRESSES_TTL`]). A name that
+/// does not resolve is left out (and so is a replica of the control plane that no node's
+/// `--join` names: the control plane does not know its replicas' addresses).
+pub async fn cluster_addresses(c: &Control) -> Vec<std::net::IpAddr> {
+    let mut urls: Vec<String> = c
+        .nodes
+        .all()
+        .iter()
+        .filter_map(|n| n.address.clone())
+        .collect();
+    urls.sort();
+    let mut cache = c.cluster_addresses.0.lock().await;
+    if let Some((at, for_urls, v)) = cache.as_ref()
+        && at.elapsed() < ADDRESSES_TTL
+        && *for_urls == urls
+    {
+        return v.clone();
+    }
+    let mut out: Vec<std::net::IpAddr> = Vec::new();
+    for (host, port) in cluster_hosts(&c.cfg.database_url(), &urls) {
+        let bare = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+            out.push(ip);
+            continue;
+        }
+        let looked = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            tokio::net::lookup_host((bare.as_str(), port)),
+        )
+        .await;
+        if let Ok(Ok(addrs)) = looked {
+            out.extend(addrs.map(|a| a.ip()));
+        }
+    }
+    out.sort();
+    out.dedup();
+    *cache = Some((std::time::Instant::now(), urls, out.clone()));
+    out
+}
+
 /// `POST /v1/cluster/nodes`: a node joins, or says it is still there.
 ///
 /// A node new to the cluster, or at a new address, is called back at the URL it gave and
@@ -130,6 +212,7 @@ pub async fn register(c: &Control, reg: NodeRegistration) -> Result<NodeRegister
     }
     let answer = NodeRegistered {
         heartbeat_ms: c.cfg.heartbeat_ms(),
+        deny: cluster_addresses(c).await,
     };
     // The heartbeat of a node known here at this address: one write.
     let known_here = c
@@ -449,6 +532,30 @@ pub async fn remove(c: &Control, id: &str) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cluster_hosts_are_the_databases_and_the_nodes() {
+        let h = super::cluster_hosts(
+            "postgres://warren:p@ss@db.internal:6432/warren?sslmode=require",
+            &[
+                "http://10.0.0.7:7702".into(),
+                "http://[fd00::7]:7702".into(),
+            ],
+        );
+        assert_eq!(
+            h,
+            vec![
+                ("db.internal".to_string(), 6432),
+                ("10.0.0.7".to_string(), 7702),
+                ("[fd00::7]".to_string(), 7702),
+            ]
+        );
+        assert!(super::cluster_hosts("sqlite:///var/lib/warren/warren.db", &[]).is_empty());
+        assert_eq!(
+            super::cluster_hosts("postgresql://db/warren", &[]),
+            vec![("db".to_string(), 5432)]
+        );
+    }
 
     #[test]
     fn urls_are_host_and_port_only() {

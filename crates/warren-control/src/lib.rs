@@ -49,6 +49,8 @@ pub struct Control {
     pub cluster_token: String,
     /// Nodes that ran function calls of each image and memory lately (they hold warm workers).
     pub warm_calls: api::WarmCalls,
+    /// The cluster's addresses joined nodes deny their sandboxes (`cluster::cluster_addresses`).
+    pub cluster_addresses: cluster::ClusterAddresses,
 }
 
 /// Why the control plane could not start.
@@ -184,6 +186,7 @@ impl Control {
             tunnels: Arc::new(tokio::sync::Semaphore::new(api::ports::MAX_TUNNELS)),
             cluster_token,
             warm_calls: Default::default(),
+            cluster_addresses: Default::default(),
         });
         Ok(Started {
             control,

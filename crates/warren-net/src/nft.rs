@@ -204,6 +204,27 @@ impl Firewall {
         }
     }
 
+    /// Most always-denied ranges added after start.
+    pub const MAX_ADDED_INTERNAL: usize = 4096;
+
+    /// Adds always-denied ranges after start (the cluster's members and database, which the
+    /// control plane names when the node joins); whether any is new. The caller installs the
+    /// table again ([`Firewall::install`]) for them to take effect. Never removes one; at most
+    /// [`Firewall::MAX_ADDED_INTERNAL`] are added.
+    pub fn deny_also(&mut self, more: &[Cidr]) -> bool {
+        let mut changed = false;
+        for c in more {
+            if self.cfg.internal.len() >= Self::MAX_ADDED_INTERNAL {
+                break;
+            }
+            if !self.cfg.internal.contains(c) {
+                self.cfg.internal.push(*c);
+                changed = true;
+            }
+        }
+        changed
+    }
+
     /// Why no rule can allow `c` here, if none can: it lies inside an always-denied range
     /// (and no exemption covers it).
     pub fn never_allowed(&self, c: &Cidr) -> Option<Cidr> {

@@ -232,6 +232,17 @@ fn interface_firewall_and_log_in_namespaces_of_our_own() {
             .unwrap();
         assert_eq!(connect_from(&sbx, to_internet), Outcome::Refused);
 
+        // An address named after start (the cluster's, when the node joins): refused from
+        // then on, whatever the policy allows.
+        fw.update(lease.index, 8, expand(&allow.parse().unwrap()).unwrap())
+            .unwrap();
+        assert_eq!(connect_from(&sbx, to_internet), Outcome::Connected);
+        let member = [Cidr::parse("198.51.100.1/32").unwrap()];
+        assert!(fw.deny_also(&member));
+        assert!(!fw.deny_also(&member), "nothing new the second time");
+        fw.install().unwrap();
+        assert_eq!(connect_from(&sbx, to_internet), Outcome::Refused);
+
         // Gone: elements, interface (both ends), table.
         fw.remove_entry(lease.index).unwrap();
         let left = rt.block_on(async {

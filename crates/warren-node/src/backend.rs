@@ -208,6 +208,11 @@ pub trait Backend: Send + Sync {
     fn has_network(&self) -> bool;
     /// Refuses a policy that allows what this backend never lets a sandbox reach, saying why.
     fn check_network(&self, policy: &warren_types::net::Policy) -> Result<(), String>;
+    /// Adds addresses no sandbox may reach from now on (the cluster's members and database,
+    /// named by the control plane when the node joins). Blocking.
+    fn deny_destinations(&self, _addrs: &[std::net::IpAddr]) -> io::Result<()> {
+        Ok(())
+    }
     /// Replaces the network policies of instances (by their [`NetInfo::index`]) in one
     /// change, all or none: each takes effect for new connections at once and for open ones
     /// at their next packet. Blocking.

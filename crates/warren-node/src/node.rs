@@ -433,6 +433,12 @@ impl Node {
         out.into_iter().map(|(_, v)| v).collect()
     }
 
+    /// Adds addresses no sandbox may reach from now on: the cluster's members and database,
+    /// as the control plane named them when this node joined. Blocking.
+    pub fn deny_destinations(&self, addrs: &[std::net::IpAddr]) -> std::io::Result<()> {
+        self.backend.deny_destinations(addrs)
+    }
+
     /// The backends this node runs sandboxes in.
     pub fn backends(&self) -> Vec<warren_types::api::BackendKind> {
         vec![self.backend.kind()]

@@ -1250,6 +1250,12 @@ pub struct NodeRegistration {
 pub struct NodeRegistered {
     /// How often to say it is still there, milliseconds.
     pub heartbeat_ms: u64,
+    /// Addresses the node's sandboxes must never reach, as the control plane resolved them:
+    /// its database's and the cluster's nodes'. The node adds them to its always-denied
+    /// ranges (an operator's `exempt` still wins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
+    pub deny: Vec<std::net::IpAddr>,
 }
 
 /// The share of the last 10 seconds in which some task stalled for a resource (PSI `some

@@ -270,6 +270,7 @@ pub fn run_node(args: NodeDaemonArgs) -> anyhow::Result<()> {
                 url: advertise,
                 version: env!("CARGO_PKG_VERSION").to_string(),
             },
+            node.clone(),
         ));
         serve_until_stopped(tcp, app).await;
         heartbeat.abort();
@@ -325,7 +326,14 @@ async fn bounded_body(mut resp: reqwest::Response) -> Vec<u8> {
 
 /// Joins (and then says it is still there) at the first control plane of `joins` that
 /// answers, every heartbeat it is told; a failure is logged once, until it changes.
-async fn join_loop(joins: Vec<String>, token: String, reg: NodeRegistration) {
+async fn join_loop(
+    joins: Vec<String>,
+    token: String,
+    reg: NodeRegistration,
+    node: std::sync::Arc<Node>,
+) {
+    // The cluster's addresses the control plane named, once they are denied.
+    let mut denied: Vec<std::net::IpAddr> = Vec::new();
     let http = match reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .redirect(reqwest::redirect::Policy::none())
@@ -357,6 +365,31 @@ async fn join_loop(joins: Vec<String>, token: String, reg: NodeRegistration) {
                         match serde_json::from_slice::<NodeRegistered>(&body) {
                             Ok(a) => {
                                 wait = Duration::from_millis(a.heartbeat_ms.clamp(500, 60_000));
+                                if a.deny.iter().any(|x| !denied.contains(x)) {
+                                    let n = node.clone();
+                                    let more = a.deny.clone();
+                                    let r = tokio::task::spawn_blocking(move || {
+                                        n.deny_destinations(&more)
+                                    })
+                                    .await;
+                                    match r {
+                                        Ok(Ok(())) => {
+                                            tracing::info!(
+                                                addresses = ?a.deny,
+                                                "the cluster's addresses are denied to sandboxes"
+                                            );
+                                            denied.extend(a.deny.iter().copied());
+                                            denied.sort();
+                                            denied.dedup();
+                                        }
+                                        Ok(Err(e)) => tracing::error!(
+                                            "denying the cluster's addresses to sandboxes: {e}"
+                                        ),
+                                        Err(e) => tracing::error!(
+                                            "denying the cluster's addresses to sandboxes: {e}"
+                                        ),
+                                    }
+                                }
                                 if joined_at.as_deref() != Some(j.as_str()) {
                                     tracing::info!(control = %j, "joined the cluster");
                                     joined_at = Some(j.clone());

@@ -330,6 +330,17 @@ async fn bad_registrations_are_refused_with_reasons() {
     .await
     .unwrap();
     assert_eq!(r.status().as_u16(), 400);
+    // A node's heartbeat is answered with the cluster's addresses its sandboxes must never
+    // reach: the nodes' here (and the database's, on PostgreSQL).
+    let r = post(Some(&token), reg(&a, &node_a)).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        v["deny"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|x| x == "127.0.0.1")),
+        "{v}"
+    );
     // Nothing of this changed the cluster: both nodes, where they were, answering.
     let l = cl.client(0).nodes().await.unwrap();
     let addr: BTreeMap<String, Option<String>> = l

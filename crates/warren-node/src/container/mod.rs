@@ -570,6 +570,13 @@ impl Backend for ContainerBackend {
         }
     }
 
+    fn deny_destinations(&self, addrs: &[std::net::IpAddr]) -> std::io::Result<()> {
+        match &self.host.net {
+            Some(net) => net.deny_also(addrs),
+            None => Ok(()),
+        }
+    }
+
     fn set_networks(&self, updates: &[(u32, &warren_types::net::Policy)]) -> std::io::Result<()> {
         match &self.host.net {
             Some(net) => net.set_policies(updates),

@@ -850,6 +850,25 @@ impl NodeNet {
         Ok(n)
     }
 
+    /// Adds `addrs` to the always-denied destinations (the cluster's, named when the node
+    /// joins): the firewall's table is installed again when one is new. The DNS and
+    /// transparent proxies keep the list they started with; the firewall refuses the new
+    /// addresses to sandboxes and to the proxy's own connections alike. Blocking.
+    pub(crate) fn deny_also(&self, addrs: &[IpAddr]) -> std::io::Result<()> {
+        let cidrs: Vec<Cidr> = addrs
+            .iter()
+            .map(|a| Cidr {
+                addr: *a,
+                prefix: if a.is_ipv4() { 32 } else { 128 },
+            })
+            .collect();
+        let mut fw = self.fw.lock().unwrap_or_else(|p| p.into_inner());
+        if fw.deny_also(&cidrs) {
+            fw.install()?;
+        }
+        Ok(())
+    }
+
     /// Removes the whole table (the node's last sandbox is gone and it stops for good).
     pub(crate) fn remove_table(&self) -> std::io::Result<()> {
         self.fw.lock().unwrap_or_else(|p| p.into_inner()).remove()
