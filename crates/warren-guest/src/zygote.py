@@ -17,6 +17,7 @@ import io
 import json
 import os
 import resource
+import site  # under -S, importing it runs nothing: each child calls site.main()
 import socket
 import sys
 import traceback
@@ -111,8 +112,6 @@ def child(fds):
                 setattr(sys, "__" + name + "__", new)
         # What `site` does at an interpreter's start (site-packages on the path, their .pth
         # files, sitecustomize), done here, confined, as the grader: never in the zygote.
-        import site
-
         site.main()
         argv = req["argv"]
         path = os.path.abspath(argv[1])
