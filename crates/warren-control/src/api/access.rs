@@ -345,7 +345,7 @@ async fn on_behalf(
         return Err(warren_http::Error(ApiError::new(
             ErrorCode::PermissionDenied,
             format!(
-                "{ON_BEHALF_HEADER}: only a key holding every permission on root may act on                  behalf of another key (key {} does not); leave the header out",
+                "{ON_BEHALF_HEADER}: only a key holding every permission on root may act on behalf of another key (key {} does not); leave the header out",
                 who.key_id
             ),
         ))
