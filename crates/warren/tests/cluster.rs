@@ -341,6 +341,20 @@ async fn bad_registrations_are_refused_with_reasons() {
             .is_some_and(|d| d.iter().any(|x| x == "127.0.0.1")),
         "{v}"
     );
+    // And the node applies it (here a node without a sandbox network: nothing to write).
+    let log = cl.root.path().join("node-0.log");
+    common::poll_until(
+        Duration::from_secs(15),
+        "node 0 never applied the cluster's addresses",
+        async || match std::fs::read_to_string(&log) {
+            Ok(l) if l.contains("the cluster's addresses are denied to sandboxes") => Ok(()),
+            Ok(l) if l.contains("denying the cluster's addresses") => {
+                panic!("node 0 failed to apply them: {l}")
+            }
+            _ => Err("not yet".into()),
+        },
+    )
+    .await;
     // Nothing of this changed the cluster: both nodes, where they were, answering.
     let l = cl.client(0).nodes().await.unwrap();
     let addr: BTreeMap<String, Option<String>> = l
