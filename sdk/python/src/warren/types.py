@@ -60,7 +60,7 @@ class NetRule:
 
     ::
 
-        NetRule(cidr="10.0.0.0/8")                  # every port and protocol of a range
+        NetRule(cidr="203.0.113.0/24")              # every port and protocol of a range
         NetRule(domain="*.pythonhosted.org")        # TCP to the names under it
         NetRule(cidr="2001:db8::/32", ports="443", protocol="tcp")
         NetRule.port("53/udp")                      # UDP port 53 of every address
