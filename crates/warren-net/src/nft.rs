@@ -17,11 +17,12 @@
 //!
 //! Outbound, a new connection from a sandbox is checked in this order:
 //! 1. its source address must be its own (`src4`/`src6`), else it is dropped;
-//! 2. the always-denied ranges (`internal4`/`internal6`: the reviewed list of
-//!    `warren_types::denied` — private, shared and benchmarking space, loopback, link-local,
-//!    metadata, multicast, the IPv6 prefixes that carry IPv4 addresses — plus the node's own
-//!    addresses, the control plane it joined, the pools and `internal`), less the
-//!    administrator's exemptions;
+//! 2. the always-denied ranges: the node's own addresses, the control plane it joined, the
+//!    cluster's addresses, the pools and `internal` (`pinned4`/`pinned6`: no exemption opens
+//!    them), and the reviewed list of `warren_types::denied` — private, shared and
+//!    benchmarking space, loopback, link-local, metadata, multicast, the IPv6 prefixes that
+//!    carry IPv4 addresses — less the administrator's exemptions (`internal4`/`internal6`,
+//!    `exempt4`/`exempt6`);
 //! 3. the sandbox's deny rules (`denyany*` for whole CIDRs, `deny*` by protocol and port);
 //! 4. its allow rules: whole CIDRs (`any*`, which lets ICMP through too), by protocol and port
 //!    (`allow*`), and the addresses its allowed domains resolved to, for their TTL (`dyn*`,
@@ -97,10 +98,13 @@ pub const MAX_RESOLVED: usize = 1024;
 pub struct FirewallConfig {
     /// The sandbox pools (and the gateway).
     pub addressing: Addressing,
-    /// Always denied: the node's own addresses, the control plane, and whatever the
-    /// administrator adds (the fixed ranges are added by [`default_internal`]).
+    /// Always denied, whatever an exemption says: the node's own addresses, the control plane,
+    /// the cluster's addresses, and whatever the administrator adds (the reviewed list of
+    /// `warren_types::denied` and the pools are added to these by the table).
     pub internal: Vec<Cidr>,
-    /// Exempt from `internal` (still needing an allow rule).
+    /// Cut out of the reviewed list (still needing an allow rule); never out of `internal` or
+    /// the pools: an exemption for a mirror on `10.0.0.0/8` must not reopen the node, the
+    /// control plane or other sandboxes.
     pub exempt: Vec<Cidr>,
     /// NFLOG group of refused packets.
     pub log_group: u16,
@@ -111,15 +115,22 @@ pub struct FirewallConfig {
     pub proxy_port: Option<u16>,
 }
 
-/// The ranges no sandbox reaches by default: the reviewed list (`warren_types::denied`,
-/// `crates/warren-types/policy/denied-addresses.txt`: private, shared and benchmarking space,
-/// loopback, link-local, metadata, multicast and reserved, the IPv6 prefixes that carry IPv4
-/// addresses), plus the pools.
-pub fn default_internal(addressing: &Addressing) -> Vec<Cidr> {
-    let mut v = warren_types::denied::cidrs();
-    v.push(addressing.v4);
-    v.push(addressing.v6);
-    v
+impl FirewallConfig {
+    /// What no exemption opens: the pools (other sandboxes, the gateway) and `internal` (the
+    /// node's own addresses, the cluster's, the administrator's).
+    pub fn pinned(&self) -> Vec<Cidr> {
+        let mut v = vec![self.addressing.v4, self.addressing.v6];
+        v.extend(self.internal.iter().copied());
+        v
+    }
+
+    /// Every destination no sandbox reaches here, as plain ranges: [`FirewallConfig::pinned`]
+    /// and the reviewed list less the exemptions (for the DNS and transparent proxies).
+    pub fn never(&self) -> Vec<Cidr> {
+        let mut v = warren_types::denied::subtract(&warren_types::denied::cidrs(), &self.exempt);
+        v.extend(self.pinned());
+        v
+    }
 }
 
 /// One sandbox's firewall state.
@@ -228,14 +239,15 @@ impl Firewall {
     /// Why no rule can allow `c` here, if none can: it lies inside an always-denied range
     /// (and no exemption covers it).
     pub fn never_allowed(&self, c: &Cidr) -> Option<Cidr> {
+        if let Some(p) = self.cfg.pinned().into_iter().find(|i| i.covers(c)) {
+            return Some(p);
+        }
         if self.cfg.exempt.iter().any(|e| e.covers(c)) {
             return None;
         }
-        default_internal(&self.cfg.addressing)
-            .iter()
-            .chain(self.cfg.internal.iter())
+        warren_types::denied::cidrs()
+            .into_iter()
             .find(|i| i.covers(c))
-            .copied()
     }
 
     /// Replaces the whole table (an earlier daemon's included) in one transaction, with every
@@ -762,8 +774,8 @@ impl Firewall {
                 format!("elements = {{ {} }}", v.join(", "))
             }
         };
-        let mut internal = default_internal(&c.addressing);
-        internal.extend(c.internal.iter().copied());
+        let internal = warren_types::denied::cidrs();
+        let pinned = c.pinned();
         let gw4 = c.addressing.gateway4();
         let p = HOST_PREFIX;
         let g = c.log_group;
@@ -821,6 +833,8 @@ impl Firewall {
   map gen {{ type ifname : mark; }}
   set live {{ type ifname . mark; }}
   map pol {{ type ifname : mark; }}
+  set pinned4 {{ type ipv4_addr; flags interval; {p4} }}
+  set pinned6 {{ type ipv6_addr; flags interval; {p6} }}
   set internal4 {{ type ipv4_addr; flags interval; {i4} }}
   set internal6 {{ type ipv6_addr; flags interval; {i6} }}
   set exempt4 {{ type ipv4_addr; flags interval; {e4} }}
@@ -853,6 +867,8 @@ impl Firewall {
 {proxy_out}  }}
   chain proxy_out {{
     meta l4proto tcp fib daddr type local reject with tcp reset
+    meta l4proto tcp ip daddr @pinned4 reject with tcp reset
+    meta l4proto tcp ip6 daddr @pinned6 reject with tcp reset
     meta l4proto tcp ip daddr @internal4 ip daddr != @exempt4 reject with tcp reset
     meta l4proto tcp ip6 daddr @internal6 ip6 daddr != @exempt6 reject with tcp reset
   }}
@@ -863,6 +879,10 @@ impl Firewall {
   chain egress {{
     jump spoof
     ct state established,related iifname . ct mark @live accept
+    ip daddr @pinned4 goto refuse
+    ip6 daddr @pinned6 goto refuse
+    ct original ip daddr @pinned4 goto refuse
+    ct original ip6 daddr @pinned6 goto refuse
     ip daddr @internal4 ip daddr != @exempt4 goto refuse
     ip6 daddr @internal6 ip6 daddr != @exempt6 goto refuse
     ct original ip daddr @internal4 ct original ip daddr != @exempt4 goto refuse
@@ -928,6 +948,8 @@ impl Firewall {
   }}
 {nat}}}
 "#,
+            p4 = list(false, &pinned),
+            p6 = list(true, &pinned),
             i4 = list(false, &internal),
             i6 = list(true, &internal),
             e4 = list(false, &c.exempt),
@@ -1051,6 +1073,51 @@ mod tests {
             s.lines()
                 .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
         })
+    }
+
+    /// An exemption opens part of the reviewed list only: never the pools (other sandboxes),
+    /// the node's or the cluster's addresses, or `internal`, even when it covers them — an
+    /// operator who exempts `10.0.0.0/8` for a mirror must not reopen the control plane on
+    /// `10.1.2.3`. The table and the proxies' list say the same.
+    #[test]
+    fn an_exemption_never_reopens_the_node_the_cluster_or_the_pools() {
+        let cidr = |s: &str| Cidr::parse(s).unwrap();
+        let fw = Firewall::new(FirewallConfig {
+            addressing: Addressing::new(cidr("10.200.0.0/16"), cidr("fd77:7761::/64")).unwrap(),
+            internal: vec![cidr("10.1.2.3/32"), cidr("203.0.113.9/32")],
+            exempt: vec![cidr("10.0.0.0/8"), cidr("fd00::/8"), cidr("203.0.113.0/24")],
+            log_group: 9,
+            masquerade: false,
+            proxy_port: None,
+        });
+        assert_eq!(fw.never_allowed(&cidr("10.20.0.0/16")), None, "exempted");
+        for pinned in [
+            "10.1.2.3/32",
+            "10.200.0.0/24",
+            "fd77:7761::/96",
+            "203.0.113.9/32",
+        ] {
+            assert!(
+                fw.never_allowed(&cidr(pinned)).is_some(),
+                "{pinned} reopened by an exemption"
+            );
+        }
+        assert!(
+            fw.never_allowed(&cidr("172.16.0.0/16")).is_some(),
+            "not exempted"
+        );
+        let never = fw.cfg.never();
+        let covered = |a: &str| never.iter().any(|c| c.covers(&cidr(a)));
+        assert!(!covered("10.20.0.1/32") && !covered("203.0.113.1/32"));
+        assert!(covered("10.1.2.3/32") && covered("10.200.0.7/32") && covered("203.0.113.9/32"));
+        assert!(covered("172.16.0.1/32") && covered("127.0.0.1/32"));
+        let table = fw.skeleton();
+        assert!(
+            table.contains("ip daddr @pinned4 goto refuse")
+                && table.contains("10.1.2.3")
+                && table.contains("ct original ip6 daddr @pinned6 goto refuse"),
+            "{table}"
+        );
     }
 
     /// A network namespace of this test's, deleted when dropped.

@@ -1252,7 +1252,7 @@ pub struct NodeRegistered {
     pub heartbeat_ms: u64,
     /// Addresses the node's sandboxes must never reach, as the control plane resolved them:
     /// its database's and the cluster's nodes'. The node adds them to its always-denied
-    /// ranges (an operator's `exempt` still wins).
+    /// ranges (which no `exempt` reopens).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub deny: Vec<std::net::IpAddr>,

@@ -394,11 +394,10 @@ impl NodeNet {
         // The DNS proxy holds a socket per query in flight, up to a thousand or so: the node
         // raised its open-file limit before making its backend (`capacity::raise_open_files`).
         // What the DNS proxy drops from answers and the transparent proxy never dials: the
-        // firewall's always-denied ranges with the exemptions cut out of them (an exemption
-        // inside a wider range, `10.1.0.0/16` of `10.0.0.0/8`, opens just that part).
-        let mut never: Vec<Cidr> = warren_net::nft::default_internal(&addressing);
-        never.extend(cfg.firewall.internal.iter().copied());
-        let never = warren_types::denied::subtract(&never, &cfg.firewall.exempt);
+        // firewall's always-denied ranges, the reviewed list's with the exemptions cut out of
+        // them (an exemption inside a wider range, `10.1.0.0/16` of `10.0.0.0/8`, opens just
+        // that part; none opens the node's, the cluster's, the pools or `internal`).
+        let never = cfg.firewall.never();
         let mut dns_cfg = dns::Config::new(
             vec![std::net::SocketAddr::new(
                 IpAddr::V4(addressing.gateway4()),
