@@ -82,6 +82,17 @@ fn private_sqlite_files(url: &str) -> std::io::Result<()> {
     if path.is_empty() || path.starts_with(':') || query.split('&').any(|q| q == "mode=memory") {
         return Ok(()); // in memory
     }
+    // Nothing of the database is a link (the data directory is its owner's alone, so none
+    // should be): its mode would be set, and SQLite would write, through it.
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let p = format!("{path}{suffix}");
+        if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(std::io::Error::other(format!(
+                "the database file {p} is a symbolic link: remove it, or name the real file in \
+                 the database URL"
+            )));
+        }
+    }
     if query.split('&').any(|q| q == "mode=rwc") {
         std::fs::OpenOptions::new()
             .write(true)

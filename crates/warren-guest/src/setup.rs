@@ -226,7 +226,7 @@ fn dev() -> io::Result<()> {
 /// every entry but the processes' own directories (`[0-9]+`, `self`, `thread-self`: a
 /// sandbox's processes write their own `oom_score_adj`, `comm`, ...), links (`net`, `mounts`
 /// lead into `self`), and the names in `skip` (made read-only or hidden already). A directory
-/// too large to walk in [`SCAN_BUDGET`] entries counts as writable.
+/// too large to walk in [`SCAN_BUDGET`] entries, or that cannot be listed, counts as writable.
 fn writable_entries(dir: &Path, skip: &[&str]) -> Vec<std::path::PathBuf> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -270,13 +270,13 @@ fn mode_writable(m: &std::fs::Metadata) -> bool {
 }
 
 /// Whether `dir` holds a regular file with a write bit (links not followed); `true` when
-/// the walk is too deep or too long to tell.
+/// the walk is too deep or too long to tell, or the directory cannot be listed.
 fn holds_writable(dir: &Path, depth: usize, budget: &mut usize) -> bool {
     if depth >= SCAN_DEPTH {
         return true;
     }
     let Ok(rd) = std::fs::read_dir(dir) else {
-        return false;
+        return true;
     };
     for e in rd.flatten() {
         if *budget == 0 {

@@ -88,33 +88,54 @@ fn read_file_config(path: Option<&Path>) -> anyhow::Result<FileConfig> {
 }
 
 /// Makes the data directory, or takes an existing one, private to its owner (mode 0700): it
-/// holds the identities, key hashes and audit log. One that others may write to and whose
-/// sticky bit is set (a shared directory such as `/tmp`) is refused rather than closed to them.
+/// holds the identities, key hashes and audit log. The directory is looked at and changed
+/// through one descriptor opened without following a link at its last component (a link the
+/// operator made higher up the path is theirs), and refused when it belongs to another user
+/// (who could open it again) or is a shared directory such as `/tmp` (sticky, writable by
+/// others) rather than closed to them.
 pub(crate) fn make_data_dir(d: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
+    use rustix::fs::{Mode, OFlags};
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(d)
         .with_context(|| format!("creating data directory {}", d.display()))?;
-    let mode = std::fs::metadata(d)
-        .with_context(|| format!("reading data directory {}", d.display()))?
-        .permissions()
-        .mode();
+    let fd = rustix::fs::open(
+        d,
+        OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY,
+        Mode::empty(),
+    )
+    .with_context(|| {
+        format!(
+            "opening data directory {} (it must be a directory, not a link to one)",
+            d.display()
+        )
+    })?;
+    let st = rustix::fs::fstat(&fd)
+        .with_context(|| format!("reading data directory {}", d.display()))?;
+    let mode = st.st_mode & 0o7777;
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != me {
+        anyhow::bail!(
+            "data directory {} belongs to uid {}, not to warren's uid {me}: give warren a \
+             directory of its own with --data-dir",
+            d.display(),
+            st.st_uid
+        );
+    }
     if mode & 0o1002 == 0o1002 {
         anyhow::bail!(
-            "data directory {} is a shared directory (mode {:o}): give warren a directory of              its own with --data-dir",
-            d.display(),
-            mode & 0o7777
+            "data directory {} is a shared directory (mode {mode:o}): give warren a directory \
+             of its own with --data-dir",
+            d.display()
         );
     }
     if mode & 0o077 != 0 {
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o700))
             .with_context(|| format!("making data directory {} private", d.display()))?;
         tracing::warn!(
-            "data directory {} was mode {:o}: made 0700 (it holds keys and the audit log)",
-            d.display(),
-            mode & 0o7777
+            "data directory {} was mode {mode:o}: made 0700 (it holds keys and the audit log)",
+            d.display()
         );
     }
     Ok(())
@@ -293,16 +314,19 @@ fn control_plane_addresses(joins: &[String]) -> anyhow::Result<Vec<std::net::IpA
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let addrs: Vec<std::net::IpAddr> = match host.parse::<std::net::IpAddr>() {
             Ok(a) => vec![a],
-            Err(_) => (host, port)
-                .to_socket_addrs()
-                .with_context(|| {
-                    format!(
-                        "resolving {host} (--join {j}): the node denies its sandboxes the \
-                         control plane's addresses and must know them at start"
-                    )
-                })?
-                .map(|a| a.ip())
-                .collect(),
+            // A name not resolvable yet (the node started before the cluster's DNS) does not
+            // stop the node: the control plane's answer to each heartbeat names the cluster's
+            // addresses to deny as well.
+            Err(_) => match (host, port).to_socket_addrs() {
+                Ok(a) => a.map(|a| a.ip()).collect(),
+                Err(e) => {
+                    tracing::warn!(
+                        "resolving {host} (--join {j}): {e}; its addresses are denied to \
+                         sandboxes once the control plane names them in a heartbeat's answer"
+                    );
+                    Vec::new()
+                }
+            },
         };
         out.extend(addrs);
     }
@@ -466,5 +490,21 @@ mod tests {
         let e = super::make_data_dir(&shared).unwrap_err().to_string();
         assert!(e.contains("shared directory"), "{e}");
         assert_eq!(mode(&shared), 0o1777, "left as it was");
+        // A link in its place (another user could have made it) is not followed.
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&old, &link).unwrap();
+        let e = format!("{:#}", super::make_data_dir(&link).unwrap_err());
+        assert!(e.contains("not a link"), "{e}");
+        // Another user's directory stays theirs: refused, not closed (they could open it
+        // again). Only root can make one to try.
+        if rustix::process::geteuid().is_root() {
+            let theirs = t.path().join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(4321), Some(4321)).unwrap();
+            let e = super::make_data_dir(&theirs).unwrap_err().to_string();
+            assert!(e.contains("belongs to uid 4321"), "{e}");
+            assert_eq!(mode(&theirs), 0o755, "left as it was");
+        }
     }
 }
