@@ -64,11 +64,14 @@ pub fn reviewed(ip: IpAddr) -> Option<&'static Range> {
 
 /// A deployment's denied destinations: the reviewed ranges, its own (`extra`), less what an
 /// operator exempted. An address inside an exemption is allowed, even when a wider denied
-/// range holds it.
+/// range holds it — unless it is pinned (the deployment's own machines: no exemption opens
+/// them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Denied {
     pub deny: Vec<Cidr>,
     pub exempt: Vec<Cidr>,
+    /// Denied whatever the exemptions say.
+    pub pinned: Vec<Cidr>,
 }
 
 impl Denied {
@@ -79,7 +82,13 @@ impl Denied {
         Denied {
             deny,
             exempt: exempt.to_vec(),
+            pinned: Vec::new(),
         }
+    }
+
+    /// Denies `more` too, whatever the exemptions say.
+    pub fn pin(&mut self, more: impl IntoIterator<Item = Cidr>) {
+        self.pinned.extend(more);
     }
 
     /// The denied range that holds `ip`, unless an exemption holds it. An IPv4-mapped IPv6
@@ -90,6 +99,13 @@ impl Denied {
             IpAddr::V4(_) => None,
         };
         let judge = mapped.unwrap_or(ip);
+        if let Some(p) = self
+            .pinned
+            .iter()
+            .find(|p| p.contains(judge) || p.contains(ip))
+        {
+            return Some(*p);
+        }
         if self.exempt.iter().any(|e| e.contains(judge)) {
             return None;
         }
@@ -102,7 +118,9 @@ impl Denied {
     /// The denied space as plain ranges, exemptions cut out of them (for checks that take one
     /// list).
     pub fn effective(&self) -> Vec<Cidr> {
-        subtract(&self.deny, &self.exempt)
+        let mut v = subtract(&self.deny, &self.exempt);
+        v.extend(self.pinned.iter().copied());
+        v
     }
 }
 
@@ -154,6 +172,17 @@ mod tests {
 
     fn cidr(s: &str) -> Cidr {
         Cidr::parse(s).unwrap()
+    }
+
+    #[test]
+    fn pinned_ranges_stay_denied_inside_an_exemption() {
+        let mut d = Denied::new(&[], &[cidr("10.0.0.0/8")]);
+        assert_eq!(d.denies(ip("10.1.2.3")), None);
+        d.pin([cidr("10.1.2.3/32")]);
+        assert_eq!(d.denies(ip("10.1.2.3")), Some(cidr("10.1.2.3/32")));
+        assert_eq!(d.denies(ip("::ffff:10.1.2.3")), Some(cidr("10.1.2.3/32")));
+        assert_eq!(d.denies(ip("10.1.2.4")), None);
+        assert!(d.effective().contains(&cidr("10.1.2.3/32")));
     }
 
     #[test]

@@ -770,10 +770,21 @@ pub async fn pull(
              HTTPS, or ask an administrator to pull the image",
         )));
     }
-    let denied = c
+    let mut denied = c
         .cfg
         .registry_denied()
         .map_err(|e| Error(ApiError::internal(e)))?;
+    // The cluster's own machines (its nodes, its database), whatever `registry_exempt` opens:
+    // a registry name must not lead a pull to a node's API or a kubelet beside it.
+    denied.pin(
+        crate::cluster::cluster_addresses(&c)
+            .await
+            .into_iter()
+            .map(|a| warren_types::net::Cidr {
+                addr: a,
+                prefix: if a.is_ipv4() { 32 } else { 128 },
+            }),
+    );
     let registry = |e: PullError| {
         Error(match e {
             PullError::Internal(m) => ApiError::new(
