@@ -399,9 +399,10 @@ fn set_up<'a>(
 /// A Python zygote (see `zygote.py`): the image's python3, started once, which forks a child
 /// per Python step. It runs as root with only `CAP_SETUID` and `CAP_SETGID` (what it needs to
 /// make its child the grader, whose switch drops them) under the agent's Landlock ruleset and
-/// system-call filter, in an IPC namespace of its own, not dumpable. Its children are not in a PID namespace of their own: after each step every
-/// process of the grader's uid is killed (`kill(-1)` as that uid), and every System V object
-/// and message queue of the zygote's IPC namespace is removed.
+/// system-call filter, in an IPC namespace of its own, not dumpable. Its children are not in a
+/// PID namespace of their own: after each step every process of the grader's uid is killed
+/// (`kill(-1)` as that uid), and every System V object and message queue of the zygote's IPC
+/// namespace is removed.
 struct Zygote {
     sock: OwnedFd,
     pid: i32,
