@@ -38,7 +38,9 @@ async fn root_finds_no_writable_host_file_in_proc() {
     let sb = host_sandbox(&p).await;
     let (code, out, err) = run(
         &sb,
-        "find /proc -path /proc/self -prune -o -path /proc/thread-self -prune          -o -regex '/proc/[0-9]+' -prune -o -type f -writable -print 2>/dev/null;          [ ! -e /proc/pressure/cpu ] || echo 'some 500000 1000000' > /proc/pressure/cpu",
+        "find /proc -path /proc/self -prune -o -path /proc/thread-self -prune \
+         -o -regex '/proc/[0-9]+' -prune -o -type f -writable -print 2>/dev/null; \
+         [ ! -e /proc/pressure/cpu ] || echo 'some 500000 1000000' > /proc/pressure/cpu",
         true,
     )
     .await;
