@@ -806,18 +806,11 @@ async fn an_image_whose_tmp_is_a_link_cannot_run_calls() {
     let p = Platform::start_with(Some("[node]\nlayer_idle_unmount = 1\n"));
     let d = tempfile::tempdir().unwrap();
     let root = d.path().join("root");
-    for dir in ["bin", "usr/bin", "etc", "var/tmp", "home"] {
-        std::fs::create_dir_all(root.join(dir)).unwrap();
-    }
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.exists())
-        .expect("busybox is installed (make test installs busybox-static)");
-    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
-    for tool in ["sh", "bash", "true"] {
-        std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
-    }
+    busybox_root(
+        &root,
+        &["bin", "usr/bin", "etc", "var/tmp", "home"],
+        &["sh", "bash", "true"],
+    );
     std::os::unix::fs::symlink("/dev", root.join("tmp")).unwrap();
     let out = p.cli(&[
         "image",
@@ -1113,6 +1106,23 @@ async fn a_projects_fncall_quota_bounds_its_calls_in_flight() {
     assert_eq!(fq.max_fncalls, None, "{fq:?}");
 }
 
+/// A root file system of busybox at `root`: the directories `dirs`, and `bin/busybox` with
+/// links to it named `tools`.
+fn busybox_root(root: &std::path::Path, dirs: &[&str], tools: &[&str]) {
+    for dir in dirs {
+        std::fs::create_dir_all(root.join(dir)).unwrap();
+    }
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists())
+        .expect("busybox is installed (make test installs busybox-static)");
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    for tool in tools {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
+    }
+}
+
 /// The processes of `p`'s platform whose command line contains `needle`, by pid.
 fn platform_processes(p: &Platform, needle: &[u8]) -> Vec<i32> {
     std::fs::read_dir("/proc")
@@ -1185,18 +1195,11 @@ async fn the_python_zygote_runs_confined_from_its_first_instruction() {
     // An image whose python3 is a script: what it runs is filtered too.
     let d = tempfile::tempdir().unwrap();
     let root = d.path().join("root");
-    for dir in ["bin", "usr/bin", "etc", "tmp", "var/tmp", "home", "dev"] {
-        std::fs::create_dir_all(root.join(dir)).unwrap();
-    }
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.exists())
-        .expect("busybox is installed (make test installs busybox-static)");
-    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
-    for tool in ["sh", "bash", "true", "sleep"] {
-        std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
-    }
+    busybox_root(
+        &root,
+        &["bin", "usr/bin", "etc", "tmp", "var/tmp", "home", "dev"],
+        &["sh", "bash", "true", "sleep"],
+    );
     std::fs::write(
         root.join("usr/bin/python3"),
         "#!/bin/sh\nexec /bin/sleep 31\n",
