@@ -4,6 +4,11 @@
 Every operation is described by a :class:`Call` (built by ``_ops``), then sent by the sync or
 the async transport, which share everything but the waiting.
 
+Urgent calls (task pause, resume and stop; a sandbox's pause, resume and kill: the operations
+that preempt work) go over connections of their own, :data:`URGENT_CONNECTIONS` or an eighth of
+``max_connections`` if more, so they never wait for a connection behind the client's own
+creates, execs and file transfers, however many are in flight.
+
 Retries (at most ``max_retries``, exponential backoff with jitter, ``Retry-After`` honoured):
 
 - a ``429`` (capacity) or ``503`` (unavailable) answer: the server did not do the operation, so
@@ -54,6 +59,15 @@ MAX_RETRY_AFTER = 60.0
 #: split into shards of this size, and each request goes to the shard with the fewest requests
 #: in flight, so no request waits for a busy shard while another has a free connection.
 SHARD_SIZE = 4
+#: The fewest connections a client keeps for urgent calls (see :class:`Call`'s ``urgent``),
+#: beside its ``max_connections``.
+URGENT_CONNECTIONS = 8
+
+
+def urgent_connections(max_connections: int) -> int:
+    """How many connections a client of ``max_connections`` keeps for urgent calls: enough
+    that a rollout's kills (urgent too) do not queue behind each other."""
+    return max(URGENT_CONNECTIONS, max_connections // 8)
 
 
 class Shards(Generic[P]):
@@ -150,6 +164,8 @@ class Call(Generic[T]):
     read_timeout: Any = CLIENT_TIMEOUT
     """Seconds to wait for the answer; ``None``: no limit; default the client's timeout."""
     parse: Callable[[httpx.Response], T] = _ignore  # type: ignore[assignment]
+    urgent: bool = False
+    """Sent over the client's connections for urgent calls, never behind its ordinary ones."""
 
 
 class _Base:
@@ -284,6 +300,10 @@ class _Base:
         step = min(self.backoff_max, self.backoff * 2.0**attempt)
         return step / 2 + random.uniform(0.0, step / 2)
 
+    def _lane(self, call: Call[Any]) -> Any:
+        """The shards ``call`` goes over: the urgent calls' own, or the ordinary ones."""
+        return self.urgent if call.urgent else self.shards  # type: ignore[attr-defined]
+
     def _parse(self, call: Call[T], resp: httpx.Response) -> T:
         try:
             return call.parse(resp)
@@ -299,7 +319,8 @@ class _Base:
 
 class SyncTransport(_Base):
     """Blocking requests over the client's connection pool (thread-safe):
-    ``max_connections`` keep-alive connections, in :class:`Shards`."""
+    ``max_connections`` keep-alive connections, in :class:`Shards`, and those kept for urgent
+    calls."""
 
     def __init__(
         self,
@@ -317,21 +338,23 @@ class SyncTransport(_Base):
             return httpx.Client(**self._pool_args(url, tls, size))
 
         self.shards = Shards(max_connections, make)
+        self.urgent = Shards(urgent_connections(max_connections), make)
 
     def _send(self, call: Call[Any], stream: bool) -> Tuple[httpx.Response, int]:
-        """Sends with retries: a successful answer (open when ``stream``), and its shard, which
-        the caller releases."""
+        """Sends with retries: a successful answer (open when ``stream``), and its shard (of
+        :meth:`_lane`), which the caller releases."""
+        shards = self._lane(call)
         attempt = 0
         while True:
             wait: Optional[float] = None
-            i, http = self.shards.acquire()
+            i, http = shards.acquire()
             try:
                 resp = http.send(self._build(http, call), stream=stream)
             except (httpx.HTTPError, httpx.InvalidURL) as e:
-                self.shards.release(i)
+                shards.release(i)
                 err, retry = self._failure(call, e)
             except BaseException:
-                self.shards.release(i)
+                shards.release(i)
                 raise
             else:
                 if resp.status_code < 400:
@@ -343,7 +366,7 @@ class SyncTransport(_Base):
                     pass
                 finally:
                     resp.close()
-                    self.shards.release(i)
+                    shards.release(i)
                 err, retry, wait = self._answer(resp, body)
             if not retry or attempt >= self.max_retries:
                 raise err
@@ -352,22 +375,24 @@ class SyncTransport(_Base):
 
     def call(self, call: Call[T]) -> T:
         resp, i = self._send(call, stream=False)
-        self.shards.release(i)
+        self._lane(call).release(i)
         return self._parse(call, resp)
 
     def open(self, call: Call[Any]) -> Opened:
         """A streaming answer (after retries), still open."""
         resp, i = self._send(call, stream=True)
-        return Opened(resp, lambda: self.shards.release(i))
+        shards = self._lane(call)
+        return Opened(resp, lambda: shards.release(i))
 
     def close(self) -> None:
-        for pool in self.shards.pools:
+        for pool in self.shards.pools + self.urgent.pools:
             pool.close()
 
 
 class AsyncTransport(_Base):
     """Requests over the client's connection pool, safe under ``asyncio.gather``:
-    ``max_connections`` keep-alive connections, in :class:`Shards`."""
+    ``max_connections`` keep-alive connections, in :class:`Shards`, and those kept for urgent
+    calls."""
 
     def __init__(
         self,
@@ -385,19 +410,21 @@ class AsyncTransport(_Base):
             return httpx.AsyncClient(**self._pool_args(url, tls, size))
 
         self.shards = Shards(max_connections, make)
+        self.urgent = Shards(urgent_connections(max_connections), make)
 
     async def _send(self, call: Call[Any], stream: bool) -> Tuple[httpx.Response, int]:
+        shards = self._lane(call)
         attempt = 0
         while True:
             wait: Optional[float] = None
-            i, http = self.shards.acquire()
+            i, http = shards.acquire()
             try:
                 resp = await http.send(self._build(http, call), stream=stream)
             except (httpx.HTTPError, httpx.InvalidURL) as e:
-                self.shards.release(i)
+                shards.release(i)
                 err, retry = self._failure(call, e)
             except BaseException:  # cancelled while waiting
-                self.shards.release(i)
+                shards.release(i)
                 raise
             else:
                 if resp.status_code < 400:
@@ -409,7 +436,7 @@ class AsyncTransport(_Base):
                     pass
                 finally:
                     await resp.aclose()
-                    self.shards.release(i)
+                    shards.release(i)
                 err, retry, wait = self._answer(resp, body)
             if not retry or attempt >= self.max_retries:
                 raise err
@@ -418,14 +445,15 @@ class AsyncTransport(_Base):
 
     async def call(self, call: Call[T]) -> T:
         resp, i = await self._send(call, stream=False)
-        self.shards.release(i)
+        self._lane(call).release(i)
         return self._parse(call, resp)
 
     async def open(self, call: Call[Any]) -> Opened:
         """A streaming answer (after retries), still open."""
         resp, i = await self._send(call, stream=True)
-        return Opened(resp, lambda: self.shards.release(i))
+        shards = self._lane(call)
+        return Opened(resp, lambda: shards.release(i))
 
     async def close(self) -> None:
-        for pool in self.shards.pools:
+        for pool in self.shards.pools + self.urgent.pools:
             await pool.aclose()

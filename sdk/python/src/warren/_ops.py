@@ -225,15 +225,15 @@ def get(sid: str) -> Call[SandboxInfo]:
 
 
 def kill(sid: str) -> Call[None]:
-    return Call("DELETE", _sb(sid))
+    return Call("DELETE", _sb(sid), urgent=True)
 
 
 def pause(sid: str) -> Call[SandboxInfo]:
-    return Call("POST", _sb(sid, "/pause"), parse=_info)
+    return Call("POST", _sb(sid, "/pause"), parse=_info, urgent=True)
 
 
 def resume(sid: str) -> Call[SandboxInfo]:
-    return Call("POST", _sb(sid, "/resume"), parse=_info)
+    return Call("POST", _sb(sid, "/resume"), parse=_info, urgent=True)
 
 
 def set_timeout(sid: str, seconds: Any) -> Call[SandboxInfo]:
@@ -591,6 +591,7 @@ def task_action(name: Any, action: str) -> Call[TaskResult]:
         f"/v1/tasks/{quote(task, safe='')}/{action}",
         read_timeout=TASK_TIMEOUT,
         parse=_task_result,
+        urgent=True,
     )
 
 

@@ -336,7 +336,9 @@ class Client:
         backoff: First delay between retries, seconds; doubled each retry, with jitter.
         backoff_max: Longest delay between retries (a server's ``Retry-After`` is honoured
             even when longer, up to 60 s).
-        max_connections: Size of the connection pool.
+        max_connections: Size of the connection pool. Urgent calls (a task's pause, resume
+            and stop; a sandbox's pause, resume and kill) have connections of their own beside
+            it, so they never wait for one behind the client's other requests.
 
     Use it as a context manager, or call :meth:`close`.
     """
