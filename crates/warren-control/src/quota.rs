@@ -43,8 +43,17 @@ pub struct Usage {
     subtree: RwLock<(Option<Instant>, HashMap<String, Totals>)>,
     pending: Mutex<(u64, HashMap<u64, Pending>)>,
     /// Function calls in flight through this replica, by subtree (each counted at its
-    /// project and every ancestor).
-    calls: Mutex<HashMap<String, u64>>,
+    /// project and every ancestor): how many, and the memory they hold.
+    calls: Mutex<HashMap<String, Calls>>,
+    /// Woken when calls end (for calls waiting for room under a quota).
+    calls_ended: tokio::sync::Notify,
+}
+
+/// Function calls in flight in a subtree.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Calls {
+    n: u64,
+    memory: u64,
 }
 
 /// Function calls counted in flight until dropped.
@@ -53,6 +62,8 @@ pub struct CallSlots {
     project: String,
     /// How many.
     pub n: u64,
+    /// The memory of each.
+    memory: u64,
 }
 
 impl Drop for CallSlots {
@@ -60,12 +71,15 @@ impl Drop for CallSlots {
         let mut calls = self.usage.calls.lock().unwrap_or_else(|p| p.into_inner());
         for path in ancestry(&self.project) {
             if let Some(c) = calls.get_mut(path) {
-                *c = c.saturating_sub(self.n);
-                if *c == 0 {
+                c.n = c.n.saturating_sub(self.n);
+                c.memory = c.memory.saturating_sub(self.n * self.memory);
+                if c.n == 0 {
                     calls.remove(path);
                 }
             }
         }
+        drop(calls);
+        self.usage.calls_ended.notify_waiters();
     }
 }
 
@@ -160,6 +174,8 @@ impl Usage {
                     used.add(e.ask);
                 }
             }
+            // Function calls running in it hold their memory while they run.
+            used.memory += self.calls_memory(path);
             let over = |what: &str, used: u64, ask: u64, limit: Option<i64>| match limit {
                 Some(l) if used.saturating_add(ask) > l.max(0) as u64 => Some(ApiError::capacity(
                     format!(
@@ -197,45 +213,125 @@ impl Usage {
 }
 
 impl Usage {
-    /// Counts up to `want` function calls (at least one) of `project` in flight, as many as
-    /// the `max_fncalls` of the project and of each ancestor leave room for; none: which
-    /// limit is reached (a 429 with Retry-After). More than one (a batch's) takes at most
-    /// half the room left at each level, rounded up, so single calls still find some.
+    /// Memory function calls in flight through this replica hold in subtree `path`.
+    fn calls_memory(&self, path: &str) -> u64 {
+        self.calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(path)
+            .map_or(0, |c| c.memory)
+    }
+
+    /// Remakes the sums by subtree if they are older than a quarter second (before
+    /// [`Usage::take_calls`], whose memory check reads them).
+    pub fn refresh(&self, nodes: &Nodes) {
+        self.rebuild(nodes);
+    }
+
+    /// Counts up to `want` function calls (at least one) of `memory` each, of `project`, in
+    /// flight, as many as the `max_fncalls` and `max_memory` of the project and of each
+    /// ancestor leave room for (a call's memory counts against `max_memory` while it runs,
+    /// with the sandboxes' requests); none: which limit is reached (a 429 with Retry-After).
+    /// More than one (a batch's) takes at most half the room left at each level, rounded up,
+    /// so single calls still find some.
     pub fn take_calls(
         self: &Arc<Self>,
         quotas: &HashMap<String, Quota>,
         project: &str,
         want: u64,
+        memory: u64,
     ) -> Result<CallSlots, ApiError> {
+        let sums = self.subtree.read().unwrap_or_else(|p| p.into_inner());
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         let mut n = want.max(1);
+        let share = |room: u64| if want > 1 { room.div_ceil(2) } else { room };
         for path in ancestry(project) {
-            let Some(limit) = quotas.get(path).and_then(|q| q.max_fncalls) else {
+            let Some(q) = quotas.get(path) else {
                 continue;
             };
-            let limit = limit.max(0) as u64;
-            let used = calls.get(path).copied().unwrap_or(0);
-            let room = limit.saturating_sub(used);
-            if room == 0 {
-                return Err(ApiError::capacity(
-                    format!(
-                        "project {path}'s quota: at most {limit} function calls in flight, and \
-                         it has {used}; retry after Retry-After seconds, or ask whoever \
-                         manages {path} to raise max_fncalls (warren project quota)"
-                    ),
-                    1,
-                ));
+            let now = calls.get(path).copied().unwrap_or_default();
+            if let Some(limit) = q.max_fncalls {
+                let limit = limit.max(0) as u64;
+                let room = limit.saturating_sub(now.n);
+                if room == 0 {
+                    return Err(ApiError::capacity(
+                        format!(
+                            "project {path}'s quota: at most {limit} function calls in flight, \
+                             and it has {}; retry after Retry-After seconds, or ask whoever \
+                             manages {path} to raise max_fncalls (warren project quota)",
+                            now.n
+                        ),
+                        1,
+                    ));
+                }
+                n = n.min(share(room));
             }
-            n = n.min(if want > 1 { room.div_ceil(2) } else { room });
+            if let Some(limit) = q.max_memory {
+                let limit = limit.max(0) as u64;
+                let mut used = sums.1.get(path).map_or(0, |t| t.memory) + now.memory;
+                for e in pending.1.values() {
+                    if within(&e.project, path) {
+                        used += e.ask.memory;
+                    }
+                }
+                let room = limit.saturating_sub(used) / memory.max(1);
+                if room == 0 {
+                    return Err(ApiError::capacity(
+                        format!(
+                            "project {path}'s quota: memory at most {limit}, and its sandboxes \
+                             and running function calls hold {used} (this call asks {memory}); \
+                             retry after Retry-After seconds, or ask whoever manages {path} to \
+                             raise max_memory (warren project quota)"
+                        ),
+                        1,
+                    ));
+                }
+                n = n.min(share(room));
+            }
         }
         for path in ancestry(project) {
-            *calls.entry(path.to_string()).or_default() += n;
+            let c = calls.entry(path.to_string()).or_default();
+            c.n += n;
+            c.memory += n * memory;
         }
         Ok(CallSlots {
             usage: self.clone(),
             project: project.to_string(),
             n,
+            memory,
         })
+    }
+
+    /// [`Usage::take_calls`], waiting for calls to end while a quota has no room, until
+    /// `deadline`; past it, the quota's 429.
+    pub async fn wait_calls(
+        self: &Arc<Self>,
+        quotas: &HashMap<String, Quota>,
+        project: &str,
+        want: u64,
+        memory: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<CallSlots, ApiError> {
+        loop {
+            let ended = self.calls_ended.notified();
+            tokio::pin!(ended);
+            // Registered before the check, so an end between the two is not missed.
+            ended.as_mut().enable();
+            match self.take_calls(quotas, project, want, memory) {
+                Ok(s) => return Ok(s),
+                Err(e) => {
+                    // Sandboxes that end free memory too, and say nothing here: look again
+                    // now and then.
+                    let next = (tokio::time::Instant::now() + Duration::from_millis(250))
+                        .min(deadline);
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(e);
+                    }
+                    let _ = tokio::time::timeout_at(next, ended).await;
+                }
+            }
+        }
     }
 }
 
@@ -260,32 +356,81 @@ mod tests {
         let u = Arc::new(Usage::default());
         let q = limits(&[("root/rl", 3), ("root/rl/a", 2)]);
         // A batch: half the room of the tightest level, rounded up; then single calls.
-        let a = u.take_calls(&q, "root/rl/a", 5).unwrap();
+        let a = u.take_calls(&q, "root/rl/a", 5, 1).unwrap();
         assert_eq!(a.n, 1);
-        let a2 = u.take_calls(&q, "root/rl/a", 1).unwrap();
-        let e = u.take_calls(&q, "root/rl/a", 1).err().unwrap();
+        let a2 = u.take_calls(&q, "root/rl/a", 1, 1 << 20).unwrap();
+        let e = u.take_calls(&q, "root/rl/a", 1, 1 << 20).err().unwrap();
         assert!(e.message.contains("root/rl/a's quota"), "{}", e.message);
         // The parent has one left, for a sibling.
-        let b = u.take_calls(&q, "root/rl/b", 4).unwrap();
+        let b = u.take_calls(&q, "root/rl/b", 4, 1 << 20).unwrap();
         assert_eq!(b.n, 1);
-        let e = u.take_calls(&q, "root/rl/b/c", 1).err().unwrap();
+        let e = u.take_calls(&q, "root/rl/b/c", 1, 1 << 20).err().unwrap();
         assert!(
             e.message.contains("project root/rl's quota"),
             "{}",
             e.message
         );
         // Outside the limited subtree: not held up, never fewer than one.
-        assert_eq!(u.take_calls(&q, "root/other", 7).unwrap().n, 7);
-        assert_eq!(u.take_calls(&q, "root/other", 0).unwrap().n, 1);
+        assert_eq!(u.take_calls(&q, "root/other", 7, 1 << 20).unwrap().n, 7);
+        assert_eq!(u.take_calls(&q, "root/other", 0, 1 << 20).unwrap().n, 1);
         drop((a, a2));
-        assert_eq!(u.take_calls(&q, "root/rl/a", 1).unwrap().n, 1);
+        assert_eq!(u.take_calls(&q, "root/rl/a", 1, 1 << 20).unwrap().n, 1);
         drop(b);
         // A batch alone under a limit of 64 takes 32 of them.
         let wide = limits(&[("root/w", 64)]);
-        assert_eq!(u.take_calls(&wide, "root/w", 100).unwrap().n, 32);
+        assert_eq!(u.take_calls(&wide, "root/w", 100, 1 << 20).unwrap().n, 32);
         assert!(u.calls.lock().unwrap().is_empty());
         // A limit of 0: no calls.
         let none = limits(&[("root/off", 0)]);
-        assert!(u.take_calls(&none, "root/off", 1).is_err());
+        assert!(u.take_calls(&none, "root/off", 1, 1 << 20).is_err());
+    }
+
+    #[tokio::test]
+    async fn running_calls_hold_their_memory_against_max_memory_and_wait_for_room() {
+        let u = Arc::new(Usage::default());
+        let q: HashMap<String, Quota> = [(
+            "root/rl".to_string(),
+            Quota {
+                max_memory: Some(3 << 30),
+                ..Default::default()
+            },
+        )]
+        .into();
+        // Calls of 1 GiB: three fit; a batch takes half the room, rounded up (2).
+        let a = u.take_calls(&q, "root/rl/a", 8, 1 << 30).unwrap();
+        assert_eq!(a.n, 2);
+        let b = u.take_calls(&q, "root/rl/b", 1, 1 << 30).unwrap();
+        let e = u.take_calls(&q, "root/rl/b", 1, 1 << 30).err().unwrap();
+        assert!(e.message.contains("max_memory"), "{}", e.message);
+        // A create in the subtree is counted against the calls' memory too.
+        let e = u
+            .reserve(
+                &Nodes::default(),
+                &q,
+                "root/rl/c",
+                Totals {
+                    sandboxes: 1,
+                    cpu: 10,
+                    memory: 64 << 20,
+                },
+            )
+            .err()
+            .unwrap();
+        assert!(e.message.contains("memory"), "{}", e.message);
+        // A call that waits for room gets it when one ends, and gives up at its deadline.
+        let soon = tokio::time::Instant::now() + Duration::from_millis(50);
+        assert!(u.wait_calls(&q, "root/rl", 1, 1 << 30, soon).await.is_err());
+        let waiter = {
+            let (u, q) = (u.clone(), q.clone());
+            tokio::spawn(async move {
+                let later = tokio::time::Instant::now() + Duration::from_secs(30);
+                u.wait_calls(&q, "root/rl", 1, 1 << 30, later).await.map(|s| s.n)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(b);
+        assert_eq!(waiter.await.unwrap().unwrap(), 1);
+        drop(a);
+        assert!(u.calls.lock().unwrap().is_empty());
     }
 }

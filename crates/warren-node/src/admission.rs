@@ -210,6 +210,23 @@ impl Admission {
         Ok(())
     }
 
+    /// Holds `memory` more of requests (a function call's, on its worker) if the sum stays
+    /// within `allocatable`; false otherwise.
+    pub fn try_hold(&self, memory: u64, allocatable: u64) -> bool {
+        let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        if u.memory.saturating_add(memory) > allocatable {
+            return false;
+        }
+        u.memory += memory;
+        true
+    }
+
+    /// Gives back what [`Admission::try_hold`] held.
+    pub fn unhold(&self, memory: u64) {
+        let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        u.memory = u.memory.saturating_sub(memory);
+    }
+
     /// Counts an existing sandbox (adopted after a restart) without checks.
     pub fn add(&self, ask: Ask) {
         let mut u = self.usage.lock().unwrap_or_else(|p| p.into_inner());

@@ -42,6 +42,11 @@ pub struct NodeConfig {
     pub memory_overcommit: f64,
     /// Sum of sandboxes' CPU requests allowed, as a multiple of the cores. Default 8.0.
     pub cpu_overcommit: f64,
+    /// The share of the memory admission (physical memory × `memory_overcommit`) running
+    /// function calls may hold at once; calls past it wait for one to end. Idle workers hold
+    /// only what they use (16 MiB each) and are killed first when a create needs room.
+    /// Default 0.25.
+    pub fncall_memory_share: f64,
     /// Refuse new sandboxes when the kernel reports less memory available than this.
     /// Default 256Mi.
     pub min_free_memory: ByteSize,
@@ -251,6 +256,7 @@ impl Default for NodeConfig {
             max_sandboxes: None,
             memory_overcommit: 4.0,
             cpu_overcommit: 8.0,
+            fncall_memory_share: 0.25,
             min_free_memory: ByteSize(256 << 20),
             max_memory_pressure: 10.0,
             raise_pid_max: true,

@@ -19,6 +19,8 @@ use crate::node::{IdemSlot, Node, Phase, Sandbox, blocking};
 use crate::state::{self, RECORD_VERSION, Record};
 use crate::validate::{HostFacts, validate};
 
+/// Idle function-call workers killed at a time for a create that finds no room.
+const RECLAIM_BATCH: usize = 8;
 /// How long a new sandbox's init may take to answer.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -155,8 +157,25 @@ impl Node {
         let limits = crate::admission::Limits {
             max_sandboxes: self.capacity.max_sandboxes,
         };
-        self.admission
-            .reserve(&self.cfg, limits, &load, &self.sampler.get(), disk, ask)?;
+        let mut admitted =
+            self.admission
+                .reserve(&self.cfg, limits, &load, &self.sampler.get(), disk, ask);
+        // Idle function-call workers are the first thing given up for room: never is a create
+        // refused while some could be killed to admit it.
+        while matches!(admitted, Err(NodeError::Capacity { .. }))
+            && self.reclaim_workers(RECLAIM_BATCH).await > 0
+        {
+            let load = HostLoad::read().map_err(|e| NodeError::host("reading host load", e))?;
+            admitted = self.admission.reserve(
+                &self.cfg,
+                limits,
+                &load,
+                &self.sampler.get(),
+                self.dirs.disk.as_ref().map(|p| (p.capacity, p.free())),
+                ask,
+            );
+        }
+        admitted?;
         let mut reservation = Reservation {
             node: self,
             ask,

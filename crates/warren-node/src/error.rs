@@ -36,6 +36,10 @@ pub enum NodeError {
         /// Seconds after which a retry may succeed.
         retry_after: u32,
     },
+    /// Waited past its deadline for what it needed (a function call for a worker); a retry
+    /// may succeed.
+    #[error("{0}")]
+    Timeout(String),
     /// The sandbox ended while the request ran.
     #[error("sandbox {0} stopped while the request ran (killed, timed out, or its init died)")]
     Gone(SandboxId),
@@ -117,6 +121,14 @@ impl NodeError {
                     code: ErrorCode::Unavailable,
                     message: message.clone(),
                     retry_after_secs: Some(*retry_after),
+                    fault: Some(warren_types::Fault::Infrastructure),
+                };
+            }
+            NodeError::Timeout(message) => {
+                return ApiError {
+                    code: ErrorCode::Timeout,
+                    message: message.clone(),
+                    retry_after_secs: Some(1),
                     fault: Some(warren_types::Fault::Infrastructure),
                 };
             }

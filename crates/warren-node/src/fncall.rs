@@ -2,15 +2,19 @@
 //! function calls one at a time.
 //!
 //! A worker is a container sandbox of the image with no network, made by the node itself
-//! (label [`WORKER_LABEL`], task [`WORKER_TASK`], project root). A call takes an idle worker
-//! (or starts one), and its guest runs the call in a fresh view of the pristine image (see the
-//! guest's `call` module): nothing of one call is left for the next. After the call the worker
-//! goes back to the idle list, or is killed when that list is full or the call broke the
-//! worker (its guest did not answer). A pool whose last idle worker was taken starts one more
-//! in the background (one at a time), so the next call finds it warm. Idle workers unused for
-//! [`crate::workers::IDLE_TTL`] are killed by the timer sweep.
+//! (label [`WORKER_LABEL`], task [`WORKER_TASK`], project root), admitted by what it uses idle
+//! (see the `workers` module: the call's memory is held from the node's FnCall budget only
+//! while the call runs). A call waits for its grant of memory (in turn with other projects'
+//! calls, up to its deadline), then takes an idle worker of its pool or the next one given
+//! back or started for it; its guest runs the call in a fresh view of the pristine image (see
+//! the guest's `call` module): nothing of one call is left for the next. After the call the
+//! worker goes to the next call waiting for one, back to the idle list, or is killed when the
+//! pool keeps enough or the call broke the worker (its guest did not answer). The timer sweep
+//! trims idle workers past the pool's recent peak, kills those unused for
+//! [`crate::workers::IDLE_TTL`], and starts workers for pools with calls waiting.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use warren_types::api::CreateSandbox;
 use warren_types::fncall::{NodeCall, NodeCallResult};
@@ -19,7 +23,7 @@ use warren_types::id::SandboxId;
 
 use crate::error::NodeError;
 use crate::node::Node;
-use crate::workers::Key;
+use crate::workers::{Key, Take, Template, WORKER_REQUEST, WaitWorker};
 
 /// The label that marks a worker, with its image as the value.
 pub const WORKER_LABEL: &str = "warren.fncall.worker";
@@ -27,20 +31,43 @@ pub const WORKER_LABEL: &str = "warren.fncall.worker";
 pub const WORKER_TASK: &str = "warren-fncall";
 /// What a worker holds beyond the call's memory: its guest, the step's init.
 const OVERHEAD: u64 = 48 << 20;
+/// The longest a call waits on a node for memory and a worker.
+const MAX_WAIT: Duration = Duration::from_secs(600);
 
-/// A worker taken for a call; killed if the call is dropped before it gives the worker back.
+/// A worker taken for a call: counted running until dropped, and killed if the call is
+/// dropped before it gives the worker back.
 struct Taken {
     node: Arc<Node>,
+    key: Key,
     worker: Option<SandboxId>,
 }
 
 impl Drop for Taken {
     fn drop(&mut self) {
+        self.node.fncall.finished(&self.key);
         if let Some(id) = self.worker.take() {
             let node = self.node.clone();
             tokio::spawn(async move {
                 let _ = node.kill(&id).await;
             });
+        }
+    }
+}
+
+/// A call waiting for a worker: dropped unanswered (its deadline, its client gone), it gives
+/// up its place, and a worker handed to it meanwhile goes back.
+struct Waiting {
+    node: Arc<Node>,
+    key: Key,
+    w: Option<WaitWorker>,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(w) = self.w.take()
+            && let Some(id) = self.node.fncall.abandon(&self.key, w)
+        {
+            self.node.put_back(self.key.clone(), id);
         }
     }
 }
@@ -63,40 +90,50 @@ impl Node {
     /// Runs a function call on a worker of its image and memory.
     pub async fn fncall(self: &Arc<Self>, call: NodeCall) -> Result<NodeCallResult, NodeError> {
         let key = key_of(&call);
-        let _in_flight = self.fncall.enter(&key);
-        let mut warm = true;
-        let worker = loop {
-            match self.fncall.take(&key) {
-                Some((id, refill)) => {
-                    if refill {
-                        self.refill(&call);
-                    }
-                    if self.get(&id).is_err() {
-                        continue; // killed since (its timeout, a task stop)
-                    }
-                    break id;
-                }
-                None => {
-                    warm = false;
-                    self.fncall.cold(&key);
-                    let id = self.start_worker(&call).await?;
-                    self.fncall.started(&key);
-                    break id;
-                }
-            }
+        let wait = call.wait_ms.map_or_else(
+            || {
+                call.spec
+                    .steps
+                    .iter()
+                    .map(|s| Duration::from_millis(s.timeout_ms))
+                    .sum()
+            },
+            Duration::from_millis,
+        );
+        let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        let project = call
+            .project
+            .clone()
+            .unwrap_or_else(warren_types::project::root);
+        let template = Template {
+            call: NodeCall {
+                spec: warren_types::guest::CallSpec {
+                    pids: call.spec.pids,
+                    ..Default::default()
+                },
+                ..call.clone()
+            },
         };
+        let _in_flight = self.fncall.enter(&key, template.clone());
+        let _grant = self
+            .fncall
+            .grant(&key, &project, &self.admission, deadline)
+            .await?;
+        let (worker, warm) = self.worker_for(&key, &template, deadline).await?;
         // Should this request be dropped mid-call (its client gone, a timeout above), the
         // worker goes: it may still be running the call, and no one would give it back.
-        let mut guard = Taken {
+        let mut taken = Taken {
             node: self.clone(),
+            key: key.clone(),
             worker: Some(worker.clone()),
         };
         let r = self.call_on(&worker, call.spec).await;
-        guard.worker = None;
+        taken.worker = None;
+        drop(taken);
         match &r {
-            Ok((res, _)) if !res.retire && self.fncall.give_back(key, worker.clone()) => {}
-            // A full pool, a worker the call broke, or one that asks to go: it goes (the
-            // pool refills as it would after any worker's end).
+            // A worker the call broke, or one that asks to go, goes (the sweep starts
+            // another if calls wait).
+            Ok((res, _)) if !res.retire => self.put_back(key, worker),
             _ => {
                 let _ = self.kill(&worker).await;
             }
@@ -116,6 +153,91 @@ impl Node {
                 retry_after: 1,
             }),
             Err(e) => Err(e),
+        }
+    }
+
+    /// A worker of `key`'s pool for a call holding its grant: an idle one (warm), or the next
+    /// one given back or started, until `deadline`.
+    async fn worker_for(
+        self: &Arc<Self>,
+        key: &Key,
+        template: &Template,
+        deadline: tokio::time::Instant,
+    ) -> Result<(SandboxId, bool), NodeError> {
+        loop {
+            let (got, warm) = match self.fncall.take(key) {
+                Take::Idle(id, starts) => {
+                    self.start_workers(key, template, starts);
+                    (id, true)
+                }
+                Take::Wait(w, starts) => {
+                    self.start_workers(key, template, starts);
+                    let mut waiting = Waiting {
+                        node: self.clone(),
+                        key: key.clone(),
+                        w: Some(w),
+                    };
+                    let rx = &mut waiting.w.as_mut().expect("set above").rx;
+                    match tokio::time::timeout_at(deadline, rx).await {
+                        Ok(Ok(Ok(id))) => {
+                            waiting.w = None;
+                            self.fncall.got(key);
+                            (id, false)
+                        }
+                        Ok(Ok(Err(e))) => {
+                            waiting.w = None;
+                            return Err(e);
+                        }
+                        Ok(Err(_)) => {
+                            waiting.w = None;
+                            return Err(NodeError::Busy {
+                                message: "this node stopped its function-call pool while the \
+                                          call waited; send the call again"
+                                    .into(),
+                                retry_after: 1,
+                            });
+                        }
+                        Err(_) => {
+                            drop(waiting);
+                            return Err(self.fncall.timed_out(key));
+                        }
+                    }
+                }
+            };
+            if self.get(&got).is_ok() {
+                return Ok((got, warm));
+            }
+            // Killed since (its timeout, a task stop): the next one.
+            self.fncall.finished(key);
+        }
+    }
+
+    /// Gives a worker back to its pool (to a call waiting for one, or idle); killed when the
+    /// pool keeps enough.
+    fn put_back(self: &Arc<Self>, key: Key, id: SandboxId) {
+        if let Err(id) = self.fncall.give_back(key, id) {
+            let node = self.clone();
+            tokio::spawn(async move {
+                let _ = node.kill(&id).await;
+            });
+        }
+    }
+
+    /// Starts `n` workers for `key`'s pool in the background.
+    fn start_workers(self: &Arc<Self>, key: &Key, template: &Template, n: usize) {
+        for _ in 0..n {
+            let (node, key, call) = (self.clone(), key.clone(), template.call.clone());
+            tokio::spawn(async move {
+                let started = node.start_worker(&call).await;
+                if let Err(e) = &started
+                    && !matches!(e, NodeError::Capacity { .. } | NodeError::Busy { .. })
+                {
+                    tracing::warn!(image = %call.image, "starting a function-call worker: {e}");
+                }
+                if let Some(id) = node.fncall.start_done(&key, started) {
+                    let _ = node.kill(&id).await;
+                }
+            });
         }
     }
 
@@ -141,14 +263,15 @@ impl Node {
 
     /// Starts a worker for `call`'s image and memory.
     async fn start_worker(self: &Arc<Self>, call: &NodeCall) -> Result<SandboxId, NodeError> {
-        let memory = warren_types::ByteSize(call.memory.bytes() + OVERHEAD);
+        let limit = warren_types::ByteSize(call.memory.bytes() + OVERHEAD);
         let req = CreateSandbox {
             image: call.image.clone(),
             resolved: call.resolved.clone(),
             task: Some(WORKER_TASK.into()),
             project: Some(warren_types::project::root()),
-            memory: Some(memory),
-            memory_limit: Some(memory),
+            // Admitted by what it uses idle: the call's memory is held only while it runs.
+            memory: Some(warren_types::ByteSize(WORKER_REQUEST)),
+            memory_limit: Some(limit),
             pids: Some(call.spec.pids.saturating_add(64)),
             timeout: Some(24 * 3600),
             labels: [(WORKER_LABEL.to_string(), call.image.clone())].into(),
@@ -179,49 +302,44 @@ impl Node {
         }
     }
 
-    /// Starts one more worker for `call`'s pool in the background.
-    fn refill(self: &Arc<Self>, call: &NodeCall) {
-        let node = self.clone();
-        let call = NodeCall {
-            spec: warren_types::guest::CallSpec {
-                pids: call.spec.pids,
-                ..Default::default()
-            },
-            ..call.clone()
-        };
-        tokio::spawn(async move {
-            let key = key_of(&call);
-            let started = node.start_worker(&call).await;
-            node.fncall.refilled(&key);
-            match started {
-                Ok(id) => {
-                    node.fncall.started(&key);
-                    if !node.fncall.give_back(key, id.clone()) {
-                        let _ = node.kill(&id).await;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(image = %call.image, "starting a function-call worker: {e}")
-                }
-            }
-        });
-    }
-
     /// Puts a worker adopted after a restart back in its pool (killed if the pool is full).
     pub(crate) async fn readopt_worker(&self, sb: &crate::node::Sandbox) {
         let key = Key {
             image: format!("{}@{}", sb.record.image, sb.record.layers.join(",")),
-            memory: sb.record.resources.memory.bytes().saturating_sub(OVERHEAD),
+            // Its limit is the call's memory and the overhead (its request, since workers are
+            // admitted by use, says nothing of the call's memory).
+            memory: sb.record.resources.memory_limit.bytes().saturating_sub(OVERHEAD),
         };
-        if !self.fncall.give_back(key, sb.record.id.clone()) {
+        if self.fncall.give_back(key, sb.record.id.clone()).is_err() {
             let _ = self.kill(&sb.record.id).await;
         }
     }
 
-    /// Kills idle workers unused for [`crate::workers::IDLE_TTL`] (from the timer sweep).
-    pub(crate) async fn expire_workers(&self) {
-        for id in self.fncall.expired() {
-            let _ = self.kill(&id).await;
+    /// The sweep's work on the pools (every tick): idle workers past their pool's recent
+    /// peak or unused for [`crate::workers::IDLE_TTL`] killed, workers started for pools
+    /// with calls waiting, and grants made where room freed.
+    pub(crate) fn fncall_upkeep(self: &Arc<Self>) {
+        self.fncall.pump_now(&self.admission);
+        let (kill, start) = self.fncall.upkeep();
+        for (key, template) in start {
+            self.start_workers(&key, &template, 1);
         }
+        if !kill.is_empty() {
+            let node = self.clone();
+            tokio::spawn(async move {
+                for id in kill {
+                    let _ = node.kill(&id).await;
+                }
+            });
+        }
+    }
+
+    /// Kills up to `n` idle workers, the longest idle first, for a create that found no
+    /// room; returns how many.
+    pub(crate) async fn reclaim_workers(&self, n: usize) -> usize {
+        let ids = self.fncall.take_idle(n);
+        let kills = ids.iter().map(|id| self.kill(id));
+        futures_util::future::join_all(kills).await;
+        ids.len()
     }
 }

@@ -218,6 +218,15 @@ impl Node {
             "capacity"
         );
         let create_gate = crate::capacity::Gate::new(&cfg);
+        let fncall = {
+            let allocatable = (mem_total as f64 * cfg.memory_overcommit) as u64;
+            let share = cfg.fncall_memory_share;
+            if !(0.0..=1.0).contains(&share) {
+                tracing::warn!(share, "fncall_memory_share is taken as 0 to 1: clamped");
+            }
+            let share = if share.is_nan() { 0.25 } else { share.clamp(0.0, 1.0) };
+            crate::workers::Workers::new((allocatable as f64 * share) as u64, allocatable)
+        };
         let events = crate::events::EventStore::open(&root);
         let node = Arc::new(Node {
             id,
@@ -236,7 +245,7 @@ impl Node {
             prefetch_gate: Arc::new(tokio::sync::Semaphore::new(1)),
             _state_lock: state_lock,
             idempotency: Mutex::new(HashMap::new()),
-            fncall: Default::default(),
+            fncall,
             changes: Mutex::new(crate::node::Changes::new()),
         });
         let report = node.adopt().await;

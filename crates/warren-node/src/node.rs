@@ -493,6 +493,8 @@ impl Node {
             reachable: true,
             address: None,
             fncall_pools: self.fncall.stats(),
+            fncall_budget: ByteSize(self.fncall.budget()),
+            fncall_held: ByteSize(self.fncall.held()),
         }
     }
 }

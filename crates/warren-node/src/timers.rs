@@ -58,11 +58,8 @@ impl Node {
                         node.layers.sweep(false)
                     });
                 }
-                if n.is_multiple_of(240) {
-                    // Function-call workers idle too long (every minute).
-                    let node = node.clone();
-                    tokio::spawn(async move { node.expire_workers().await });
-                }
+                // Function-call pools: trimmed, refilled for calls waiting, grants made.
+                node.fncall_upkeep();
                 if n.is_multiple_of(240)
                     && let Some(pool) = node.dirs.disk.clone()
                 {

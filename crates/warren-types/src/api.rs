@@ -1130,6 +1130,13 @@ pub struct NodeInfo {
     /// Its function-call worker pools, one per image and memory (none until a call came).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fncall_pools: Vec<FnCallPool>,
+    /// The most memory function calls may hold on it at once (`fncall_memory_share` of its
+    /// memory admission); a call holds its memory only while it runs.
+    #[serde(default)]
+    pub fncall_budget: ByteSize,
+    /// Memory running function calls hold now.
+    #[serde(default)]
+    pub fncall_held: ByteSize,
 }
 
 /// A node's pool of function-call workers for one image and memory size.
@@ -1138,24 +1145,34 @@ pub struct NodeInfo {
 pub struct FnCallPool {
     /// The image (its name as calls give it).
     pub image: String,
-    /// The calls' memory (rounded up to a power of two; each worker has 48 MiB more).
+    /// The calls' memory (rounded up to a power of two; each worker's limit is 48 MiB more,
+    /// its request while idle 16 MiB).
     pub memory: ByteSize,
     /// Idle workers, warm for the next call.
     pub idle: u32,
     /// Calls running now.
     pub busy: u32,
-    /// How many idle workers it keeps now: its busiest in flight over the last minute, at
-    /// least 8.
+    /// Calls waiting now: for the node's FnCall memory budget, or for a worker.
+    #[serde(default)]
+    pub queued: u32,
+    /// Workers being started now.
+    #[serde(default)]
+    pub starting: u32,
+    /// How many idle workers it keeps now: its most calls in flight over the last seconds,
+    /// at least 8, at most as many as its budget lets run at once.
     pub keep: u32,
     /// Calls asked of it since it was made (a pool left with no worker and no call is
     /// forgotten).
     pub calls: u64,
-    /// Of those, calls that found no idle worker and had one started for them (or were
-    /// refused when none could start).
+    /// Of those, calls that found no idle worker and waited for one (given back by another
+    /// call, or started).
     pub cold_calls: u64,
-    /// Workers it started (for cold calls, and in the background when its last idle one
-    /// was taken), not counting starts that failed.
+    /// Workers it started, not counting starts that failed.
     pub workers_started: u64,
+    /// Calls that waited past their deadline for the budget or a worker (answered 429, or 504
+    /// on `/run_code`).
+    #[serde(default)]
+    pub timed_out: u64,
 }
 
 fn root_project() -> String {
@@ -1201,6 +1218,8 @@ impl NodeInfo {
             reachable: false,
             address: None,
             fncall_pools: Vec::new(),
+            fncall_budget: ByteSize(0),
+            fncall_held: ByteSize(0),
         }
     }
 }

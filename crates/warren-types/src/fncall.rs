@@ -53,6 +53,12 @@ pub struct FnCallRequest {
     /// The project it runs for (default: the key's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
+    /// Seconds the call may wait for a worker while the node is busy (default: its own
+    /// timeouts, compile and run, together; at most 600). Past it the call is answered 429
+    /// with Retry-After.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.001, maximum = 600))]
+    pub queue_timeout: Option<f64>,
 }
 
 /// How a call ended.
@@ -174,6 +180,13 @@ pub struct NodeCall {
     pub memory: ByteSize,
     /// What the worker's guest runs.
     pub spec: CallSpec,
+    /// The project the call is made for: calls waiting on a node take turns by project.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    /// How long the call may wait on the node for memory and a worker, milliseconds (none:
+    /// its steps' timeouts together).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
 
 /// A node's answer to a call.
@@ -230,6 +243,12 @@ pub struct FnCallBatchRequest {
     /// The project it runs for (default: the key's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub project: Option<String>,
+    /// Seconds each chunk of cases may wait for a worker while the node is busy (default: its own
+    /// timeouts, compile and run, together; at most 600). Past it the call is answered 429
+    /// with Retry-After.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.001, maximum = 600))]
+    pub queue_timeout: Option<f64>,
 }
 
 /// One test case.

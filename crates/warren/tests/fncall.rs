@@ -1043,11 +1043,16 @@ async fn a_projects_fncall_quota_bounds_its_calls_in_flight() {
                 .await
         })
     };
-    // Tried while the long call runs (until it is done, however slow the machine).
+    // While it runs, a call that may wait only briefly for room is refused at its deadline
+    // (tried until the long call is seen in flight, however slow the machine).
+    let brief = |project: &str, code: &str| FnCallRequest {
+        queue_timeout: Some(0.3),
+        ..in_project(project, code)
+    };
     let mut refused = None;
     while !long.is_finished() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        match c.fncall(&in_project("root/fq", "echo hi")).await {
+        match c.fncall(&brief("root/fq", "echo hi")).await {
             Ok(r) => assert_eq!(out(&r), "hi\n", "{r:?}"),
             Err(e) => {
                 refused = Some(e);
@@ -1081,12 +1086,16 @@ async fn a_projects_fncall_quota_bounds_its_calls_in_flight() {
         code: "read n; echo $((n * 2))".into(),
         cases: (0..40).map(case).collect(),
         project: Some("root/fq/a".into()),
+        queue_timeout: Some(0.3),
         ..Default::default()
     };
     let e = c.fncall_batch(&batch).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::Capacity), "{e}");
     let r = call(&c, req("bash", "echo elsewhere")).await;
     assert_eq!(out(&r), "elsewhere\n", "{r:?}");
+    // A call with its default deadline (its own timeout, 10 s) waits for the slot, and runs.
+    let r = call(&c, in_project("root/fq", "echo waited")).await;
+    assert_eq!(out(&r), "waited\n", "{r:?}");
 
     // Once the long call is done, its slot is free again.
     let r = long.await.unwrap().unwrap();
@@ -1248,4 +1257,202 @@ async fn the_python_zygote_runs_confined_from_its_first_instruction() {
     }
     // Whatever the call's answer (its python3 never serves), it ends.
     let _ = running.await.unwrap();
+}
+
+/// The reward path must not starve rollouts. A burst of calls larger than their pool and than
+/// the node's FnCall budget is answered `ok`, every call, with no 429 before its deadline
+/// (calls past the budget wait for a worker); the workers it leaves hold only what they use
+/// idle, and are killed for creates that need their room, so ordinary creates requesting 1/16
+/// of the node's admission each, right after the burst, all succeed; a pool shrinks within
+/// seconds of its peak passing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_burst_queues_and_leaves_room_for_the_creates_after_it() {
+    require_root!();
+    use warren_sdk::CreateSandbox;
+    // Admission: physical memory × 1, a quarter of it for calls; 24 sandboxes at most.
+    let p = Platform::start_with(Some(
+        "[node]\nmemory_overcommit = 1.0\nmax_sandboxes = 24\n",
+    ));
+    let c = p.client();
+    let node = c.nodes().await.unwrap().items[0].clone();
+    let admits = node.memory_allocatable.0;
+    assert_eq!(node.fncall_budget.0, admits / 4, "{node:?}");
+    // Calls of about a sixteenth of it each (a power of two): four run at once.
+    let big = 1u64 << (63 - (admits / 16).leading_zeros());
+    let calls = (0..40).map(|i| {
+        let c = c.clone();
+        async move {
+            let r = c
+                .fncall(&FnCallRequest {
+                    memory: Some(ByteSize(big)),
+                    ..req("bash", &format!("sleep 0.2; echo $(({i} * 2))"))
+                })
+                .await;
+            (i, r)
+        }
+    });
+    for (i, r) in futures_util::future::join_all(calls).await {
+        let r = r.unwrap_or_else(|e| panic!("call {i} of the burst: {e}"));
+        assert_eq!(
+            (r.status, out(&r).to_string()),
+            (FnCallStatus::Ok, format!("{}\n", i * 2)),
+            "{r:?}"
+        );
+    }
+    let node = c.nodes().await.unwrap().items[0].clone();
+    let pool = node
+        .fncall_pools
+        .iter()
+        .find(|p| p.memory.0 == big)
+        .unwrap_or_else(|| panic!("{node:?}"))
+        .clone();
+    assert_eq!((pool.calls, pool.timed_out), (40, 0), "{pool:?}");
+    assert!(pool.cold_calls > 0, "40 calls at once queued: {pool:?}");
+    assert!(
+        pool.idle + pool.starting <= 4 + 4,
+        "at most the budget's four are kept, and MAX_STARTING more may be starting: {pool:?}"
+    );
+    assert_eq!(node.fncall_held.0, 0, "{node:?}");
+    // Right after it: 20 creates of a sixteenth each (20 of the 24 sandboxes, 5/4 of what the
+    // calls' budget held) all succeed; idle workers go for them.
+    let sandbox = CreateSandbox {
+        image: "host".into(),
+        memory: Some(ByteSize(big)),
+        memory_limit: Some(ByteSize(big)),
+        task: Some("after-burst".into()),
+        ..Default::default()
+    };
+    let creates = (0..20).map(|_| c.create(&sandbox));
+    let made = futures_util::future::join_all(creates).await;
+    let failed: Vec<_> = made.iter().filter_map(|r| r.as_ref().err()).collect();
+    c.task_action("after-burst", warren_sdk::TaskAction::Stop)
+        .await
+        .unwrap();
+    assert!(failed.is_empty(), "creates after the burst: {failed:?}");
+
+    // A pool of small calls at a peak of 24 in flight keeps many workers for a few seconds,
+    // then shrinks to its floor (8), not minutes later.
+    let slow = (0..24).map(|_| {
+        let c = c.clone();
+        async move { c.fncall(&req("bash", "sleep 1; echo ok")).await }
+    });
+    for r in futures_util::future::join_all(slow).await {
+        assert_eq!(out(&r.unwrap()), "ok\n");
+    }
+    let small = |n: &warren_sdk::NodeInfo| {
+        n.fncall_pools
+            .iter()
+            .find(|p| p.memory.0 == 512 << 20)
+            .cloned()
+            .unwrap()
+    };
+    let pool = small(&c.nodes().await.unwrap().items[0]);
+    assert!(
+        pool.workers_started > 8 && pool.idle > 8,
+        "24 calls of a second at once started and kept more than 8 workers: {pool:?}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let pool = small(&c.nodes().await.unwrap().items[0]);
+        if pool.idle <= 8 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool still keeps {} idle workers 30 s after its peak: {pool:?}",
+            pool.idle
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// A call that waits for a worker past its deadline is answered the way its client handles:
+/// `/run_code` 504 (SandboxFusion's clients, verl's among them, retry it; a 429 they would
+/// score as a wrong answer), Warren's own API 429 with Retry-After. A call with its own
+/// deadline waits and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_its_deadline_is_a_504_on_run_code_and_a_429_on_the_api() {
+    require_root!();
+    let mem_total: f64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap()
+        * 1024.0;
+    // A budget of 1.5 GiB: one call of 1 GiB (SandboxFusion's default) at a time.
+    let share = 1.5 * (1u64 << 30) as f64 / mem_total;
+    let p = Platform::start_with(Some(&format!(
+        "[node]\nmemory_overcommit = 1.0\nfncall_memory_share = {share}\n"
+    )));
+    let c = p.client();
+    let budget = c.nodes().await.unwrap().items[0].fncall_budget.0;
+    assert!((1 << 30..2 << 30).contains(&budget), "{budget}");
+    let http = reqwest::Client::new();
+    let post = |body: serde_json::Value| {
+        http.post(format!("{}/run_code", p.url))
+            .bearer_auth(&p.key)
+            .json(&body)
+            .send()
+    };
+    let long = tokio::spawn(post(serde_json::json!({
+        "code": "import time; time.sleep(3); print('slept')",
+        "language": "python",
+        "run_timeout": 20,
+    })));
+    // Once it holds the budget (however slow the machine is to start its worker):
+    let deadline = std::time::Instant::now() + SECS_30;
+    while c.nodes().await.unwrap().items[0].fncall_held.0 < 1 << 30 {
+        assert!(std::time::Instant::now() < deadline, "the long call never ran");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // A call whose deadline (its run timeout) passes while it waits: 504 on /run_code...
+    let r = post(serde_json::json!({"code": "print(1)", "language": "python", "run_timeout": 0.5}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 504);
+    let j: serde_json::Value = r.json().await.unwrap();
+    let why = j["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("deadline"), "{j}");
+    // ...and 429 with Retry-After on Warren's API.
+    let e = c
+        .fncall(&FnCallRequest {
+            memory: Some(ByteSize(1 << 30)),
+            queue_timeout: Some(0.5),
+            ..req("python", "print(1)")
+        })
+        .await
+        .unwrap_err();
+    let warren_sdk::Error::Api {
+        status,
+        code,
+        retry_after_secs,
+        message,
+        ..
+    } = &e
+    else {
+        panic!("{e}")
+    };
+    assert_eq!(
+        (*status, *code, *retry_after_secs),
+        (429, ErrorCode::Capacity, Some(1)),
+        "{message}"
+    );
+    // A call that may wait its own timeout (10 s) runs once the long one is done.
+    let r = post(serde_json::json!({"code": "print(2)", "language": "python"}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let j: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        (&j["status"], &j["run_result"]["stdout"]),
+        (&serde_json::json!("Success"), &serde_json::json!("2\n")),
+        "{j}"
+    );
+    let r = long.await.unwrap().unwrap();
+    let j: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(j["run_result"]["stdout"], "slept\n", "{j}");
+    let pools = c.nodes().await.unwrap().items[0].fncall_pools.clone();
+    let timed_out: u64 = pools.iter().map(|p| p.timed_out).sum();
+    assert_eq!(timed_out, 2, "{pools:?}");
 }

@@ -129,6 +129,38 @@ def test_the_sandbox_fusion_client_runs_against_warren(server: Server) -> None:
         run_code(RunCodeRequest(code="print(1)", language="python"), max_attempts=1)
 
 
+def test_a_burst_larger_than_the_pool_is_answered_success_without_retries(server: Server) -> None:
+    """verl's reward path: many calls at once through the unmodified client, each sent once
+    (``max_attempts=1``: a 429 would be a wrong answer to it). Calls past the node's idle
+    workers and its FnCall budget wait for a worker; every one is a Success."""
+    from sandbox_fusion import RunCodeRequest, RunStatus, run_code_async, set_endpoint
+
+    set_endpoint(_with_key(server.url, server.key))
+
+    async def main() -> list:
+        return await asyncio.gather(
+            *[
+                run_code_async(
+                    RunCodeRequest(code=f"print({i} * 3)", language="python"),
+                    max_attempts=1,
+                    client_timeout=120,
+                )
+                for i in range(120)
+            ],
+            return_exceptions=True,
+        )
+
+    results = asyncio.run(main())
+    bad = [
+        (i, r)
+        for i, r in enumerate(results)
+        if isinstance(r, BaseException)
+        or r.status != RunStatus.Success
+        or r.run_result.stdout != f"{i * 3}\n"
+    ]
+    assert not bad, f"{len(bad)} of 120 not a Success; first: {bad[0]}"
+
+
 def test_verls_request_shape_is_answered(server: Server) -> None:
     """What verl's reward path posts (`memory_limit_MB`, ints for timeouts, a Bearer-less
     JSON body with the key in Basic credentials) and the fields it reads."""

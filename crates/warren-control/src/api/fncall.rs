@@ -151,6 +151,8 @@ const MAX_MEMORY: u64 = 16 << 30;
 const PIDS: u32 = 256;
 /// Most bytes of fetched files together.
 const MAX_FETCH: u64 = 16 << 20;
+/// The longest a call may wait for a worker (`queue_timeout`).
+const MAX_QUEUE_WAIT: Duration = Duration::from_secs(600);
 
 fn invalid(m: impl Into<String>) -> Error {
     Error(ApiError::invalid(m))
@@ -158,12 +160,43 @@ fn invalid(m: impl Into<String>) -> Error {
 
 fn seconds(v: Option<f64>, default: f64, what: &str) -> Result<Duration, Error> {
     let s = v.unwrap_or(default);
-    if !(s.is_finite() && s > 0.0 && s <= MAX_TIMEOUT) {
+    let most = if what == "queue_timeout" {
+        MAX_QUEUE_WAIT.as_secs_f64()
+    } else {
+        MAX_TIMEOUT
+    };
+    if !(s.is_finite() && s > 0.0 && s <= most) {
         return Err(invalid(format!(
-            "{what} {s} is not a number of seconds above 0 and at most {MAX_TIMEOUT}"
+            "{what} {s} is not a number of seconds above 0 and at most {most}"
         )));
     }
     Ok(Duration::from_secs_f64(s))
+}
+
+/// How long a call may wait for a worker: its `queue_timeout`, else its steps' timeouts
+/// together (its own budget).
+fn wait_of(call: &NodeCall) -> Duration {
+    call.wait_ms.map_or_else(
+        || {
+            call.spec
+                .steps
+                .iter()
+                .map(|s| Duration::from_millis(s.timeout_ms))
+                .sum()
+        },
+        Duration::from_millis,
+    )
+}
+
+/// A call that waited past its deadline (for a worker, or for room under its project's
+/// quota), as Warren's own API answers it: 429 with Retry-After (`/run_code` answers 504,
+/// which SandboxFusion's clients retry).
+fn waited_too_long(e: Error) -> Error {
+    if e.0.code == ErrorCode::Timeout {
+        Error(ApiError::capacity(e.0.message, 1))
+    } else {
+        e
+    }
 }
 
 /// A call, checked: what goes to the node, and how to read what comes back.
@@ -188,6 +221,11 @@ fn plan(c: &Control, req: &FnCallRequest) -> Result<Planned, Error> {
     }
     let run_timeout = seconds(req.timeout, 10.0, "timeout")?;
     let compile_timeout = seconds(req.compile_timeout, 30.0, "compile_timeout")?;
+    let wait = req
+        .queue_timeout
+        .map(|_| seconds(req.queue_timeout, 0.0, "queue_timeout"))
+        .transpose()?
+        .map(|d| d.min(MAX_QUEUE_WAIT));
     let memory = req.memory.map_or(512 << 20, |m| m.bytes());
     if !(MIN_MEMORY..=MAX_MEMORY).contains(&memory) {
         return Err(invalid(format!(
@@ -283,6 +321,8 @@ fn plan(c: &Control, req: &FnCallRequest) -> Result<Planned, Error> {
                 file_size: memory,
                 tmp_size: memory,
             },
+            project: None,
+            wait_ms: wait.map(|d| d.as_millis() as u64),
         },
     })
 }
@@ -378,6 +418,7 @@ async fn dispatch(c: &Control, call: &NodeCall) -> Result<(NodeCallResult, Strin
         .iter()
         .map(|s| Duration::from_millis(s.timeout_ms))
         .sum::<Duration>()
+        + wait_of(call)
         + Duration::from_secs(90);
     let mut last = None;
     for node in &order {
@@ -511,8 +552,28 @@ async fn authorize(
                 .map_err(super::images::image_error)?,
         );
     }
+    call.project = Some(project.clone());
     let quotas = c.iam.quotas().await.map_err(|e| Error(e.into()))?;
-    c.usage.take_calls(&quotas, &project, want).map_err(Error)
+    c.usage.refresh(&c.nodes);
+    // Under a quota with no room now, the call waits for calls to end, as long as it would
+    // wait for a worker; past that, a 504 (the answer for a deadline; `run` and `batch` say
+    // 429).
+    let wait = wait_of(call);
+    let deadline = tokio::time::Instant::now() + wait;
+    let slots = c
+        .usage
+        .wait_calls(&quotas, &project, want, call.memory.bytes(), deadline)
+        .await
+        .map_err(|e| {
+            Error(ApiError {
+                code: ErrorCode::Timeout,
+                ..e
+            })
+        })?;
+    // What is left of the wait, for the node.
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    call.wait_ms = Some((left.as_millis() as u64).max(1));
+    Ok(slots)
 }
 
 /// Run a program once on a warm worker: its source (and more files) in a fresh working
@@ -525,7 +586,7 @@ async fn authorize(
         (status = 400, description = "Bad request, unknown language, or a toolchain the image lacks.", body = ErrorBody),
         (status = 404, description = "Unknown image.", body = ErrorBody),
         (status = 413, description = "Code or files too large.", body = ErrorBody),
-        (status = 429, description = "No node has room, or the project's max_fncalls calls are in flight: retry after Retry-After seconds.", body = ErrorBody),
+        (status = 429, description = "No worker became free (or the project's max_fncalls or max_memory left no room) before the call's deadline (`queue_timeout`, default its own timeouts together): retry after Retry-After seconds.", body = ErrorBody),
         (status = 503, description = "No node answered.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn run(
@@ -534,8 +595,10 @@ pub async fn run(
     Json(req): Json<FnCallRequest>,
 ) -> Result<Json<FnCallResult>, Error> {
     let mut p = plan(&c, &req)?;
-    let _slot = authorize(&c, &who, req.project.as_deref(), &mut p.call, 1).await?;
-    let (answer, node) = dispatch(&c, &p.call).await?;
+    let _slot = authorize(&c, &who, req.project.as_deref(), &mut p.call, 1)
+        .await
+        .map_err(waited_too_long)?;
+    let (answer, node) = dispatch(&c, &p.call).await.map_err(waited_too_long)?;
     Ok(Json(judge(&p, answer, node)?))
 }
 
@@ -643,7 +706,10 @@ fn command_result(o: &StepOutcome) -> CommandRunResult {
 /// `sandbox-fusion` client): the same request and answer, its status strings, its language
 /// names. A call that ran is a 200 whatever the program did (`Success` or `Failed`, as
 /// SandboxFusion answers); what Warren refuses (an unknown language, a toolchain the image
-/// lacks, bad input) is a 4xx with Warren's error, which the client reports. The key comes as
+/// lacks, bad input) is a 4xx with Warren's error, which the client reports. A call waits for a
+/// worker (and for room under its project's quota) up to its compile and run timeouts
+/// together; past that it is answered 504, the status SandboxFusion's clients retry (verl's
+/// among them), never a 429 they would score as a wrong answer. The key comes as
 /// `Authorization: Bearer`, `X-API-Key`, or HTTP Basic credentials in the URL
 /// (`http://fncall:KEY@host:port`, the only way the `sandbox-fusion` client can send one).
 #[utoipa::path(post, path = "/run_code", tag = "fncall",
@@ -651,8 +717,9 @@ fn command_result(o: &StepOutcome) -> CommandRunResult {
     responses((status = 200, body = RunCodeResponse),
         (status = 400, description = "Bad request, unknown language, or a toolchain the image lacks.", body = ErrorBody),
         (status = 413, description = "Code or files too large.", body = ErrorBody),
-        (status = 429, description = "No node has room, or the project's max_fncalls calls are in flight: retry after Retry-After seconds.", body = ErrorBody),
-        (status = 503, description = "No node answered.", body = ErrorBody)),
+        (status = 429, description = "More function calls already wait on the node than it queues: retry after Retry-After seconds.", body = ErrorBody),
+        (status = 503, description = "No node answered.", body = ErrorBody),
+        (status = 504, description = "No worker became free (or the project's quota left no room) before the call's deadline, its compile and run timeouts together: SandboxFusion's clients retry it.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn run_code(
     axum::extract::State(c): S,
@@ -687,6 +754,7 @@ pub async fn run_code(
         max_output: None,
         fetch_files: req.fetch_files,
         project: None,
+        queue_timeout: None,
     };
     let mut p = plan(&c, &ours)?;
     let _slot = authorize(&c, &who, None, &mut p.call, 1).await?;
@@ -826,13 +894,21 @@ fn matches(checker: &Checker, out: &str, expected: &str) -> bool {
         (status = 400, description = "Bad request, unknown language, or a toolchain the image lacks.", body = ErrorBody),
         (status = 404, description = "Unknown image.", body = ErrorBody),
         (status = 413, description = "Code, files or expected output too large.", body = ErrorBody),
-        (status = 429, description = "No node has room, or the project's max_fncalls calls are in flight: retry after Retry-After seconds.", body = ErrorBody),
+        (status = 429, description = "No worker became free (or the project's max_fncalls or max_memory left no room) before the call's deadline (`queue_timeout`, default its own timeouts together): retry after Retry-After seconds.", body = ErrorBody),
         (status = 503, description = "No node answered.", body = ErrorBody)),
     security(("api_key" = [])))]
 pub async fn batch(
     axum::extract::State(c): S,
     axum::Extension(who): axum::Extension<std::sync::Arc<Principal>>,
     Json(req): Json<FnCallBatchRequest>,
+) -> Result<Json<FnCallBatchResult>, Error> {
+    run_batch(c, who, req).await.map_err(waited_too_long)
+}
+
+async fn run_batch(
+    c: std::sync::Arc<Control>,
+    who: std::sync::Arc<Principal>,
+    req: FnCallBatchRequest,
 ) -> Result<Json<FnCallBatchResult>, Error> {
     if req.cases.is_empty() || req.cases.len() > MAX_CASES {
         return Err(invalid(format!(
@@ -900,6 +976,7 @@ pub async fn batch(
         max_output: Some(warren_types::ByteSize(max_output)),
         fetch_files: Vec::new(),
         project: req.project.clone(),
+        queue_timeout: req.queue_timeout,
     };
     let mut p = plan(&c, &single)?;
     // One call in flight for each worker the cases are spread over at once: as many chunks

@@ -111,7 +111,18 @@ async fn pools(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
         output::json(&all)?;
     } else {
         let mut t = output::table(&[
-            "NODE", "IMAGE", "MEMORY", "IDLE", "BUSY", "KEEP", "CALLS", "COLD", "STARTED",
+            "NODE",
+            "IMAGE",
+            "MEMORY",
+            "IDLE",
+            "BUSY",
+            "QUEUED",
+            "STARTING",
+            "KEEP",
+            "CALLS",
+            "COLD",
+            "STARTED",
+            "TIMED OUT",
         ]);
         for n in &nodes.items {
             for p in &n.fncall_pools {
@@ -121,10 +132,13 @@ async fn pools(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
                     p.memory.to_string(),
                     p.idle.to_string(),
                     p.busy.to_string(),
+                    p.queued.to_string(),
+                    p.starting.to_string(),
                     p.keep.to_string(),
                     p.calls.to_string(),
                     p.cold_calls.to_string(),
                     p.workers_started.to_string(),
+                    p.timed_out.to_string(),
                 ]);
             }
         }
