@@ -21,6 +21,7 @@ mod network;
 mod peers;
 mod qos;
 mod report;
+mod rl;
 mod simnode;
 mod soak;
 mod stats;
@@ -115,6 +116,7 @@ usage: warren-bench [--quick]
        warren-bench cluster [SANDBOXES]
        warren-bench iam [N]
        warren-bench fncall [N]
+       warren-bench rl [--episodes N] [--quick]
 
 Benchmarks Warren (through `warren up`'s REST API, and its node library in-process) against
 bubblewrap and runc on this machine and prints Markdown tables. Run as root, after
@@ -148,6 +150,13 @@ the uncached path, on SQLite and PostgreSQL.
 `fncall` measures function calls (N per row, default 2000): calls/s and latency of a trivial
 program in bash, Python and C at concurrency 1 and more, beside a bare namespaced spawn of the
 same program and one fresh container sandbox per call, in the same run.
+
+`rl` runs a training step's load on one node (N episodes per rollout, default 1000; 200 with
+--quick): a rollout of episodes (create, write, 5 execs, read, kill) with a reward call per
+episode through the unmodified `sandbox-fusion` client and a task pause in the middle, beside
+the same rollout without reward calls; then a 200-call burst through that client beside the
+node's plain rate at 4 calls in flight. The driver is sdk/python/bench/rl.py, run in a virtual
+environment (target/bench-venv, or $WARREN_BENCH_VENV) made and updated with pip first.
 
 `containment` measures what the defences cost (N creates per variant, default 50): create and
 exec with and without the disk quota and the system-call filter, and the disk-quota
@@ -230,6 +239,21 @@ fn in_own_netns(args: &[String]) -> Option<std::process::ExitCode> {
 fn main() -> std::process::ExitCode {
     let mut quick = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // `rl`'s driver needs its packages, and pip the package index: installed here, before the
+    // run moves into a network namespace with no route out.
+    if args.first().map(String::as_str) == Some("rl")
+        && std::env::var_os("WARREN_BENCH_NETNS").is_none()
+    {
+        let installed = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(PathBuf::from))
+            .ok_or_else(|| anyhow::anyhow!("cannot tell where its own executable is"))
+            .and_then(|dir| rl::prepare_venv(&dir));
+        if let Err(e) = installed {
+            eprintln!("warren-bench rl: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
     if let Some(code) = in_own_netns(&args) {
         return code;
     }
@@ -290,6 +314,9 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         };
+    }
+    if args.first().map(String::as_str) == Some("rl") {
+        return rl_main(&args[1..]);
     }
     if args.first().map(String::as_str) == Some("cluster") {
         let n = args.get(1).and_then(|v| v.parse().ok()).unwrap_or(100_000);
@@ -486,6 +513,47 @@ fn soak_main(args: &[String]) -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("warren-bench soak: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `warren-bench rl [--episodes N] [--quick]`.
+fn rl_main(args: &[String]) -> std::process::ExitCode {
+    let (mut quick, mut episodes) = (false, None);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--quick" => quick = true,
+            "--episodes" => match it.next().map(|v| v.parse::<usize>()) {
+                Some(Ok(n)) if n >= 2 => episodes = Some(n),
+                _ => {
+                    eprint!("warren-bench: --episodes takes a number, 2 or more\n\n{USAGE}");
+                    return std::process::ExitCode::from(2);
+                }
+            },
+            other => {
+                eprint!("warren-bench: unknown rl argument {other:?}\n\n{USAGE}");
+                return std::process::ExitCode::from(2);
+            }
+        }
+    }
+    let episodes = episodes.unwrap_or(if quick {
+        rl::QUICK_EPISODES
+    } else {
+        rl::EPISODES
+    });
+    let (exe_dir, rt) = match exe_dir_and_runtime() {
+        Ok(x) => x,
+        Err(code) => return code,
+    };
+    match rt.block_on(rl::run(&exe_dir, episodes)) {
+        Ok(out) => {
+            print!("{out}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("warren-bench rl: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }

@@ -79,6 +79,16 @@ impl WarrenUp {
         exe_dir: &Path,
         work: &Path,
     ) -> anyhow::Result<(WarrenUp, String, PathBuf)> {
+        Self::start_in(exe_dir, work, CGROUP_PARENT)
+    }
+
+    /// As `start`, under the cgroup parent `cgroup_parent` (a benchmark of its own, so that it
+    /// may run beside the others).
+    pub(crate) fn start_in(
+        exe_dir: &Path,
+        work: &Path,
+        cgroup_parent: &str,
+    ) -> anyhow::Result<(WarrenUp, String, PathBuf)> {
         let warren = exe_dir.join("warren");
         if !warren.is_file() {
             bail!(
@@ -99,7 +109,7 @@ impl WarrenUp {
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--cgroup-parent")
-            .arg(CGROUP_PARENT)
+            .arg(cgroup_parent)
             .arg("--kill-sandboxes-on-exit")
             .arg("--e2b-listen")
             .arg("off")
