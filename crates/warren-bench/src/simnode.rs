@@ -303,6 +303,7 @@ async fn task(State(n): S, Path((task, action)): Path<(String, String)>) -> Resp
         succeeded,
         failed: Vec::new(),
         memory_freed: None,
+        creates_in_flight: 0,
     })
     .into_response()
 }

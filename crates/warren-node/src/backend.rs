@@ -120,6 +120,11 @@ pub trait Instance: Send + Sync {
     fn begin_freeze(&self, frozen: bool) -> io::Result<()>;
     /// Waits until it is frozen (or thawed).
     fn finish_freeze(&self, frozen: bool) -> io::Result<()>;
+    /// Whether a freeze (or thaw) begun is done, looked at once; one not done yet is nudged on
+    /// where the kernel needs it. By default it waits ([`Instance::finish_freeze`]).
+    fn freeze_done(&self, frozen: bool) -> io::Result<bool> {
+        self.finish_freeze(frozen).map(|()| true)
+    }
     /// Whether it is frozen now.
     fn is_frozen(&self) -> bool;
     /// Resolves when it has exited (and reaps it where the daemon is its parent).
@@ -157,6 +162,11 @@ pub trait Instance: Send + Sync {
     fn reclaim(&self, memory_limit: u64) -> io::Result<u64> {
         let _ = memory_limit;
         Ok(0)
+    }
+    /// Memory charged to it now, bytes (one counter read: cheaper than [`Instance::usage`]).
+    /// Blocking.
+    fn memory_charged(&self) -> u64 {
+        0
     }
     /// Asks the kernel to read back what of its processes' memory a reclaim moved to swap
     /// (after a thaw). Returns the bytes of the ranges advised. Blocking.
@@ -225,13 +235,47 @@ pub trait Backend: Send + Sync {
     fn take_network_denials(&self) -> Option<tokio::sync::mpsc::Receiver<NetDenial>>;
 }
 
-/// Freezes (or thaws) every instance of a batch: all begin first, then each is waited for, so the
-/// kernel freezes them in parallel. Blocking.
+/// How often a batch looks at the freezes (or thaws) still in progress.
+const FREEZE_POLL: std::time::Duration = std::time::Duration::from_micros(200);
+/// How long a freeze (or thaw) may take.
+const FREEZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Freezes (or thaws) every instance of a batch: all begin first, then all are looked at in
+/// rounds until each is done, so the kernel freezes them in parallel and a sandbox slow to
+/// freeze (busy in the kernel) holds up no other's check: a batch waits about as long as its
+/// slowest member. Blocking.
 pub fn freeze_batch(batch: &[&dyn Instance], frozen: bool) -> Vec<io::Result<()>> {
-    let begun: Vec<io::Result<()>> = batch.iter().map(|i| i.begin_freeze(frozen)).collect();
-    batch
+    let mut out: Vec<Option<io::Result<()>>> = batch
         .iter()
-        .zip(begun)
-        .map(|(i, b)| b.and_then(|()| i.finish_freeze(frozen)))
-        .collect()
+        .map(|i| i.begin_freeze(frozen).err().map(Err))
+        .collect();
+    let deadline = std::time::Instant::now() + FREEZE_TIMEOUT;
+    loop {
+        let mut waiting = false;
+        for (i, slot) in batch.iter().zip(out.iter_mut()) {
+            if slot.is_some() {
+                continue;
+            }
+            match i.freeze_done(frozen) {
+                Ok(true) => *slot = Some(Ok(())),
+                Ok(false) => waiting = true,
+                Err(e) => *slot = Some(Err(e)),
+            }
+        }
+        if !waiting {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            let what = if frozen { "freeze" } else { "thaw" };
+            for slot in out.iter_mut().filter(|s| s.is_none()) {
+                *slot = Some(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("cgroup did not {what} in {} s", FREEZE_TIMEOUT.as_secs()),
+                )));
+            }
+            break;
+        }
+        std::thread::sleep(FREEZE_POLL);
+    }
+    out.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
 }

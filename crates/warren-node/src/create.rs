@@ -1,14 +1,17 @@
 //! Creating a sandbox.
 //!
-//! The path: idempotency → validate → admission → the record → the backend starts the
-//! instance (see the `backend` module) → the record saved → the guest agent's hello on its
-//! transport → replay's rebuild, if asked. Anything that fails on the way is undone: the
-//! reservation and the idempotency slot by their guards, the instance by its release.
+//! The path: idempotency → validate → a start slot (the create gate, in arrival order) →
+//! admission → the record → the backend starts the instance (see the `backend` module) → the
+//! record saved → the guest agent's hello on its transport → replay's rebuild, if asked → what
+//! its task's operations asked meanwhile (a create of a task is in flight for them from before
+//! its wait for a slot until it lands: see the `pending` module). Anything that fails on the
+//! way is undone: the reservation and the idempotency slot by their guards, the instance by its
+//! release.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use warren_types::api::{CreateSandbox, Sandbox as SandboxView};
+use warren_types::api::{CreateSandbox, Sandbox as SandboxView, TrajectoryEntry};
 use warren_types::guest::{Op, Reply};
 use warren_types::id::SandboxId;
 
@@ -16,6 +19,8 @@ use crate::admission::HostLoad;
 use crate::error::NodeError;
 use crate::guest_client::GuestConn;
 use crate::node::{IdemSlot, Node, Phase, Sandbox, blocking};
+use crate::pending::{Mark, Ticket};
+use crate::phase::Action;
 use crate::state::{self, RECORD_VERSION, Record};
 use crate::validate::{HostFacts, validate};
 
@@ -149,7 +154,30 @@ impl Node {
                     .into(),
             ));
         }
-        let slot = self.create_gate.enter().await?;
+        // A create of a task is in flight for the task's operations until it lands (`pending`).
+        let project = req
+            .project
+            .clone()
+            .unwrap_or_else(|| warren_types::project::ROOT.to_string());
+        let ticket = req
+            .task
+            .as_deref()
+            .map(|task| self.pending.register(task, &project));
+        let stopped = |sandbox| NodeError::TaskStopped {
+            task: req.task.clone().unwrap_or_default(),
+            sandbox,
+        };
+        let slot = match &ticket {
+            // A stop of its task ends the wait at once.
+            Some(t) => tokio::select! {
+                slot = self.create_gate.enter() => slot?,
+                () = t.stopped() => return Err(stopped(None)),
+            },
+            None => self.create_gate.enter().await?,
+        };
+        if ticket.as_ref().is_some_and(|t| t.mark() == Mark::Stop) {
+            return Err(stopped(None));
+        }
         // The host is read again once a slot is had: the wait may have been long.
         let load = HostLoad::read().map_err(|e| NodeError::host("reading host load", e))?;
         let ask = crate::admission::Ask::of(&resources);
@@ -196,10 +224,7 @@ impl Node {
             id: id.clone(),
             image: req.image.clone(),
             task: req.task.clone(),
-            project: req
-                .project
-                .clone()
-                .unwrap_or_else(|| warren_types::project::ROOT.to_string()),
+            project,
             labels: req.labels.clone(),
             env,
             resources,
@@ -225,18 +250,16 @@ impl Node {
         };
         // The launch runs to its end in a task of its own, even when this request is dropped
         // (a client that gives up mid-create): a started sandbox is then registered, with its
-        // timers, not left running unknown; the task returns the reservation if it fails.
+        // timers, rebuilt and paused or killed as its task's operations asked, not left
+        // running unknown or half-made; the task returns the reservation if it fails.
         reservation.kept = true;
         let node = self.clone();
+        let replay = req.replay.clone();
         let launched = tokio::spawn(async move {
             let launch = node.launch(record).await;
             drop(slot);
             match launch {
-                Ok(sb) => {
-                    node.insert(sb.clone());
-                    node.watch(&sb);
-                    Ok(sb)
-                }
+                Ok(sb) => node.land(sb, ticket, replay).await,
                 Err(e) => {
                     node.admission.release(ask);
                     Err(e)
@@ -246,13 +269,6 @@ impl Node {
         let sb = launched.await.map_err(|e| {
             NodeError::host("starting the sandbox", std::io::Error::other(e.to_string()))
         })??;
-        if let Some(entries) = req.replay {
-            if let Err(e) = self.rebuild(&sb, &entries).await {
-                let _ = self.kill(&id).await;
-                return Err(e);
-            }
-            sb.trajectory.start_replay(entries);
-        }
         if let Some(key) = &idempotency_key {
             self.idempotency
                 .lock()
@@ -267,6 +283,75 @@ impl Node {
             "created"
         );
         Ok((sb.view(&self.id, &self.cfg.pool), true))
+    }
+
+    /// Puts a started sandbox in the node's set, rebuilds it from `replay` if asked, and then
+    /// does what its task's operations asked while it was in flight (its ticket's mark, taken
+    /// only now that operations can find it): a pause pauses it, a stop kills it (410).
+    async fn land(
+        self: &Arc<Self>,
+        sb: Arc<Sandbox>,
+        ticket: Option<Ticket>,
+        replay: Option<Vec<TrajectoryEntry>>,
+    ) -> Result<Arc<Sandbox>, NodeError> {
+        // Without a rebuild its lock is taken before it can be found, so no operation comes
+        // between its mark and what the mark asks. (A rebuild's commands resume it if a pause
+        // came meanwhile: its lock is taken after.)
+        let held = sb.clone();
+        let early = match (&ticket, &replay) {
+            (Some(_), None) => Some(held.lifecycle.lock().await),
+            _ => None,
+        };
+        self.insert(sb.clone());
+        self.watch(&sb);
+        if let Some(entries) = replay {
+            if let Err(e) = self.rebuild(&sb, &entries).await {
+                let _ = self.kill(&sb.record.id).await;
+                return Err(e);
+            }
+            sb.trajectory.start_replay(entries);
+        }
+        let Some(ticket) = ticket else {
+            return Ok(sb);
+        };
+        let g = match early {
+            Some(g) => g,
+            None => held.lifecycle.lock().await,
+        };
+        let mark = ticket.land();
+        let paused = match mark {
+            Mark::Run => false,
+            Mark::Pause => match self.freeze_locked(&sb, Action::Pause).await {
+                Ok(paused) => paused,
+                Err(e) => {
+                    tracing::error!(sandbox_id = %sb.record.id, "pausing a sandbox whose task was paused as it started: {e}");
+                    false
+                }
+            },
+            Mark::Stop => {
+                if self.legal(&sb, Action::Kill).is_ok() {
+                    sb.set_phase(Phase::Stopping);
+                    self.destroy(sb.clone()).await;
+                }
+                false
+            }
+        };
+        drop(g);
+        if mark == Mark::Stop {
+            tracing::info!(sandbox_id = %sb.record.id, "killed as it started: its task was stopped");
+            return Err(NodeError::TaskStopped {
+                task: sb.record.task.clone().unwrap_or_default(),
+                sandbox: Some(sb.record.id.clone()),
+            });
+        }
+        if paused && self.cfg.reclaim_on_pause {
+            // Nothing waits for it: a new sandbox holds little.
+            tokio::spawn(crate::lifecycle::reclaim_paused(
+                vec![sb.clone()],
+                std::time::Instant::now(),
+            ));
+        }
+        Ok(sb)
     }
 
     /// Starts the sandbox's instance and waits for its guest agent to answer. On failure,

@@ -43,6 +43,17 @@ pub enum NodeError {
     /// The sandbox ended while the request ran.
     #[error("sandbox {0} stopped while the request ran (killed, timed out, or its init died)")]
     Gone(SandboxId),
+    /// A create's task was stopped while the create was in flight.
+    #[error("task {task:?} was stopped while this create was in flight: {}", match sandbox {
+        Some(id) => format!("its sandbox {id} was killed as it started"),
+        None => "it was not started".to_string(),
+    })]
+    TaskStopped {
+        /// The task.
+        task: String,
+        /// The sandbox killed, if it had started.
+        sandbox: Option<SandboxId>,
+    },
     /// The guest agent refused or failed the operation; code and message are its own.
     #[error("{message}")]
     Guest {
@@ -132,7 +143,7 @@ impl NodeError {
                     fault: Some(warren_types::Fault::Infrastructure),
                 };
             }
-            NodeError::Gone(_) => ErrorCode::SandboxGone,
+            NodeError::Gone(_) | NodeError::TaskStopped { .. } => ErrorCode::SandboxGone,
             NodeError::Guest { code, .. } => *code,
             NodeError::TooLarge(_) => ErrorCode::PayloadTooLarge,
             NodeError::Port { code, .. } => *code,

@@ -18,6 +18,8 @@ const POLL_READ: Duration = Duration::from_secs(2);
 const LOOK: Duration = Duration::from_secs(5);
 /// The least time between two polls of an idle sandbox.
 const MIN_POLL: Duration = Duration::from_secs(10);
+/// How long the node waits for a guest's last records before it freezes or kills it.
+const LAST_READ: Duration = Duration::from_millis(200);
 
 /// Whether the sandbox has had no API call in flight or ended for [`IDLE_AFTER`].
 fn idle_for(sb: &Sandbox) -> bool {
@@ -157,6 +159,15 @@ impl Node {
         .abort_handle()
     }
 
+    /// [`Node::last_incidents`] of many sandboxes at once (a task's pause), all within one
+    /// [`LAST_READ`]: a thousand cost the node no more time than one. A guest that has not
+    /// answered by then keeps its records, and its watcher fetches them after the thaw.
+    pub(crate) async fn last_incidents_of(&self, sandboxes: &[Arc<Sandbox>]) {
+        let all =
+            futures_util::future::join_all(sandboxes.iter().map(|sb| self.last_incidents(sb)));
+        let _ = tokio::time::timeout(LAST_READ, all).await;
+    }
+
     /// Reads what the guest has not reported yet, before the sandbox dies or is frozen (a
     /// burst is reported a few times a second; its last quarter second would be lost
     /// otherwise, and an idle sandbox's records are polled only now and then).
@@ -175,7 +186,7 @@ impl Node {
                 _ => None,
             }
         };
-        if let Ok(Some(incidents)) = tokio::time::timeout(Duration::from_millis(200), read).await {
+        if let Ok(Some(incidents)) = tokio::time::timeout(LAST_READ, read).await {
             for i in &incidents {
                 self.events
                     .from_guest(&sb.record.id, crate::events::Owner::of(&sb.record), i);

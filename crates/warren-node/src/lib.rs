@@ -39,6 +39,7 @@ pub mod events;
 pub mod guest_bin;
 pub mod images;
 pub mod layers;
+pub mod pending;
 pub mod phase;
 pub mod state;
 pub mod validate;
@@ -245,6 +246,7 @@ impl Node {
             prefetch_gate: Arc::new(tokio::sync::Semaphore::new(1)),
             _state_lock: state_lock,
             idempotency: Mutex::new(HashMap::new()),
+            pending: Default::default(),
             fncall,
             changes: Mutex::new(crate::node::Changes::new()),
         });

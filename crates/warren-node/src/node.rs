@@ -71,6 +71,8 @@ pub struct Node {
     /// The state directory's lock, held while the node lives.
     pub(crate) _state_lock: std::fs::File,
     pub(crate) idempotency: Mutex<HashMap<String, IdemSlot>>,
+    /// Creates of tasks in flight, and what task operations asked of them.
+    pub(crate) pending: Arc<crate::pending::Pending>,
     /// Function-call workers.
     pub(crate) fncall: crate::workers::Workers,
 }

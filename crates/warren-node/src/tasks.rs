@@ -1,10 +1,16 @@
 //! Task-level operations: pause, resume or stop every sandbox of a training task at once.
 //!
 //! A pause or resume is a batch: every sandbox's freezer is written first, then each is waited
-//! for, so the kernel freezes them all in parallel instead of one after another.
+//! for, so the kernel freezes them all in parallel instead of one after another. Nothing in it
+//! waits for the node's creates, execs or file transfers, and what costs time in proportion to
+//! the sandboxes is bounded before the answer: the guests' last incident records are fetched
+//! all at once within one deadline, and a pause's memory reclaim goes on in the background past
+//! [`crate::lifecycle::RECLAIM_WAIT`]. The task's creates in flight are marked to land as the
+//! task is (the `pending` module).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use warren_types::api::{SandboxState, TaskAction, TaskFailure, TaskInfo, TaskResult};
 use warren_types::id::SandboxId;
@@ -32,22 +38,27 @@ impl Node {
     }
 
     /// Applies `action` to every sandbox of `task` on this node whose project is in `scope`
-    /// (see [`Sandbox::in_scope`]).
+    /// (see [`Sandbox::in_scope`]), and to the task's creates in flight (see the `pending`
+    /// module): those are marked first, then the sandboxes are looked up, so a create lands
+    /// either where the operation finds it or where it finds the mark.
     pub async fn task_action(
         &self,
         task: &str,
         action: TaskAction,
         scope: Option<&str>,
     ) -> TaskResult {
+        let began = Instant::now();
+        let creates_in_flight = self.pending.mark(task, scope, action);
         let sandboxes = self.of_task(task, scope);
         let mut freed = None;
         let failed = match action {
             TaskAction::Stop => {
                 let kills = sandboxes.iter().map(|sb| async move {
-                    self.kill(&sb.record.id)
-                        .await
-                        .err()
-                        .map(|e| (sb.record.id.clone(), e))
+                    match self.kill(&sb.record.id).await {
+                        // Ended meanwhile (a kill, a timeout, its init): stopped all the same.
+                        Ok(()) | Err(NodeError::NotFound(_) | NodeError::Gone(_)) => None,
+                        Err(e) => Some((sb.record.id.clone(), e)),
+                    }
                 });
                 futures_util::future::join_all(kills)
                     .await
@@ -56,11 +67,11 @@ impl Node {
                     .collect()
             }
             TaskAction::Pause => {
-                let (failed, f) = self.freeze_all(&sandboxes, true).await;
+                let (failed, f) = self.freeze_all(&sandboxes, true, began).await;
                 freed = Some(f);
                 failed
             }
-            TaskAction::Resume => self.freeze_all(&sandboxes, false).await.0,
+            TaskAction::Resume => self.freeze_all(&sandboxes, false, began).await.0,
         };
         let failed: Vec<TaskFailure> = failed
             .into_iter()
@@ -69,21 +80,32 @@ impl Node {
                 error: e.to_api(),
             })
             .collect();
+        tracing::debug!(
+            task,
+            ?action,
+            sandboxes = sandboxes.len(),
+            creates_in_flight,
+            ms = began.elapsed().as_millis() as u64,
+            "task operation done"
+        );
         TaskResult {
             task: task.to_string(),
             action,
             succeeded: (sandboxes.len() - failed.len()) as u32,
             failed,
             memory_freed: freed,
+            creates_in_flight,
         }
     }
 
     /// Freezes (or thaws) sandboxes as one batch. Returns the ones that failed, and the memory
-    /// a pause reclaimed (see [`Node::reclaim`]).
+    /// a pause reclaimed before [`crate::lifecycle::RECLAIM_WAIT`] after `began` (the rest is
+    /// reclaimed in the background; see [`crate::lifecycle::reclaim_paused`]).
     async fn freeze_all(
         &self,
         sandboxes: &[Arc<Sandbox>],
         frozen: bool,
+        began: Instant,
     ) -> (Vec<(SandboxId, NodeError)>, u64) {
         // In one order (by id), so two batches over the same sandboxes cannot deadlock.
         let mut ordered: Vec<&Arc<Sandbox>> = sandboxes.iter().collect();
@@ -92,6 +114,7 @@ impl Node {
         for sb in ordered {
             guards.push(sb.lifecycle.lock().await);
         }
+        let locked = began.elapsed();
         let action = if frozen {
             Action::Pause
         } else {
@@ -104,12 +127,11 @@ impl Node {
             .cloned()
             .collect();
         if frozen {
-            // A frozen guest answers nothing: what each recorded is fetched first.
-            use futures_util::StreamExt;
-            futures_util::stream::iter(&todo)
-                .for_each_concurrent(64, |sb| self.last_incidents(sb))
-                .await;
+            // A frozen guest answers nothing: what each recorded is fetched first, all at
+            // once and within one deadline.
+            self.last_incidents_of(&todo).await;
         }
+        let fetched = began.elapsed();
         let mut batch = todo.clone();
         let mut unrestored = Vec::new();
         if !frozen {
@@ -144,32 +166,34 @@ impl Node {
                 NodeError::host("writing the memory limit back before the thaw", e),
             )
         }));
-        for sb in &todo {
-            if done.contains(&sb.record.id)
-                && let Some(p) = after(action)
-            {
+        let done: Vec<Arc<Sandbox>> = todo
+            .into_iter()
+            .filter(|s| done.contains(&s.record.id))
+            .collect();
+        for sb in &done {
+            if let Some(p) = after(action) {
                 sb.set_phase(p);
             }
         }
-        if !frozen {
-            self.prefetch(
-                todo.iter()
-                    .filter(|s| done.contains(&s.record.id))
-                    .cloned()
-                    .collect(),
-            );
-        }
+        drop(guards);
+        let froze = began.elapsed();
         let mut freed = 0;
         if frozen && self.cfg.reclaim_on_pause {
-            let paused: Vec<Arc<Sandbox>> = todo
-                .into_iter()
-                .filter(|s| done.contains(&s.record.id))
-                .collect();
-            freed = blocking(move || Ok(crate::lifecycle::reclaim(&paused)))
-                .await
-                .unwrap_or(0);
+            freed = crate::lifecycle::reclaim_paused(done, began + crate::lifecycle::RECLAIM_WAIT)
+                .await;
+        } else if !frozen {
+            self.prefetch(done);
         }
-        drop(guards);
+        tracing::debug!(
+            sandboxes = sandboxes.len(),
+            frozen,
+            locked_ms = locked.as_millis() as u64,
+            incidents_ms = (fetched - locked).as_millis() as u64,
+            freeze_ms = (froze - fetched).as_millis() as u64,
+            reclaim_ms = (began.elapsed() - froze).as_millis() as u64,
+            freed,
+            "freezer batch"
+        );
         (failed, freed)
     }
 

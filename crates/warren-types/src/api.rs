@@ -902,10 +902,16 @@ pub struct TaskResult {
     /// The ones it failed on, with why.
     #[serde(default)]
     pub failed: Vec<TaskFailure>,
-    /// For `pause`: memory the paused sandboxes' cgroups gave back, bytes (page cache, and
-    /// anonymous memory where the node has swap).
+    /// For `pause`: memory the paused sandboxes' cgroups gave back before the answer, bytes
+    /// (page cache, and anonymous memory where the node has swap). The nodes go on reclaiming
+    /// what they had no time for in the background, so more is freed after the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_freed: Option<u64>,
+    /// Creates of the task still in flight when it acted: after a pause they land paused, after
+    /// a stop they are killed as they land (their create is answered 410), after a resume they
+    /// run.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub creates_in_flight: u32,
 }
 
 /// `PUT /v1/tasks/{task}/network`: how the task's sandboxes took a new network policy.
@@ -1173,6 +1179,10 @@ pub struct FnCallPool {
     /// on `/run_code`).
     #[serde(default)]
     pub timed_out: u64,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn root_project() -> String {

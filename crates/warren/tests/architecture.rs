@@ -250,6 +250,7 @@ fn node_modules_stand_in_layers_without_loops() {
             "guest_bin",
             "images",
             "layers",
+            "pending",
             "phase",
             "state",
             "validate",

@@ -188,3 +188,161 @@ async fn timeouts_move_and_survive_a_restart() {
         after
     );
 }
+
+/// A node that starts one sandbox at a time, so that creates of a task queue for its start
+/// slot while the task is paused or stopped.
+const ONE_SLOT: &str = "[node]\nmax_concurrent_creates = 1\nwarm_pool = 0\n";
+
+/// Starts `n` creates of `task` at once, and waits until the first has landed.
+async fn creates_in_flight(
+    c: &warren_sdk::Client,
+    task: &str,
+    n: usize,
+) -> tokio::task::JoinSet<warren_sdk::Result<warren_sdk::Sandbox>> {
+    let mut creates = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (c, req) = (c.clone(), in_task(task));
+        creates.spawn(async move { c.create(&req).await });
+    }
+    let f = ListFilter::default().task(task);
+    common::poll_until(
+        Duration::from_secs(60),
+        "a first create lands",
+        async || match c.list(&f).await {
+            Ok(l) if !l.is_empty() => Ok(()),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    creates
+}
+
+/// Creates of a task still in flight when the task is paused land paused (the pause counts
+/// them); a resume lets them all run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_in_flight_at_a_task_pause_land_paused() {
+    require_root!();
+    let p = Platform::start_with(Some(ONE_SLOT));
+    let c = p.client();
+    let mut creates = creates_in_flight(&c, "landing", 24).await;
+    let r = c.task_action("landing", TaskAction::Pause).await.unwrap();
+    assert!(r.creates_in_flight > 0, "{r:?}");
+    assert!(r.failed.is_empty(), "{r:?}");
+    while let Some(made) = creates.join_next().await {
+        made.unwrap().unwrap();
+    }
+    let all = c
+        .list(&ListFilter::default().task("landing"))
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 24);
+    let running: Vec<_> = all
+        .iter()
+        .filter(|s| s.state != SandboxState::Paused)
+        .map(|s| &s.id)
+        .collect();
+    assert!(running.is_empty(), "landed running: {running:?}");
+
+    let r = c.task_action("landing", TaskAction::Resume).await.unwrap();
+    assert_eq!((r.succeeded, r.failed.len()), (24, 0), "{r:?}");
+    let r = c.task_action("landing", TaskAction::Stop).await.unwrap();
+    assert_eq!(r.succeeded, 24, "{r:?}");
+    p.assert_clean();
+}
+
+/// Creates of a task still in flight when the task is stopped are killed as they land, or not
+/// started: each is answered 410 saying why, and nothing of them is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_in_flight_at_a_task_stop_are_killed() {
+    require_root!();
+    let p = Platform::start_with(Some(ONE_SLOT));
+    let c = p.client();
+    let mut creates = creates_in_flight(&c, "stopping", 24).await;
+    let r = c.task_action("stopping", TaskAction::Stop).await.unwrap();
+    assert!(r.creates_in_flight > 0, "{r:?}");
+    let mut refused = 0;
+    while let Some(made) = creates.join_next().await {
+        if let Err(e) = made.unwrap() {
+            assert_eq!(e.code(), Some(ErrorCode::SandboxGone), "{e}");
+            assert!(
+                e.to_string().contains("was stopped while this create"),
+                "{e}"
+            );
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "no create in flight was refused");
+    // Those that landed before the stop were stopped with the rest.
+    let left = c
+        .list(&ListFilter::default().task("stopping"))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    p.assert_clean();
+}
+
+/// Awaits `op`, which must answer within a generous bound while the node is flooded.
+async fn within<T>(what: &str, op: impl Future<Output = T>) -> T {
+    let t = std::time::Instant::now();
+    let out = op.await;
+    let took = t.elapsed();
+    eprintln!("{what}: {took:?} under the flood");
+    assert!(
+        took < Duration::from_secs(5),
+        "{what} took {took:?} under the flood"
+    );
+    out
+}
+
+/// A task pause, resume and stop, and one sandbox's pause, resume and kill, are answered
+/// while hundreds of creates, file writes and execs of the task and another are in flight: they
+/// do not queue behind them. The bound is generous (a loaded debug build); `warren-bench rl`
+/// gives the figure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_operations_answer_under_a_create_and_exec_flood() {
+    require_root!();
+    let p = Platform::start();
+    let c = p.client();
+    let lone = c.create(&in_task("flood-lone")).await.unwrap();
+    let victim = c.create(&in_task("flood-lone")).await.unwrap();
+    let mut flood = tokio::task::JoinSet::<warren_sdk::Result<()>>::new();
+    for i in 0..200 {
+        let c = c.clone();
+        let task = if i % 2 == 0 { "flood-a" } else { "flood-b" };
+        flood.spawn(async move {
+            let sb = c.create(&in_task(task)).await?;
+            sb.write_file("/home/user/task.txt", format!("{i}\n"))
+                .await?;
+            let r = sb.exec(&argv(["cat", "/home/user/task.txt"])).await?;
+            assert_eq!(r.stdout, format!("{i}\n"));
+            Ok(())
+        });
+    }
+    let f = ListFilter::default().task("flood-a");
+    common::poll_until(
+        Duration::from_secs(120),
+        "the flood is under way",
+        async || match c.list(&f).await {
+            Ok(l) if l.len() >= 10 => Ok(()),
+            other => Err(format!("{:?}", other.map(|l| l.len()))),
+        },
+    )
+    .await;
+    let r = within("task pause", c.task_action("flood-a", TaskAction::Pause)).await;
+    assert!(r.unwrap().failed.is_empty());
+    let r = within("task resume", c.task_action("flood-a", TaskAction::Resume)).await;
+    assert!(r.unwrap().failed.is_empty());
+    within("sandbox pause", lone.pause()).await.unwrap();
+    within("sandbox resume", lone.resume()).await.unwrap();
+    within("sandbox kill", victim.kill()).await.unwrap();
+    let r = within("task stop", c.task_action("flood-lone", TaskAction::Stop)).await;
+    assert!(r.unwrap().failed.is_empty());
+    // Every episode ran, whatever was paused under it (an operation resumes its sandbox).
+    while let Some(episode) = flood.join_next().await {
+        episode.unwrap().unwrap();
+    }
+    for task in ["flood-a", "flood-b"] {
+        c.task_action(task, TaskAction::Stop).await.unwrap();
+    }
+    p.assert_clean();
+}

@@ -28,10 +28,11 @@ use crate::scheduler::{self, InFlight};
     request_body = CreateSandbox,
     params(("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe: the same key returns the same sandbox.")),
     responses(
-        (status = 201, description = "Created and ready for commands.", body = Sandbox),
+        (status = 201, description = "Created and ready for commands (paused, if its task was paused while the create was in flight: any operation resumes it).", body = Sandbox),
         (status = 200, description = "An earlier request with this Idempotency-Key made it.", body = Sandbox),
         (status = 400, description = "Bad request: the message says which field.", body = ErrorBody),
         (status = 404, description = "Unknown image.", body = ErrorBody),
+        (status = 410, description = "The sandbox's task was stopped while this create was in flight: the sandbox was killed as it started, or not started.", body = ErrorBody),
         (status = 429, description = "No node has room: retry after Retry-After seconds, or ask for less.", body = ErrorBody),
     ),
     security(("api_key" = [])))]

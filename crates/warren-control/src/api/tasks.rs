@@ -24,9 +24,12 @@ fn action(raw: &str) -> Result<TaskAction, Error> {
 /// Pause, resume or stop every sandbox of a task.
 ///
 /// Pause freezes them (memory kept; any later operation on one resumes it), resume thaws them,
-/// stop kills them. The answer counts the sandboxes it succeeded on and lists the ones it
-/// failed on with why; a node that does not answer is named in `unreachable` (its sandboxes
-/// were not reached), and when no node answers the call fails with 503.
+/// stop kills them. Creates of the task still in flight follow: after a pause they land paused,
+/// after a stop they are killed as they land (answered 410), and `creates_in_flight` counts
+/// them. A task operation never waits behind the node's creates, execs or file transfers. The
+/// answer counts the sandboxes it succeeded on and lists the ones it failed on with why; a node
+/// that does not answer is named in `unreachable` (its sandboxes were not reached), and when no
+/// node answers the call fails with 503.
 #[utoipa::path(post, path = "/v1/tasks/{task}/{action}", tag = "tasks",
     params(("task" = String, Path, description = "Task name."),
         ("action" = TaskAction, Path, description = "`pause`, `resume` or `stop`.")),
@@ -54,9 +57,11 @@ pub async fn act(
         succeeded: 0,
         failed: Vec::new(),
         memory_freed: None,
+        creates_in_flight: 0,
     };
     for part in parts.answer {
         total.succeeded += part.succeeded;
+        total.creates_in_flight += part.creates_in_flight;
         total.failed.extend(part.failed);
         if let Some(f) = part.memory_freed {
             total.memory_freed = Some(total.memory_freed.unwrap_or(0) + f);

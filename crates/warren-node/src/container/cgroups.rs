@@ -507,20 +507,10 @@ impl SandboxCgroup {
         write(&self.freezer_dir().join(file), value)
     }
 
-    /// Waits until the freeze (or thaw) is done. On v1, writing FROZEN again makes the kernel
-    /// retry tasks that were busy.
+    /// Waits until the freeze (or thaw) is done.
     pub fn wait_frozen(&self, frozen: bool) -> io::Result<()> {
-        let (file, value, check, want) = self.freezer_files(frozen);
-        let d = self.freezer_dir();
-        let v1 = matches!(self.layout, Layout::V1 { .. });
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if fs::read_to_string(d.join(check))?
-                .lines()
-                .any(|l| l.trim() == want)
-            {
-                return Ok(());
-            }
+        while !self.freeze_settled(frozen)? {
             if Instant::now() > deadline {
                 let what = if frozen { "freeze" } else { "thaw" };
                 return Err(io::Error::new(
@@ -529,10 +519,25 @@ impl SandboxCgroup {
                 ));
             }
             std::thread::sleep(Duration::from_micros(200));
-            if v1 {
-                write(&d.join(file), value)?;
-            }
         }
+        Ok(())
+    }
+
+    /// Whether the freeze (or thaw) is done, read once. On v1, one not done yet is asked again
+    /// (writing FROZEN again makes the kernel retry tasks that were busy).
+    pub fn freeze_settled(&self, frozen: bool) -> io::Result<bool> {
+        let (file, value, check, want) = self.freezer_files(frozen);
+        let d = self.freezer_dir();
+        if fs::read_to_string(d.join(check))?
+            .lines()
+            .any(|l| l.trim() == want)
+        {
+            return Ok(true);
+        }
+        if matches!(self.layout, Layout::V1 { .. }) {
+            write(&d.join(file), value)?;
+        }
+        Ok(false)
     }
 
     /// Whether the cgroup is frozen (or freezing).

@@ -255,6 +255,10 @@ impl Instance for ContainerInstance {
         self.cgroup.wait_frozen(frozen)
     }
 
+    fn freeze_done(&self, frozen: bool) -> std::io::Result<bool> {
+        self.cgroup.freeze_settled(frozen)
+    }
+
     fn is_frozen(&self) -> bool {
         self.cgroup.is_frozen()
     }
@@ -305,6 +309,10 @@ impl Instance for ContainerInstance {
             ));
         }
         self.cgroup.reclaim(memory_limit)
+    }
+
+    fn memory_charged(&self) -> u64 {
+        self.cgroup.memory_usage()
     }
 
     fn prefetch(&self) -> std::io::Result<u64> {

@@ -726,8 +726,11 @@ class TaskResult:
     unreachable: List[NodeFailure] = field(default_factory=list)
     """Nodes that did not answer: their sandboxes of the task were not reached."""
     memory_freed: Optional[int] = None
-    """For a pause: bytes of memory the paused sandboxes gave back (page cache, and anonymous
-    memory where the node has swap)."""
+    """For a pause: bytes of memory the paused sandboxes gave back before the answer (page
+    cache, and anonymous memory where the node has swap); the nodes reclaim the rest after."""
+    creates_in_flight: int = 0
+    """Creates of the task still in flight when it acted: after a pause they land paused,
+    after a stop they are killed as they land (their create raises ``SandboxGone``)."""
 
     @property
     def ok(self) -> bool:
@@ -744,6 +747,7 @@ class TaskResult:
             failed=_task_failures(d),
             unreachable=unreachable_from_json(d),
             memory_freed=None if freed is None else int(freed),
+            creates_in_flight=int(d.get("creates_in_flight", 0)),
         )
 
 
