@@ -248,22 +248,112 @@ pub fn swap_total() -> u64 {
 }
 
 /// The start slots of creates: at most `max_concurrent_creates` start at once; up to
-/// `create_queue` more wait, each at most `create_queue_timeout`; past either, a create is
-/// refused with a retry hint (429) instead of hanging.
+/// `create_queue` more wait, in arrival order, each at most `create_queue_timeout`; past
+/// either, a create is refused with a retry hint (429) instead of hanging. The gate keeps what
+/// the node's report shows of it ([`Gate::stats`]): creates starting and waiting, and the
+/// longest wait of the last minute.
 pub struct Gate {
     slots: std::sync::Arc<tokio::sync::Semaphore>,
     waiting: std::sync::atomic::AtomicU32,
     queue: u32,
     timeout: std::time::Duration,
     concurrent: u32,
+    waits: Mutex<Waits>,
+    /// When a long wait was last worth an event, ms since `waits.started` (+1; 0: never).
+    last_event: std::sync::atomic::AtomicU64,
 }
 
-/// Counts a create as waiting while alive.
-struct Waiting<'a>(&'a std::sync::atomic::AtomicU32);
+/// A wait for a start slot this long is worth a `create_queued` event.
+pub const LONG_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// The least time between two `create_queued` events of a node.
+const LONG_WAIT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A start slot, held while the create starts, and how long the create waited for it.
+pub struct Slot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    /// How long the create waited.
+    pub waited: std::time::Duration,
+}
+
+/// The gate's creates and waits, as its report shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GateStats {
+    /// Creates holding a start slot now.
+    pub starting: u32,
+    /// Creates waiting for one now.
+    pub waiting: u32,
+    /// Start slots (`max_concurrent_creates`).
+    pub slots: u32,
+    /// The longest a create waited over the last minute, those still waiting included, ms.
+    pub longest_wait_ms: u64,
+}
+
+/// Seconds of waits the gate remembers.
+const WAIT_WINDOW: u64 = 60;
+
+/// When the creates waiting now began, and the longest wait that ended in each of the last
+/// [`WAIT_WINDOW`] seconds: bounded by the queue and the window.
+struct Waits {
+    started: std::time::Instant,
+    next: u64,
+    now: std::collections::BTreeMap<u64, std::time::Instant>,
+    /// By second since `started` modulo the window: (that second, its longest wait in ms).
+    ended: [(u64, u64); WAIT_WINDOW as usize],
+}
+
+impl Waits {
+    fn second(&self, at: std::time::Instant) -> u64 {
+        at.duration_since(self.started).as_secs()
+    }
+
+    fn end(&mut self, ticket: u64, waited: std::time::Duration) {
+        self.now.remove(&ticket);
+        let sec = self.second(std::time::Instant::now());
+        let ms = waited.as_millis() as u64;
+        let cell = &mut self.ended[(sec % WAIT_WINDOW) as usize];
+        if cell.0 != sec {
+            *cell = (sec, 0);
+        }
+        cell.1 = cell.1.max(ms);
+    }
+
+    fn longest_ms(&self) -> u64 {
+        let now = std::time::Instant::now();
+        let sec = self.second(now);
+        let ended = self
+            .ended
+            .iter()
+            .filter(|(s, _)| sec.saturating_sub(*s) < WAIT_WINDOW)
+            .map(|(_, ms)| *ms)
+            .max()
+            .unwrap_or(0);
+        // The oldest still waiting, as long as it has waited so far.
+        let waiting = self
+            .now
+            .values()
+            .next()
+            .map_or(0, |t| now.duration_since(*t).as_millis() as u64);
+        ended.max(waiting)
+    }
+}
+
+/// A create waiting while alive: counted, and its wait remembered when it ends.
+struct Waiting<'a> {
+    gate: &'a Gate,
+    ticket: u64,
+    since: std::time::Instant,
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.gate
+            .waiting
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.gate
+            .waits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .end(self.ticket, self.since.elapsed());
     }
 }
 
@@ -280,7 +370,31 @@ impl Gate {
             queue: cfg.create_queue,
             timeout: std::time::Duration::from_secs(cfg.create_queue_timeout.max(1)),
             concurrent,
+            waits: Mutex::new(Waits {
+                started: std::time::Instant::now(),
+                next: 0,
+                now: Default::default(),
+                ended: [(u64::MAX, 0); WAIT_WINDOW as usize],
+            }),
+            last_event: Default::default(),
         }
+    }
+
+    /// Whether a create that waited `waited` is worth a `create_queued` event: it waited at
+    /// least [`LONG_WAIT`], and the node's last such event is [`LONG_WAIT_EVERY`] old.
+    pub fn worth_an_event(&self, waited: std::time::Duration) -> bool {
+        use std::sync::atomic::Ordering;
+        if waited < LONG_WAIT {
+            return false;
+        }
+        let started = self.waits.lock().unwrap_or_else(|p| p.into_inner()).started;
+        let now = started.elapsed().as_millis() as u64 + 1;
+        let last = self.last_event.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= LONG_WAIT_EVERY.as_millis() as u64)
+            && self
+                .last_event
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Creates waiting for a slot now.
@@ -288,13 +402,29 @@ impl Gate {
         self.waiting.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Creates starting and waiting now, and the longest wait of the last minute.
+    pub fn stats(&self) -> GateStats {
+        let starting = (self.concurrent as usize).saturating_sub(self.slots.available_permits());
+        GateStats {
+            starting: starting as u32,
+            waiting: self.waiting(),
+            slots: self.concurrent,
+            longest_wait_ms: self
+                .waits
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .longest_ms(),
+        }
+    }
+
     /// Waits for a start slot, or says why not.
-    pub async fn enter(
-        &self,
-    ) -> Result<tokio::sync::OwnedSemaphorePermit, crate::error::NodeError> {
+    pub async fn enter(&self) -> Result<Slot, crate::error::NodeError> {
         use std::sync::atomic::Ordering;
         if let Ok(p) = self.slots.clone().try_acquire_owned() {
-            return Ok(p);
+            return Ok(Slot {
+                _permit: p,
+                waited: std::time::Duration::ZERO,
+            });
         }
         if self.waiting.fetch_add(1, Ordering::Relaxed) >= self.queue {
             self.waiting.fetch_sub(1, Ordering::Relaxed);
@@ -307,9 +437,24 @@ impl Gate {
                 retry_after: 1,
             });
         }
-        let _waiting = Waiting(&self.waiting);
+        let since = std::time::Instant::now();
+        let ticket = {
+            let mut w = self.waits.lock().unwrap_or_else(|p| p.into_inner());
+            w.next += 1;
+            let t = w.next;
+            w.now.insert(t, since);
+            t
+        };
+        let _waiting = Waiting {
+            gate: self,
+            ticket,
+            since,
+        };
         match tokio::time::timeout(self.timeout, self.slots.clone().acquire_owned()).await {
-            Ok(Ok(p)) => Ok(p),
+            Ok(Ok(p)) => Ok(Slot {
+                _permit: p,
+                waited: since.elapsed(),
+            }),
             Ok(Err(_)) => Err(crate::error::NodeError::host(
                 "waiting for a start slot",
                 std::io::Error::other("the create gate closed"),
@@ -361,6 +506,49 @@ mod tests {
         };
         let d = derive_max_sandboxes(&cfg, 24 << 30, 4_194_304, 1 << 20);
         assert_eq!((d.max_sandboxes, d.bound_by), (100, "configured"));
+    }
+
+    #[tokio::test]
+    async fn the_gate_reports_creates_starting_waiting_and_the_longest_wait() {
+        let cfg = NodeConfig {
+            max_concurrent_creates: Some(1),
+            create_queue: 4,
+            ..NodeConfig::default()
+        };
+        let gate = std::sync::Arc::new(Gate::new(&cfg));
+        assert_eq!(
+            gate.stats(),
+            GateStats {
+                starting: 0,
+                waiting: 0,
+                slots: 1,
+                longest_wait_ms: 0
+            }
+        );
+        let first = gate.enter().await.unwrap();
+        assert_eq!(first.waited, std::time::Duration::ZERO);
+        let g = gate.clone();
+        let second = tokio::spawn(async move { g.enter().await.map(|s| s.waited) });
+        while gate.stats().waiting == 0 {
+            tokio::task::yield_now().await;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let s = gate.stats();
+        assert_eq!((s.starting, s.waiting), (1, 1));
+        assert!(s.longest_wait_ms >= 30, "one still waiting counts: {s:?}");
+        drop(first);
+        let waited = second.await.unwrap().unwrap();
+        assert!(waited >= std::time::Duration::from_millis(30));
+        let s = gate.stats();
+        assert_eq!((s.starting, s.waiting), (0, 0));
+        assert!(
+            s.longest_wait_ms >= 30,
+            "the ended wait is remembered: {s:?}"
+        );
+        // Long waits are worth an event, at most one every 10 s.
+        assert!(!gate.worth_an_event(LONG_WAIT / 2));
+        assert!(gate.worth_an_event(LONG_WAIT));
+        assert!(!gate.worth_an_event(LONG_WAIT * 2), "rate-limited");
     }
 
     #[test]

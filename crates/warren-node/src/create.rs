@@ -211,6 +211,25 @@ impl Node {
         };
 
         let id = SandboxId::new(&self.id, rand::random());
+        if self.create_gate.worth_an_event(slot.waited) {
+            let gate = self.create_gate.stats();
+            self.events.occur(
+                &id,
+                crate::events::Owner {
+                    task: req.task.as_deref(),
+                    project: Some(&project),
+                },
+                warren_types::events::EventKind::CreateQueued,
+                format!(
+                    "waited {:.1} s for one of the node's {} start slots \
+                     (max_concurrent_creates); {} creates wait now",
+                    slot.waited.as_secs_f64(),
+                    gate.slots,
+                    gate.waiting
+                ),
+                1,
+            );
+        }
         let now = state::now_ms();
         let image = match resolved {
             crate::images::Resolved::Host(_) => Default::default(),

@@ -457,6 +457,7 @@ impl Node {
         });
         let usage = self.admission.usage();
         let measured = self.sampler.get();
+        let gate = self.create_gate.stats();
         NodeInfo {
             id: self.id.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -466,6 +467,10 @@ impl Node {
                 .unwrap_or_else(|p| p.into_inner())
                 .len() as u32,
             max_sandboxes: self.capacity.max_sandboxes,
+            creates_starting: gate.starting,
+            creates_waiting: gate.waiting,
+            create_slots: gate.slots,
+            create_wait_ms: gate.longest_wait_ms,
             memory_reserved: ByteSize(usage.memory),
             memory_allocatable: ByteSize(
                 (load.mem_total as f64 * self.cfg.memory_overcommit) as u64,

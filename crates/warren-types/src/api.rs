@@ -1056,6 +1056,19 @@ pub struct NodeInfo {
     pub sandboxes: u32,
     /// Most sandboxes it admits.
     pub max_sandboxes: u32,
+    /// Creates starting now: each holds one of its start slots (`create_slots`).
+    #[serde(default)]
+    pub creates_starting: u32,
+    /// Creates waiting for a start slot now; they start in arrival order.
+    #[serde(default)]
+    pub creates_waiting: u32,
+    /// Creates it starts at once (`max_concurrent_creates`).
+    #[serde(default)]
+    pub create_slots: u32,
+    /// The longest a create waited for a start slot over the last minute, those still waiting
+    /// included, milliseconds.
+    #[serde(default)]
+    pub create_wait_ms: u64,
     /// Memory requested by its sandboxes (the sum of their requests), bytes.
     pub memory_reserved: ByteSize,
     /// Memory requests it may admit in all (physical memory × `memory_overcommit`), bytes.
@@ -1202,6 +1215,10 @@ impl NodeInfo {
             version: String::new(),
             sandboxes: 0,
             max_sandboxes: 0,
+            creates_starting: 0,
+            creates_waiting: 0,
+            create_slots: 0,
+            create_wait_ms: 0,
             memory_reserved: ByteSize(0),
             memory_allocatable: ByteSize(0),
             memory_available: ByteSize(0),

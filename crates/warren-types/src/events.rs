@@ -1,4 +1,5 @@
-//! Incident events: what sandboxes tried that the platform stopped or cut (`GET /v1/events`).
+//! Incident events: what sandboxes tried that the platform stopped or cut, and what held them
+//! up (a create that waited long for its node) (`GET /v1/events`).
 //!
 //! Each event sums the occurrences of one kind and detail in one sandbox over a window (a
 //! burst of a million denied system calls is one event with its count), so the store stays
@@ -28,11 +29,15 @@ pub enum EventKind {
     OomKill,
     /// A connection attempt or a name lookup its network policy refused.
     Network,
+    /// Its create waited long for one of its node's start slots: the node was starting many
+    /// sandboxes at once (the detail says how long and how many waited). At most one such
+    /// event every 10 s per node.
+    CreateQueued,
 }
 
 impl EventKind {
     /// Every kind, for help texts.
-    pub const ALL: [EventKind; 7] = [
+    pub const ALL: [EventKind; 8] = [
         EventKind::Seccomp,
         EventKind::Management,
         EventKind::DiskQuota,
@@ -40,6 +45,7 @@ impl EventKind {
         EventKind::PidsLimit,
         EventKind::OomKill,
         EventKind::Network,
+        EventKind::CreateQueued,
     ];
 
     /// The kind's name as the API writes it.
@@ -52,6 +58,7 @@ impl EventKind {
             EventKind::PidsLimit => "pids_limit",
             EventKind::OomKill => "oom_kill",
             EventKind::Network => "network",
+            EventKind::CreateQueued => "create_queued",
         }
     }
 

@@ -218,13 +218,20 @@ async fn creates_in_flight(
 }
 
 /// Creates of a task still in flight when the task is paused land paused (the pause counts
-/// them); a resume lets them all run.
+/// them), and the node shows them waiting for its start slot; a resume lets them all run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creates_in_flight_at_a_task_pause_land_paused() {
     require_root!();
     let p = Platform::start_with(Some(ONE_SLOT));
     let c = p.client();
     let mut creates = creates_in_flight(&c, "landing", 24).await;
+    let nodes = c.nodes().await.unwrap();
+    let n = &nodes.items[0];
+    assert_eq!(n.create_slots, 1, "{n:?}");
+    assert!(
+        n.creates_starting + n.creates_waiting > 0,
+        "the queue is visible: {n:?}"
+    );
     let r = c.task_action("landing", TaskAction::Pause).await.unwrap();
     assert!(r.creates_in_flight > 0, "{r:?}");
     assert!(r.failed.is_empty(), "{r:?}");
@@ -242,6 +249,7 @@ async fn creates_in_flight_at_a_task_pause_land_paused() {
         .map(|s| &s.id)
         .collect();
     assert!(running.is_empty(), "landed running: {running:?}");
+    assert!(c.nodes().await.unwrap().items[0].create_wait_ms > 0);
 
     let r = c.task_action("landing", TaskAction::Resume).await.unwrap();
     assert_eq!((r.succeeded, r.failed.len()), (24, 0), "{r:?}");
@@ -340,6 +348,18 @@ async fn task_operations_answer_under_a_create_and_exec_flood() {
     // Every episode ran, whatever was paused under it (an operation resumes its sandbox).
     while let Some(episode) = flood.join_next().await {
         episode.unwrap().unwrap();
+    }
+    // A create that waited long for a start slot left an event saying so.
+    if c.nodes().await.unwrap().items[0].create_wait_ms >= 5000 {
+        let ev = c
+            .events(&warren_sdk::EventFilter {
+                kind: Some(warren_sdk::EventKind::CreateQueued),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(!ev.is_empty(), "no create_queued event");
+        assert!(ev[0].detail.contains("start slots"), "{:?}", ev[0]);
     }
     for task in ["flood-a", "flood-b"] {
         c.task_action(task, TaskAction::Stop).await.unwrap();

@@ -47,6 +47,9 @@ def test_nodes_report_requests_use_and_kernel_support(client: warren.Client):
         assert n.memory_total > 0
         assert n.qos is not None
         assert set(n.qos) >= {"cpu_idle", "smt", "core_scheduling", "psi", "memory_reclaim"}
+        # The create queue: creates starting out of the start slots, waiting, the longest wait.
+        assert n.create_slots >= 1 and n.creates_starting <= n.create_slots
+        assert n.creates_waiting >= 0 and n.create_wait_ms >= 0
 
 
 def test_exec_results_say_when_the_agent_failed(sandbox: warren.Sandbox):

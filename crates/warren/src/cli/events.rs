@@ -16,7 +16,8 @@ pub struct EventsArgs {
     /// Only events of this task's sandboxes.
     #[arg(long)]
     task: Option<String>,
-    /// Only this kind: seccomp, management, disk_quota, output_truncated, pids_limit, oom_kill.
+    /// Only this kind: seccomp, management, disk_quota, output_truncated, pids_limit, oom_kill,
+    /// network, create_queued.
     #[arg(long, value_parser = parse_kind)]
     kind: Option<EventKind>,
     /// Only events since then: an RFC 3339 time or a duration back from now (10m, 2h).

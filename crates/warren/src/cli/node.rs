@@ -35,12 +35,15 @@ pub enum NodeCommand {
         visible_alias = "list",
         after_help = "Examples:\n  warren node ls\n  warren node ls --json\n\n\
             SANDBOXES is how many run out of the most the node admits (derived from its\n\
-            memory, pids and open files). MEM REQ and CPU REQ are sandboxes' requests out of\n\
-            what the node admits (physical memory or cores × overcommit). MEM USED is memory\n\
-            charged to sandboxes now; AVAILABLE what the kernel reports available; CPU USED\n\
-            the host's use of all cores; PSI MEM the share of the last 10 s tasks stalled for\n\
-            memory. THREADS is threads in use out of kernel.pid_max. QOS says what the kernel\n\
-            has: cpu.idle (else SCHED_IDLE), SMT, and core scheduling (used only with SMT on)."
+            memory, pids and open files). CREATES is creates starting out of the node's start\n\
+            slots (max_concurrent_creates), then those waiting for one (+N); CREATE WAIT the\n\
+            longest a create waited for a slot over the last minute. MEM REQ and CPU REQ are\n\
+            sandboxes' requests out of what the node admits (physical memory or cores ×\n\
+            overcommit). MEM USED is memory charged to sandboxes now; AVAILABLE what the\n\
+            kernel reports available; CPU USED the host's use of all cores; PSI MEM the share\n\
+            of the last 10 s tasks stalled for memory. THREADS is threads in use out of\n\
+            kernel.pid_max. QOS says what the kernel has: cpu.idle (else SCHED_IDLE), SMT, and\n\
+            core scheduling (used only with SMT on)."
     )]
     Ls,
     /// Keep new sandboxes off a node; its sandboxes run on.
@@ -122,6 +125,8 @@ pub async fn run(client: &Client, json: bool, cmd: NodeCommand) -> anyhow::Resul
                 "ID",
                 "VERSION",
                 "SANDBOXES",
+                "CREATES",
+                "CREATE WAIT",
                 "MEM REQ",
                 "CPU REQ",
                 "MEM USED",
@@ -137,6 +142,8 @@ pub async fn run(client: &Client, json: bool, cmd: NodeCommand) -> anyhow::Resul
                     n.id.to_string(),
                     n.version.clone(),
                     format!("{}/{}", n.sandboxes, n.max_sandboxes),
+                    creates(n),
+                    format!("{:.1}s", n.create_wait_ms as f64 / 1000.0),
                     format!("{}/{}", n.memory_reserved, n.memory_allocatable),
                     format!("{}m/{}m", n.cpu_requested, n.cpu_allocatable),
                     n.memory_used.to_string(),
@@ -153,6 +160,15 @@ pub async fn run(client: &Client, json: bool, cmd: NodeCommand) -> anyhow::Resul
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A node's creates: starting out of its start slots, and `+N` waiting.
+fn creates(n: &warren_sdk::NodeInfo) -> String {
+    let mut s = format!("{}/{}", n.creates_starting, n.create_slots);
+    if n.creates_waiting > 0 {
+        s.push_str(&format!(" +{}", n.creates_waiting));
+    }
+    s
 }
 
 /// Cordons `node`, kills its sandboxes if asked, and waits up to `wait` seconds for it to

@@ -32,6 +32,7 @@ EVENT_KINDS = (
     "pids_limit",
     "oom_kill",
     "network",
+    "create_queued",
 )
 NETWORK_MODES = ("filtered", "none")
 PROTOCOLS = ("tcp", "udp")

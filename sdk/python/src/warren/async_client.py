@@ -167,10 +167,10 @@ class AsyncEvents:
     ) -> Listing[IncidentEvent]:
         """Events, oldest first: only ``sandbox``'s, only ``task``'s, only of ``kind``
         (``"seccomp"``, ``"management"``, ``"disk_quota"``, ``"output_truncated"``,
-        ``"pids_limit"``, ``"oom_kill"``, ``"network"``), only since ``since`` (RFC 3339, or a
-        duration back from now such as ``"10m"``). A list; its ``unreachable`` names the nodes
-        that did not answer, whose events are missing. A ``network`` event's ``network`` says
-        what was refused (:class:`~warren.NetEvent`)."""
+        ``"pids_limit"``, ``"oom_kill"``, ``"network"``, ``"create_queued"``), only since
+        ``since`` (RFC 3339, or a duration back from now such as ``"10m"``). A list; its
+        ``unreachable`` names the nodes that did not answer, whose events are missing. A
+        ``network`` event's ``network`` says what was refused (:class:`~warren.NetEvent`)."""
         return await self._t.call(_ops.list_events(sandbox, task, kind, since))
 
 

@@ -870,6 +870,15 @@ class NodeInfo:
     fncall_pools: List[Dict[str, Any]] = field(default_factory=list)
     """Its function-call worker pools, one per image and memory: ``image``, ``memory``,
     ``idle``, ``busy``, ``keep``, ``calls``, ``cold_calls``, ``workers_started``."""
+    creates_starting: int = 0
+    """Creates starting now, each holding one of its ``create_slots``."""
+    creates_waiting: int = 0
+    """Creates waiting for a start slot now (they start in arrival order)."""
+    create_slots: int = 0
+    """Creates it starts at once (``max_concurrent_creates``)."""
+    create_wait_ms: int = 0
+    """The longest a create waited for a start slot over the last minute, those still
+    waiting included, milliseconds."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NodeInfo:
@@ -900,6 +909,10 @@ class NodeInfo:
             reachable=bool(d.get("reachable", True)),
             address=d.get("address"),
             fncall_pools=[dict(p) for p in d.get("fncall_pools") or []],
+            creates_starting=int(d.get("creates_starting", 0)),
+            creates_waiting=int(d.get("creates_waiting", 0)),
+            create_slots=int(d.get("create_slots", 0)),
+            create_wait_ms=int(d.get("create_wait_ms", 0)),
         )
 
 
@@ -914,7 +927,8 @@ class IncidentEvent:
     task: Optional[str]
     kind: str
     """``seccomp``, ``management``, ``disk_quota``, ``output_truncated``, ``pids_limit``,
-    ``oom_kill`` or ``network`` (a connection attempt or name lookup its policy refused)."""
+    ``oom_kill``, ``network`` (a connection attempt or name lookup its policy refused) or
+    ``create_queued`` (its create waited long for one of its node's start slots)."""
     detail: str
     """Which: the system call, the stream, the limit."""
     count: int
