@@ -270,7 +270,7 @@ const LONG_WAIT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A start slot, held while the create starts, and how long the create waited for it.
 pub struct Slot {
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// How long the create waited.
     pub waited: std::time::Duration,
 }
@@ -397,6 +397,16 @@ impl Gate {
                 .is_ok()
     }
 
+    /// No slot: for a function-call worker, which must not wait behind the creates queued
+    /// here (a reward call would wait for a rollout's creates). Its pool starts at most
+    /// `workers::MAX_STARTING` at once, so these are bounded too.
+    pub fn bypass(&self) -> Slot {
+        Slot {
+            _permit: None,
+            waited: std::time::Duration::ZERO,
+        }
+    }
+
     /// Creates waiting for a slot now.
     pub fn waiting(&self) -> u32 {
         self.waiting.load(std::sync::atomic::Ordering::Relaxed)
@@ -422,7 +432,7 @@ impl Gate {
         use std::sync::atomic::Ordering;
         if let Ok(p) = self.slots.clone().try_acquire_owned() {
             return Ok(Slot {
-                _permit: p,
+                _permit: Some(p),
                 waited: std::time::Duration::ZERO,
             });
         }
@@ -452,7 +462,7 @@ impl Gate {
         };
         match tokio::time::timeout(self.timeout, self.slots.clone().acquire_owned()).await {
             Ok(Ok(p)) => Ok(Slot {
-                _permit: p,
+                _permit: Some(p),
                 waited: since.elapsed(),
             }),
             Ok(Err(_)) => Err(crate::error::NodeError::host(

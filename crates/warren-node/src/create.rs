@@ -168,6 +168,9 @@ impl Node {
             sandbox,
         };
         let slot = match &ticket {
+            // A function-call worker starts at once: calls must not wait behind the creates
+            // queued here (its pool bounds how many it starts at a time).
+            _ if req.fncall_worker => self.create_gate.bypass(),
             // A stop of its task ends the wait at once.
             Some(t) => tokio::select! {
                 slot = self.create_gate.enter() => slot?,

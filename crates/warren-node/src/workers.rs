@@ -412,13 +412,18 @@ impl Workers {
         let mut m = self.lock();
         let queued = m.queue.len;
         let running = m.pools.values().map(|p| p.running).sum::<usize>();
+        let (wanting, starting) = m
+            .pools
+            .get(key)
+            .map_or((0, 0), |p| (p.wanting.len(), p.starting));
         if let Some(p) = m.pools.get_mut(key) {
             p.timed_out += 1;
         }
         NodeError::Timeout(format!(
-            "no function-call worker became free before the call's deadline: {running} calls \
-             run and {queued} wait on this node (its FnCall budget is {}); retry, or send fewer \
-             calls at once",
+            "no function-call worker became free before the call's deadline: on this node \
+             {running} calls run, {queued} wait for memory (its FnCall budget is {}), and \
+             {wanting} more of this image and memory wait for a worker, {starting} starting; \
+             retry, or send fewer calls at once",
             warren_types::ByteSize(self.budget)
         ))
     }

@@ -1403,7 +1403,10 @@ async fn a_call_past_its_deadline_is_a_504_on_run_code_and_a_429_on_the_api() {
     // Once it holds the budget (however slow the machine is to start its worker):
     let deadline = std::time::Instant::now() + SECS_30;
     while c.nodes().await.unwrap().items[0].fncall_held.0 < 1 << 30 {
-        assert!(std::time::Instant::now() < deadline, "the long call never ran");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the long call never ran"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     // A call whose deadline (its run timeout) passes while it waits: 504 on /run_code...
@@ -1412,7 +1415,10 @@ async fn a_call_past_its_deadline_is_a_504_on_run_code_and_a_429_on_the_api() {
         .unwrap();
     assert_eq!(r.status(), 504);
     let j: serde_json::Value = r.json().await.unwrap();
-    let why = j["error"]["message"].as_str().unwrap_or_default().to_string();
+    let why = j["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     assert!(why.contains("deadline"), "{j}");
     // ...and 429 with Retry-After on Warren's API.
     let e = c
@@ -1455,4 +1461,58 @@ async fn a_call_past_its_deadline_is_a_504_on_run_code_and_a_429_on_the_api() {
     let pools = c.nodes().await.unwrap().items[0].fncall_pools.clone();
     let timed_out: u64 = pools.iter().map(|p| p.timed_out).sum();
     assert_eq!(timed_out, 2, "{pools:?}");
+}
+
+/// A function call does not wait behind the creates queued on its node: a worker it needs
+/// starts at once, not after the rollout's creates ahead of it in the create queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_does_not_wait_behind_queued_creates() {
+    require_root!();
+    use warren_sdk::CreateSandbox;
+    // One create at a time: 150 queued take seconds to start.
+    let p = Platform::start_with(Some(
+        "[node]\nmax_concurrent_creates = 1\ncreate_queue_timeout = 120\nwarm_pool = 0\n",
+    ));
+    let c = p.client();
+    let sandbox = CreateSandbox {
+        image: "host".into(),
+        task: Some("queued".into()),
+        ..Default::default()
+    };
+    let flood = {
+        let (c, sandbox) = (c.clone(), sandbox.clone());
+        tokio::spawn(async move {
+            let creates = (0..150).map(|_| c.create(&sandbox));
+            futures_util::future::join_all(creates).await
+        })
+    };
+    // Once creates wait in the queue, a call whose pool has no worker yet needs one started.
+    let deadline = std::time::Instant::now() + SECS_30;
+    while c.nodes().await.unwrap().items[0].creates_waiting < 50 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the creates never queued"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let r = c
+        .fncall(&FnCallRequest {
+            queue_timeout: Some(5.0),
+            ..req("bash", "echo not starved")
+        })
+        .await;
+    let waiting = c.nodes().await.unwrap().items[0].creates_waiting;
+    c.task_action("queued", warren_sdk::TaskAction::Stop)
+        .await
+        .unwrap();
+    let _ = flood.await;
+    c.task_action("queued", warren_sdk::TaskAction::Stop)
+        .await
+        .unwrap();
+    let r = r.unwrap_or_else(|e| panic!("with {waiting} creates still queued: {e}"));
+    assert_eq!(out(&r), "not starved\n", "{r:?}");
+    assert!(
+        waiting > 0,
+        "the call was answered while creates still waited"
+    );
 }

@@ -36,6 +36,13 @@ def test_a_program_runs_once_and_says_how_it_ended(client: warren.Client) -> Non
     pools = [p for p in node.fncall_pools if p["image"] == "host"]
     assert pools and sum(p["calls"] for p in pools) >= 4, node.fncall_pools
     assert all(p["busy"] == 0 and p["keep"] >= 8 for p in pools), pools
+    # The node's FnCall budget, and nothing held once the calls are done.
+    assert node.fncall_budget > 0 and node.fncall_held == 0, node
+    # A call may bound how long it waits for a worker; a bad bound is refused here.
+    r = client.fncall.run(language="bash", code="echo waited", queue_timeout=30)
+    assert r.ok and r.stdout == "waited\n", r
+    with pytest.raises(warren.InvalidArgument):
+        client.fncall.run(language="bash", code="echo", queue_timeout=-1)
 
 
 def test_a_batch_judges_every_case(client: warren.Client) -> None:

@@ -698,6 +698,7 @@ def fncall(
     fetch_files: Any = None,
     image: Any = None,
     project: Any = None,
+    queue_timeout: Any = None,
 ) -> Call[FnCallResult]:
     import base64
 
@@ -714,7 +715,11 @@ def fncall(
             v.string(k, "file path"): base64.b64encode(v.data(d)).decode()
             for k, d in files.items()
         }
-    for name, val in (("timeout", timeout), ("compile_timeout", compile_timeout)):
+    for name, val in (
+        ("timeout", timeout),
+        ("compile_timeout", compile_timeout),
+        ("queue_timeout", queue_timeout),
+    ):
         s = v.seconds(val, name, zero_ok=False)
         if s is not None:
             body[name] = s
@@ -728,7 +733,9 @@ def fncall(
         body["image"] = v.string(image, "image")
     if project is not None:
         body["project"] = v.string(project, "project")
-    wait = (body.get("timeout") or 10.0) + (body.get("compile_timeout") or 30.0) + 120.0
+    own = (body.get("timeout") or 10.0) + (body.get("compile_timeout") or 30.0)
+    # It may wait for a worker (queue_timeout, default its own timeouts) before it runs.
+    wait = own + body.get("queue_timeout", own) + 120.0
     return Call(
         "POST",
         "/v1/fncall/run",
@@ -751,6 +758,7 @@ def fncall_batch(
     max_output: Any = None,
     image: Any = None,
     project: Any = None,
+    queue_timeout: Any = None,
 ) -> Call[BatchResult]:
     single = fncall(
         language,
@@ -762,6 +770,7 @@ def fncall_batch(
         max_output=max_output,
         image=image,
         project=project,
+        queue_timeout=queue_timeout,
     )
     body = dict(single.json)
     out = []
@@ -785,7 +794,8 @@ def fncall_batch(
             raise InvalidArgument("checker is 'exact', 'whitespace', or a dict such as "
                                   "{'kind': 'float', 'tolerance': 1e-6}")
         body["checker"] = dict(checker)
-    wait = (body.get("timeout") or 10.0) * len(out) + (body.get("compile_timeout") or 30.0) + 300
+    own = (body.get("timeout") or 10.0) * len(out) + (body.get("compile_timeout") or 30.0)
+    wait = 2 * own + 300 if "queue_timeout" not in body else own + body["queue_timeout"] + 300
     return Call(
         "POST",
         "/v1/fncall/batch",

@@ -280,6 +280,7 @@ class FnCalls:
         fetch_files: Optional[List[str]] = None,
         image: Optional[str] = None,
         project: Optional[str] = None,
+        queue_timeout: Optional[float] = None,
     ) -> FnCallResult:
         """Runs ``code`` in ``language`` (``"python"``, ``"bash"``, ``"c"``, ``"cpp"``,
         ``"java"``, ``"javascript"``, ``"rust"``, ``"go"`` — those the image has toolchains
@@ -287,7 +288,9 @@ class FnCalls:
         ``timeout`` (default 10 s) bounds the run, ``compile_timeout`` (30 s) the compile,
         ``memory`` (512Mi) the program and its files, ``max_output`` (8Mi) each of stdout
         and stderr. The answer's ``status`` says how it ended; ``fetch_files`` come back in
-        ``files``."""
+        ``files``. A call waits for a worker while the node is busy, up to ``queue_timeout``
+        seconds (default: its own timeouts together); past it, a :class:`CapacityError`
+        (after the client's retries)."""
         return self._t.call(
             _ops.fncall(
                 language,
@@ -301,6 +304,7 @@ class FnCalls:
                 fetch_files=fetch_files,
                 image=image,
                 project=project,
+                queue_timeout=queue_timeout,
             )
         )
 

@@ -869,7 +869,13 @@ class NodeInfo:
     """Where the control plane reaches it, for a node that joined over the network."""
     fncall_pools: List[Dict[str, Any]] = field(default_factory=list)
     """Its function-call worker pools, one per image and memory: ``image``, ``memory``,
-    ``idle``, ``busy``, ``keep``, ``calls``, ``cold_calls``, ``workers_started``."""
+    ``idle``, ``busy``, ``queued``, ``starting``, ``keep``, ``calls``, ``cold_calls``,
+    ``workers_started``, ``timed_out``."""
+    fncall_budget: int = 0
+    """The most memory function calls may hold on it at once, bytes (``fncall_memory_share``
+    of its memory admission); a call holds its memory only while it runs."""
+    fncall_held: int = 0
+    """Memory running function calls hold now, bytes."""
     creates_starting: int = 0
     """Creates starting now, each holding one of its ``create_slots``."""
     creates_waiting: int = 0
@@ -909,6 +915,8 @@ class NodeInfo:
             reachable=bool(d.get("reachable", True)),
             address=d.get("address"),
             fncall_pools=[dict(p) for p in d.get("fncall_pools") or []],
+            fncall_budget=int(d.get("fncall_budget", 0)),
+            fncall_held=int(d.get("fncall_held", 0)),
             creates_starting=int(d.get("creates_starting", 0)),
             creates_waiting=int(d.get("creates_waiting", 0)),
             create_slots=int(d.get("create_slots", 0)),
