@@ -238,18 +238,21 @@ pub trait Backend: Send + Sync {
 /// How often a batch looks at the freezes (or thaws) still in progress.
 const FREEZE_POLL: std::time::Duration = std::time::Duration::from_micros(200);
 /// How long a freeze (or thaw) may take.
-const FREEZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const FREEZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Freezes (or thaws) every instance of a batch: all begin first, then all are looked at in
-/// rounds until each is done, so the kernel freezes them in parallel and a sandbox slow to
-/// freeze (busy in the kernel) holds up no other's check: a batch waits about as long as its
-/// slowest member. Blocking.
-pub fn freeze_batch(batch: &[&dyn Instance], frozen: bool) -> Vec<io::Result<()>> {
-    let mut out: Vec<Option<io::Result<()>>> = batch
+/// rounds until each is done or `until` passes, so the kernel freezes them in parallel and a
+/// sandbox slow to freeze holds up no other's check. Each answer is `Ok(true)` when done,
+/// `Ok(false)` when begun but not done by `until`. Blocking.
+pub fn freeze_batch(
+    batch: &[&dyn Instance],
+    frozen: bool,
+    until: std::time::Instant,
+) -> Vec<io::Result<bool>> {
+    let mut out: Vec<Option<io::Result<bool>>> = batch
         .iter()
         .map(|i| i.begin_freeze(frozen).err().map(Err))
         .collect();
-    let deadline = std::time::Instant::now() + FREEZE_TIMEOUT;
     loop {
         let mut waiting = false;
         for (i, slot) in batch.iter().zip(out.iter_mut()) {
@@ -257,25 +260,15 @@ pub fn freeze_batch(batch: &[&dyn Instance], frozen: bool) -> Vec<io::Result<()>
                 continue;
             }
             match i.freeze_done(frozen) {
-                Ok(true) => *slot = Some(Ok(())),
+                Ok(true) => *slot = Some(Ok(true)),
                 Ok(false) => waiting = true,
                 Err(e) => *slot = Some(Err(e)),
             }
         }
-        if !waiting {
-            break;
-        }
-        if std::time::Instant::now() > deadline {
-            let what = if frozen { "freeze" } else { "thaw" };
-            for slot in out.iter_mut().filter(|s| s.is_none()) {
-                *slot = Some(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("cgroup did not {what} in {} s", FREEZE_TIMEOUT.as_secs()),
-                )));
-            }
+        if !waiting || std::time::Instant::now() > until {
             break;
         }
         std::thread::sleep(FREEZE_POLL);
     }
-    out.into_iter().map(|r| r.unwrap_or(Ok(()))).collect()
+    out.into_iter().map(|r| r.unwrap_or(Ok(false))).collect()
 }

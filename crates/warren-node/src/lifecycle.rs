@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use warren_types::api::Sandbox as SandboxView;
 use warren_types::id::SandboxId;
 
+use crate::backend::{FREEZE_TIMEOUT, freeze_batch};
 use crate::error::NodeError;
 use crate::node::{Node, Sandbox, blocking};
 use crate::phase::{Action, Phase, Verdict, after, verdict};
@@ -81,7 +82,11 @@ impl Node {
                     format!("writing its memory limit back before the thaw: {e}"),
                 ));
             }
-            s.instance.set_frozen(frozen)
+            let until = Instant::now() + if frozen { FREEZE_WAIT } else { FREEZE_TIMEOUT };
+            let done = freeze_batch(&[s.instance.as_ref()], frozen, until)
+                .pop()
+                .unwrap_or(Ok(false))?;
+            settled(done, frozen)
         })
         .await
         .map_err(|e| NodeError::host(freeze_what(frozen), e))?;
@@ -207,6 +212,26 @@ impl Node {
     }
 }
 
+/// How long a pause waits for its sandboxes' processes to stop, once their freezers are
+/// written (a task's pause: after it began). A process stops the moment it next runs, but on a
+/// loaded host a busy sandbox at idle CPU priority may wait long for a CPU (1,000 sandboxes of
+/// shell loops took 4 to 10 s to freeze on 2 cores): one not frozen by then is answered paused,
+/// since nothing of it runs again before its resume, and its memory is reclaimed once it is.
+pub(crate) const FREEZE_WAIT: Duration = Duration::from_millis(400);
+
+/// What a freeze begun and waited for means: one still freezing is paused (its processes stop
+/// as they next run), a thaw not done is a failure.
+pub(crate) fn settled(done: bool, frozen: bool) -> std::io::Result<()> {
+    if done || frozen {
+        Ok(())
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("cgroup did not thaw in {} s", FREEZE_TIMEOUT.as_secs()),
+        ))
+    }
+}
+
 /// What a freeze (or thaw) failure was doing.
 pub(crate) fn freeze_what(frozen: bool) -> &'static str {
     if frozen {
@@ -244,12 +269,37 @@ pub(crate) async fn reclaim_paused(sandboxes: Vec<Arc<Sandbox>>, until: Instant)
     let p = progress.clone();
     let n = sandboxes.len();
     let mut job = tokio::task::spawn_blocking(move || {
-        for sb in sandboxes {
+        let mut queue: std::collections::VecDeque<Arc<Sandbox>> = sandboxes.into();
+        let give_up = Instant::now() + FREEZE_TIMEOUT;
+        let mut since_progress = 0;
+        while let Some(sb) = queue.pop_front() {
             let Ok(_g) = sb.lifecycle.try_lock() else {
                 continue;
             };
             if sb.phase() != Phase::Paused {
                 continue;
+            }
+            // Still freezing (its pause answered before every process stopped): its turn
+            // comes again once the others have had theirs.
+            match sb.instance.freeze_done(true) {
+                Ok(true) => since_progress = 0,
+                Ok(false) if Instant::now() < give_up => {
+                    queue.push_back(sb.clone());
+                    since_progress += 1;
+                    if since_progress >= queue.len() {
+                        std::thread::sleep(Duration::from_millis(1));
+                        since_progress = 0;
+                    }
+                    continue;
+                }
+                Ok(false) => {
+                    tracing::warn!(sandbox_id = %sb.record.id, "not frozen after {} s: its memory is not reclaimed", FREEZE_TIMEOUT.as_secs());
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox_id = %sb.record.id, "reclaim on pause: {e}");
+                    continue;
+                }
             }
             let before = sb.instance.memory_charged();
             *p.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((sb.clone(), before));

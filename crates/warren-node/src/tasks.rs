@@ -15,9 +15,9 @@ use std::time::Instant;
 use warren_types::api::{SandboxState, TaskAction, TaskFailure, TaskInfo, TaskResult};
 use warren_types::id::SandboxId;
 
-use crate::backend::{Instance, freeze_batch};
+use crate::backend::{FREEZE_TIMEOUT, Instance, freeze_batch};
 use crate::error::NodeError;
-use crate::lifecycle::freeze_what;
+use crate::lifecycle::{FREEZE_WAIT, freeze_what, settled};
 use crate::node::{Node, Phase, Sandbox, blocking};
 use crate::phase::{Action, Verdict, after, verdict};
 
@@ -153,9 +153,19 @@ impl Node {
             unrestored = failed;
         }
         let todo: Vec<Arc<Sandbox>> = batch.clone();
+        // A pause waits for the processes to stop until FREEZE_WAIT after it began, a thaw as
+        // long as it takes (see `lifecycle::settled`).
+        let until = if frozen {
+            began + FREEZE_WAIT
+        } else {
+            Instant::now() + FREEZE_TIMEOUT
+        };
         let results = blocking(move || {
             let refs: Vec<&dyn Instance> = batch.iter().map(|s| s.instance.as_ref()).collect();
-            Ok(freeze_batch(&refs, frozen))
+            Ok(freeze_batch(&refs, frozen, until)
+                .into_iter()
+                .map(|r| r.and_then(|done| settled(done, frozen)))
+                .collect())
         })
         .await;
         let ids: Vec<SandboxId> = todo.iter().map(|s| s.record.id.clone()).collect();

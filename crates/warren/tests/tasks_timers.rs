@@ -37,14 +37,22 @@ async fn task_pause_resume_stop() {
     let tasks = c.tasks().await.unwrap();
     let a = tasks.iter().find(|t| t.name == "train-a").unwrap();
     assert_eq!((a.sandboxes, a.paused, a.running), (40, 40, 0));
-    // Frozen for real: the freezer says so, and the other task is untouched.
-    let frozen = std::fs::read_to_string(format!(
+    // Frozen for real: the freezer says so (a process the pause did not see stop yet, waiting
+    // for a CPU on a loaded host, stops as soon as it runs), and the other task is untouched.
+    let state = format!(
         "/sys/fs/cgroup/freezer/{}/{}/freezer.state",
         p.cgroup_parent,
         sbs[0].id()
-    ))
-    .unwrap();
-    assert_eq!(frozen.trim(), "FROZEN");
+    );
+    common::poll_until(
+        Duration::from_secs(10),
+        "the freezer says FROZEN",
+        async || match std::fs::read_to_string(&state).unwrap().trim() {
+            "FROZEN" => Ok(()),
+            other => Err(other.to_string()),
+        },
+    )
+    .await;
     assert_eq!(other.info().await.unwrap().state, SandboxState::Running);
     // Pausing again is a no-op that still counts them.
     assert_eq!(
