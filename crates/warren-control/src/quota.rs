@@ -323,8 +323,8 @@ impl Usage {
                 Err(e) => {
                     // Sandboxes that end free memory too, and say nothing here: look again
                     // now and then.
-                    let next = (tokio::time::Instant::now() + Duration::from_millis(250))
-                        .min(deadline);
+                    let next =
+                        (tokio::time::Instant::now() + Duration::from_millis(250)).min(deadline);
                     if tokio::time::Instant::now() >= deadline {
                         return Err(e);
                     }
@@ -424,7 +424,9 @@ mod tests {
             let (u, q) = (u.clone(), q.clone());
             tokio::spawn(async move {
                 let later = tokio::time::Instant::now() + Duration::from_secs(30);
-                u.wait_calls(&q, "root/rl", 1, 1 << 30, later).await.map(|s| s.n)
+                u.wait_calls(&q, "root/rl", 1, 1 << 30, later)
+                    .await
+                    .map(|s| s.n)
             })
         };
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -90,17 +90,7 @@ impl Node {
     /// Runs a function call on a worker of its image and memory.
     pub async fn fncall(self: &Arc<Self>, call: NodeCall) -> Result<NodeCallResult, NodeError> {
         let key = key_of(&call);
-        let wait = call.wait_ms.map_or_else(
-            || {
-                call.spec
-                    .steps
-                    .iter()
-                    .map(|s| Duration::from_millis(s.timeout_ms))
-                    .sum()
-            },
-            Duration::from_millis,
-        );
-        let deadline = tokio::time::Instant::now() + wait.min(MAX_WAIT);
+        let deadline = tokio::time::Instant::now() + call.wait().min(MAX_WAIT);
         let project = call
             .project
             .clone()
@@ -308,7 +298,12 @@ impl Node {
             image: format!("{}@{}", sb.record.image, sb.record.layers.join(",")),
             // Its limit is the call's memory and the overhead (its request, since workers are
             // admitted by use, says nothing of the call's memory).
-            memory: sb.record.resources.memory_limit.bytes().saturating_sub(OVERHEAD),
+            memory: sb
+                .record
+                .resources
+                .memory_limit
+                .bytes()
+                .saturating_sub(OVERHEAD),
         };
         if self.fncall.give_back(key, sb.record.id.clone()).is_err() {
             let _ = self.kill(&sb.record.id).await;

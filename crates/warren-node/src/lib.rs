@@ -225,7 +225,11 @@ impl Node {
             if !(0.0..=1.0).contains(&share) {
                 tracing::warn!(share, "fncall_memory_share is taken as 0 to 1: clamped");
             }
-            let share = if share.is_nan() { 0.25 } else { share.clamp(0.0, 1.0) };
+            let share = if share.is_nan() {
+                0.25
+            } else {
+                share.clamp(0.0, 1.0)
+            };
             crate::workers::Workers::new((allocatable as f64 * share) as u64, allocatable)
         };
         let events = crate::events::EventStore::open(&root);

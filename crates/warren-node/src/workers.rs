@@ -792,7 +792,11 @@ mod tests {
         let g1 = w.grant(&k, "root/a", &a, later(10)).await.unwrap();
         let g2 = w.grant(&k, "root/a", &a, later(10)).await.unwrap();
         assert_eq!(w.held(), 2 << 30);
-        assert_eq!(a.usage().memory, 2 << 30, "grants count on the node's admission");
+        assert_eq!(
+            a.usage().memory,
+            2 << 30,
+            "grants count on the node's admission"
+        );
         // Full: a third waits to its deadline, then is told (a 504), holding nothing.
         let e = w.grant(&k, "root/a", &a, later(50)).await.err().unwrap();
         assert!(matches!(e, NodeError::Timeout(_)), "{e}");
@@ -800,7 +804,10 @@ mod tests {
         // Three calls of project a queue, then one of b: b's is granted second, not fourth.
         let order = std::sync::Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
-        for (i, p) in ["root/a", "root/a", "root/a", "root/b"].into_iter().enumerate() {
+        for (i, p) in ["root/a", "root/a", "root/a", "root/b"]
+            .into_iter()
+            .enumerate()
+        {
             let (w2, a, order, k) = (w.clone(), a.clone(), order.clone(), k.clone());
             tasks.push(tokio::spawn(async move {
                 let g = w2.grant(&k, p, &a, later(5000)).await.unwrap();

@@ -189,6 +189,23 @@ pub struct NodeCall {
     pub wait_ms: Option<u64>,
 }
 
+impl NodeCall {
+    /// How long the call may wait for memory and a worker: `wait_ms`, else its steps'
+    /// timeouts together (its own budget).
+    pub fn wait(&self) -> std::time::Duration {
+        self.wait_ms.map_or_else(
+            || {
+                self.spec
+                    .steps
+                    .iter()
+                    .map(|s| std::time::Duration::from_millis(s.timeout_ms))
+                    .sum()
+            },
+            std::time::Duration::from_millis,
+        )
+    }
+}
+
 /// A node's answer to a call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeCallResult {

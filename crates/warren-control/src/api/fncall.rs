@@ -173,21 +173,6 @@ fn seconds(v: Option<f64>, default: f64, what: &str) -> Result<Duration, Error> 
     Ok(Duration::from_secs_f64(s))
 }
 
-/// How long a call may wait for a worker: its `queue_timeout`, else its steps' timeouts
-/// together (its own budget).
-fn wait_of(call: &NodeCall) -> Duration {
-    call.wait_ms.map_or_else(
-        || {
-            call.spec
-                .steps
-                .iter()
-                .map(|s| Duration::from_millis(s.timeout_ms))
-                .sum()
-        },
-        Duration::from_millis,
-    )
-}
-
 /// A call that waited past its deadline (for a worker, or for room under its project's
 /// quota), as Warren's own API answers it: 429 with Retry-After (`/run_code` answers 504,
 /// which SandboxFusion's clients retry).
@@ -418,7 +403,7 @@ async fn dispatch(c: &Control, call: &NodeCall) -> Result<(NodeCallResult, Strin
         .iter()
         .map(|s| Duration::from_millis(s.timeout_ms))
         .sum::<Duration>()
-        + wait_of(call)
+        + call.wait()
         + Duration::from_secs(90);
     let mut last = None;
     for node in &order {
@@ -558,7 +543,7 @@ async fn authorize(
     // Under a quota with no room now, the call waits for calls to end, as long as it would
     // wait for a worker; past that, a 504 (the answer for a deadline; `run` and `batch` say
     // 429).
-    let wait = wait_of(call);
+    let wait = call.wait();
     let deadline = tokio::time::Instant::now() + wait;
     let slots = c
         .usage
