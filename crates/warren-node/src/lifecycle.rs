@@ -111,22 +111,64 @@ impl Node {
         Ok(())
     }
 
+    /// Kills sandboxes for their task's stop: as [`Node::kill`] for each, but answered once
+    /// all are killed (one blocking batch of SIGKILLs), out of the node's set, with their
+    /// reservations returned. The rest of their teardowns (waiting for the processes to go,
+    /// cgroups, network slots, writable layers, directories: a few milliseconds each) goes on
+    /// in the background, [`TEARDOWNS`] at a time, so a stop of a thousand neither waits for a
+    /// thousand teardowns nor floods the node with them. A sandbox that ended meanwhile counts
+    /// as stopped.
+    pub(crate) async fn stop_all(&self, sandboxes: &[Arc<Sandbox>]) {
+        let ends = sandboxes.iter().map(|sb| async move {
+            let _g = sb.lifecycle.lock().await;
+            self.legal(sb, Action::Kill).ok()?;
+            sb.set_phase(Phase::Stopping);
+            self.retire(sb).await;
+            Some(sb.clone())
+        });
+        let ended: Vec<Arc<Sandbox>> = futures_util::future::join_all(ends)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        let batch = ended.clone();
+        if let Err(e) = blocking(move || {
+            for sb in &batch {
+                sb.instance.kill_now();
+            }
+            Ok(())
+        })
+        .await
+        {
+            tracing::error!("killing a stopped task's sandboxes: {e}");
+        }
+        for sb in &ended {
+            self.admission
+                .release(crate::admission::Ask::of(&sb.record.resources));
+            tracing::info!(sandbox_id = %sb.record.id, "stopped with its task");
+        }
+        tokio::spawn(async move {
+            use futures_util::StreamExt;
+            futures_util::stream::iter(ended)
+                .for_each_concurrent(TEARDOWNS, |sb| async move {
+                    let id = sb.record.id.clone();
+                    if let Err(e) = blocking(move || {
+                        sb.instance.release();
+                        Ok(())
+                    })
+                    .await
+                    {
+                        tracing::error!(sandbox_id = %id, "teardown failed: {e}");
+                    }
+                })
+                .await;
+        });
+    }
+
     /// Ends a sandbox: its watchers stopped, its names forgotten, its instance released, its
     /// layers and reservation returned. The caller has set it `Stopping`.
     pub(crate) async fn destroy(&self, sb: Arc<Sandbox>) {
-        if !sb.instance.is_frozen() {
-            self.last_incidents(&sb).await;
-        }
-        for t in sb.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-            t.abort();
-        }
-        self.forget(&sb.record.id);
-        if let Some(key) = &sb.record.idempotency_key {
-            self.idempotency
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(key);
-        }
+        self.retire(&sb).await;
         let ask = crate::admission::Ask::of(&sb.record.resources);
         let id = sb.record.id.clone();
         let res = blocking(move || {
@@ -138,6 +180,24 @@ impl Node {
             tracing::error!(sandbox_id = %id, "teardown failed: {e}");
         }
         self.admission.release(ask);
+    }
+
+    /// The first steps of a sandbox's end (set `Stopping` by the caller): what its guest has
+    /// not reported yet fetched, its watchers stopped, its names forgotten.
+    async fn retire(&self, sb: &Arc<Sandbox>) {
+        if !sb.instance.is_frozen() {
+            self.last_incidents(sb).await;
+        }
+        for t in sb.tasks.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+            t.abort();
+        }
+        self.forget(&sb.record.id);
+        if let Some(key) = &sb.record.idempotency_key {
+            self.idempotency
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(key);
+        }
     }
 
     /// Called when a sandbox's init exits on its own (crash, OOM kill of PID 1).
@@ -211,6 +271,9 @@ impl Node {
         });
     }
 }
+
+/// Teardowns a task's stop runs at once in the background.
+const TEARDOWNS: usize = 4;
 
 /// How long a pause waits for its sandboxes' processes to stop, once their freezers are
 /// written (a task's pause: after it began). A process stops the moment it next runs, but on a

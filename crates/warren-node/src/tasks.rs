@@ -5,8 +5,9 @@
 //! waits for the node's creates, execs or file transfers, and what costs time in proportion to
 //! the sandboxes is bounded before the answer: the guests' last incident records are fetched
 //! all at once within one deadline, and a pause's memory reclaim goes on in the background past
-//! [`crate::lifecycle::RECLAIM_WAIT`]. The task's creates in flight are marked to land as the
-//! task is (the `pending` module).
+//! [`crate::lifecycle::RECLAIM_WAIT`]. A stop answers once its sandboxes are killed, their
+//! teardowns going on in the background. The task's creates in flight are marked to land as
+//! the task is (the `pending` module).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,18 +54,8 @@ impl Node {
         let mut freed = None;
         let failed = match action {
             TaskAction::Stop => {
-                let kills = sandboxes.iter().map(|sb| async move {
-                    match self.kill(&sb.record.id).await {
-                        // Ended meanwhile (a kill, a timeout, its init): stopped all the same.
-                        Ok(()) | Err(NodeError::NotFound(_) | NodeError::Gone(_)) => None,
-                        Err(e) => Some((sb.record.id.clone(), e)),
-                    }
-                });
-                futures_util::future::join_all(kills)
-                    .await
-                    .into_iter()
-                    .flatten()
-                    .collect()
+                self.stop_all(&sandboxes).await;
+                Vec::new()
             }
             TaskAction::Pause => {
                 let (failed, f) = self.freeze_all(&sandboxes, true, began).await;

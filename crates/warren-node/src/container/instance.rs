@@ -76,28 +76,37 @@ impl Held {
         h
     }
 
-    /// Frees everything held, once. Blocking. Every step tolerates a resource already gone.
-    pub(crate) fn release(&mut self) {
-        let process = self.process.take();
-        // The init's namespace, found again while the init lives (it holds the only
-        // reference), to be recycled below.
+    /// Kills its processes without waiting for them to go: its network namespace found again
+    /// first (the init holds the only reference), then SIGKILL to the init through its pidfd
+    /// (its pid namespace dies with it), and a frozen cgroup thawed so the kill lands. Blocking
+    /// (a few system calls); [`Held::release`] does the rest, and begins with this.
+    pub(crate) fn kill(&mut self) {
         if self.netns.is_none()
             && let Some((pid, id)) = self.joined.take()
-            && let Some(fd) = &process
+            && let Some(fd) = &self.process
         {
             self.netns = netns_of(fd, pid, id);
         }
+        if let Some(fd) = &self.process {
+            let _ = warren_sys::process::pidfd_kill(fd);
+        }
+        // A frozen process cannot die; thaw so the kill lands.
+        if let Some(cg) = &self.cgroup
+            && cg.exists()
+            && cg.is_frozen()
+        {
+            let _ = cg.set_frozen(false);
+        }
+    }
+
+    /// Frees everything held, once. Blocking. Every step tolerates a resource already gone.
+    pub(crate) fn release(&mut self) {
+        self.kill();
+        let process = self.process.take();
         // Whether every process of the sandbox is known to be gone (its init reaped, its
         // cgroup removed): only then may its network namespace serve another sandbox.
         let mut emptied = process.is_some();
-        if let Some(fd) = &process {
-            let _ = warren_sys::process::pidfd_kill(fd);
-        }
         if let Some(cg) = self.cgroup.take() {
-            // A frozen process cannot die; thaw so the kill lands.
-            if cg.exists() && cg.is_frozen() {
-                let _ = cg.set_frozen(false);
-            }
             if let Some(fd) = &process {
                 emptied &= warren_sys::process::pidfd_wait(fd, Duration::from_secs(1));
                 warren_sys::process::pidfd_reap(fd);
@@ -390,6 +399,10 @@ impl Instance for ContainerInstance {
             (Some(lease), Some(net)) => net.exposed(lease.index),
             _ => Vec::new(),
         }
+    }
+
+    fn kill_now(&self) {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).kill();
     }
 
     fn release(&self) {
