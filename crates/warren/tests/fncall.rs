@@ -1330,8 +1330,9 @@ async fn a_call_burst_queues_and_leaves_room_for_the_creates_after_it() {
         .unwrap();
     assert!(failed.is_empty(), "creates after the burst: {failed:?}");
 
-    // A pool of small calls at a peak of 24 in flight keeps many workers for a few seconds,
-    // then shrinks to its floor (8), not minutes later.
+    // A pool of small calls at a peak of 24 in flight grows past its floor, then shrinks back
+    // to it (8) within seconds of the peak, not minutes later (the old pools kept a minute's
+    // peak).
     let slow = (0..24).map(|_| {
         let c = c.clone();
         async move { c.fncall(&req("bash", "sleep 1; echo ok")).await }
@@ -1346,10 +1347,12 @@ async fn a_call_burst_queues_and_leaves_room_for_the_creates_after_it() {
             .cloned()
             .unwrap()
     };
+    // (Whether more than 8 are still idle when this looks depends on how slow the machine
+    // is: the pool may have shrunk already. That it grew past its floor is what counts.)
     let pool = small(&c.nodes().await.unwrap().items[0]);
     assert!(
-        pool.workers_started > 8 && pool.idle > 8,
-        "24 calls of a second at once started and kept more than 8 workers: {pool:?}"
+        pool.workers_started > 8,
+        "24 calls of a second at once started more than 8 workers: {pool:?}"
     );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
