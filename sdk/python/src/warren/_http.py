@@ -7,7 +7,8 @@ the async transport, which share everything but the waiting.
 Urgent calls (task pause, resume and stop; a sandbox's pause, resume and kill: the operations
 that preempt work) go over connections of their own, :data:`URGENT_CONNECTIONS` or an eighth of
 ``max_connections`` if more, so they never wait for a connection behind the client's own
-creates, execs and file transfers, however many are in flight.
+creates, execs and file transfers, however many are in flight. The async transport sends them
+from threads of their own too, so a busy event loop does not hold them either.
 
 Retries (at most ``max_retries``, exponential backoff with jitter, ``Retry-After`` honoured):
 
@@ -27,6 +28,7 @@ import math
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generic, List, Optional, Tuple, TypeVar
 
@@ -300,10 +302,6 @@ class _Base:
         step = min(self.backoff_max, self.backoff * 2.0**attempt)
         return step / 2 + random.uniform(0.0, step / 2)
 
-    def _lane(self, call: Call[Any]) -> Any:
-        """The shards ``call`` goes over: the urgent calls' own, or the ordinary ones."""
-        return self.urgent if call.urgent else self.shards  # type: ignore[attr-defined]
-
     def _parse(self, call: Call[T], resp: httpx.Response) -> T:
         try:
             return call.parse(resp)
@@ -339,6 +337,10 @@ class SyncTransport(_Base):
 
         self.shards = Shards(max_connections, make)
         self.urgent = Shards(urgent_connections(max_connections), make)
+
+    def _lane(self, call: Call[Any]) -> Shards[httpx.Client]:
+        """The shards ``call`` goes over: the urgent calls' own, or the ordinary ones."""
+        return self.urgent if call.urgent else self.shards
 
     def _send(self, call: Call[Any], stream: bool) -> Tuple[httpx.Response, int]:
         """Sends with retries: a successful answer (open when ``stream``), and its shard (of
@@ -391,8 +393,8 @@ class SyncTransport(_Base):
 
 class AsyncTransport(_Base):
     """Requests over the client's connection pool, safe under ``asyncio.gather``:
-    ``max_connections`` keep-alive connections, in :class:`Shards`, and those kept for urgent
-    calls."""
+    ``max_connections`` keep-alive connections, in :class:`Shards`. Urgent calls go another way
+    (see :meth:`call`)."""
 
     def __init__(
         self,
@@ -410,21 +412,25 @@ class AsyncTransport(_Base):
             return httpx.AsyncClient(**self._pool_args(url, tls, size))
 
         self.shards = Shards(max_connections, make)
-        self.urgent = Shards(urgent_connections(max_connections), make)
+        self._urgent_threads = urgent_connections(max_connections)
+        self.urgent = SyncTransport(
+            url, api_key, key_hint, max_connections=self._urgent_threads, **kw
+        )
+        """The urgent calls' own connections, used from threads of their own."""
+        self._threads: Optional[ThreadPoolExecutor] = None
 
     async def _send(self, call: Call[Any], stream: bool) -> Tuple[httpx.Response, int]:
-        shards = self._lane(call)
         attempt = 0
         while True:
             wait: Optional[float] = None
-            i, http = shards.acquire()
+            i, http = self.shards.acquire()
             try:
                 resp = await http.send(self._build(http, call), stream=stream)
             except (httpx.HTTPError, httpx.InvalidURL) as e:
-                shards.release(i)
+                self.shards.release(i)
                 err, retry = self._failure(call, e)
             except BaseException:  # cancelled while waiting
-                shards.release(i)
+                self.shards.release(i)
                 raise
             else:
                 if resp.status_code < 400:
@@ -436,7 +442,7 @@ class AsyncTransport(_Base):
                     pass
                 finally:
                     await resp.aclose()
-                    shards.release(i)
+                    self.shards.release(i)
                 err, retry, wait = self._answer(resp, body)
             if not retry or attempt >= self.max_retries:
                 raise err
@@ -444,16 +450,30 @@ class AsyncTransport(_Base):
             attempt += 1
 
     async def call(self, call: Call[T]) -> T:
+        """Sends ``call``. An urgent one is sent from a thread of its own over connections of
+        its own: under a flood of requests this event loop is busy (a thousand connections
+        opening, answers being read), and a call sent from it would wait its turn at every step
+        of its exchange; from a thread it waits for the loop only to hand its answer back.
+        Cancelling the caller does not stop an urgent call already sent."""
+        if call.urgent:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(
+                    self._urgent_threads, thread_name_prefix="warren-urgent"
+                )
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._threads, self.urgent.call, call)
         resp, i = await self._send(call, stream=False)
-        self._lane(call).release(i)
+        self.shards.release(i)
         return self._parse(call, resp)
 
     async def open(self, call: Call[Any]) -> Opened:
         """A streaming answer (after retries), still open."""
         resp, i = await self._send(call, stream=True)
-        shards = self._lane(call)
-        return Opened(resp, lambda: shards.release(i))
+        return Opened(resp, lambda: self.shards.release(i))
 
     async def close(self) -> None:
-        for pool in self.shards.pools + self.urgent.pools:
+        for pool in self.shards.pools:
             await pool.aclose()
+        self.urgent.close()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
