@@ -76,7 +76,9 @@ pub struct NodeConfig {
     /// Creates that may wait for a start slot; past this a create is refused at once (429,
     /// `Retry-After`). Default 4096.
     pub create_queue: u32,
-    /// The longest a create waits in the queue before it is refused (429), seconds. Default 30.
+    /// The longest a create waits in the queue before it is refused (429), seconds. Default 90
+    /// (a thousand creates at once on a busy 2-core node took up to 28 s; the SDKs wait 120 s
+    /// for an answer).
     pub create_queue_timeout: u64,
     /// Refuse new sandboxes when fewer than this many pids are left below `kernel.pid_max`.
     /// Default 512.
@@ -266,7 +268,7 @@ impl Default for NodeConfig {
             prefetch_on_resume: true,
             max_concurrent_creates: None,
             create_queue: 4096,
-            create_queue_timeout: 30,
+            create_queue_timeout: 90,
             pid_headroom: 512,
             default_cpu: 10,
             default_cpu_limit: 2000,
