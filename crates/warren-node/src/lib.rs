@@ -251,6 +251,7 @@ impl Node {
             _state_lock: state_lock,
             idempotency: Mutex::new(HashMap::new()),
             pending: Default::default(),
+            teardowns: Default::default(),
             fncall,
             changes: Mutex::new(crate::node::Changes::new()),
         });
@@ -290,8 +291,15 @@ impl Node {
         );
     }
 
-    /// Stops the node's own work (the warm pool); sandboxes keep running.
+    /// Stops the node's own work (the teardowns a task stop left going, waited for up to a
+    /// minute; the warm pool); sandboxes keep running.
     pub async fn shutdown(&self) {
+        if tokio::time::timeout(std::time::Duration::from_secs(60), self.teardowns.write())
+            .await
+            .is_err()
+        {
+            tracing::warn!("teardowns still going after a minute: the next start collects them");
+        }
         let backend = self.backend.clone();
         let _ = crate::node::blocking(move || {
             backend.shutdown();

@@ -116,8 +116,8 @@ impl Node {
     /// reservations returned. The rest of their teardowns (waiting for the processes to go,
     /// cgroups, network slots, writable layers, directories: a few milliseconds each) goes on
     /// in the background, [`TEARDOWNS`] at a time, so a stop of a thousand neither waits for a
-    /// thousand teardowns nor floods the node with them. A sandbox that ended meanwhile counts
-    /// as stopped.
+    /// thousand teardowns nor floods the node with them (the node's shutdown waits for them). A
+    /// sandbox that ended meanwhile counts as stopped.
     pub(crate) async fn stop_all(&self, sandboxes: &[Arc<Sandbox>]) {
         let ends = sandboxes.iter().map(|sb| async move {
             let _g = sb.lifecycle.lock().await;
@@ -147,8 +147,10 @@ impl Node {
                 .release(crate::admission::Ask::of(&sb.record.resources));
             tracing::info!(sandbox_id = %sb.record.id, "stopped with its task");
         }
+        let held = self.teardowns.clone().read_owned().await;
         tokio::spawn(async move {
             use futures_util::StreamExt;
+            let _held = held;
             futures_util::stream::iter(ended)
                 .for_each_concurrent(TEARDOWNS, |sb| async move {
                     let id = sb.record.id.clone();

@@ -73,6 +73,9 @@ pub struct Node {
     pub(crate) idempotency: Mutex<HashMap<String, IdemSlot>>,
     /// Creates of tasks in flight, and what task operations asked of them.
     pub(crate) pending: Arc<crate::pending::Pending>,
+    /// Held shared by a task stop's teardowns, which go on after its answer; the node's
+    /// shutdown takes it exclusively, so it waits for them.
+    pub(crate) teardowns: Arc<tokio::sync::RwLock<()>>,
     /// Function-call workers.
     pub(crate) fncall: crate::workers::Workers,
 }
