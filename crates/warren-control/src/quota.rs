@@ -304,7 +304,9 @@ impl Usage {
     }
 
     /// [`Usage::take_calls`], waiting for calls to end while a quota has no room, until
-    /// `deadline`; past it, the quota's 429.
+    /// `deadline`; past it, the quota's message with code `timeout`. A quota that can never
+    /// admit the call (`max_fncalls` 0, `max_memory` below one call's memory) is its 429 at
+    /// once: no wait would help.
     pub async fn wait_calls(
         self: &Arc<Self>,
         quotas: &HashMap<String, Quota>,
@@ -313,6 +315,15 @@ impl Usage {
         memory: u64,
         deadline: tokio::time::Instant,
     ) -> Result<CallSlots, ApiError> {
+        let never = ancestry(project).any(|p| {
+            quotas.get(p).is_some_and(|q| {
+                q.max_fncalls.is_some_and(|l| l <= 0)
+                    || q.max_memory.is_some_and(|l| (l.max(0) as u64) < memory)
+            })
+        });
+        if never {
+            return self.take_calls(quotas, project, want, memory);
+        }
         loop {
             let ended = self.calls_ended.notified();
             tokio::pin!(ended);
@@ -326,7 +337,10 @@ impl Usage {
                     let next =
                         (tokio::time::Instant::now() + Duration::from_millis(250)).min(deadline);
                     if tokio::time::Instant::now() >= deadline {
-                        return Err(e);
+                        return Err(ApiError {
+                            code: warren_types::error::ErrorCode::Timeout,
+                            ..e
+                        });
                     }
                     let _ = tokio::time::timeout_at(next, ended).await;
                 }
@@ -419,7 +433,32 @@ mod tests {
         assert!(e.message.contains("memory"), "{}", e.message);
         // A call that waits for room gets it when one ends, and gives up at its deadline.
         let soon = tokio::time::Instant::now() + Duration::from_millis(50);
-        assert!(u.wait_calls(&q, "root/rl", 1, 1 << 30, soon).await.is_err());
+        let e = u
+            .wait_calls(&q, "root/rl", 1, 1 << 30, soon)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.code,
+            warren_types::error::ErrorCode::Timeout,
+            "{}",
+            e.message
+        );
+        // One larger than the quota itself is refused at once (a 429: no wait would help).
+        let later = tokio::time::Instant::now() + Duration::from_secs(30);
+        let t0 = std::time::Instant::now();
+        let e = u
+            .wait_calls(&q, "root/rl", 1, 4 << 30, later)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.code,
+            warren_types::error::ErrorCode::Capacity,
+            "{}",
+            e.message
+        );
+        assert!(t0.elapsed() < Duration::from_secs(5));
         let waiter = {
             let (u, q) = (u.clone(), q.clone());
             tokio::spawn(async move {

@@ -549,12 +549,7 @@ async fn authorize(
         .usage
         .wait_calls(&quotas, &project, want, call.memory.bytes(), deadline)
         .await
-        .map_err(|e| {
-            Error(ApiError {
-                code: ErrorCode::Timeout,
-                ..e
-            })
-        })?;
+        .map_err(Error)?;
     // What is left of the wait, for the node.
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     call.wait_ms = Some((left.as_millis() as u64).max(1));
@@ -702,7 +697,7 @@ fn command_result(o: &StepOutcome) -> CommandRunResult {
     responses((status = 200, body = RunCodeResponse),
         (status = 400, description = "Bad request, unknown language, or a toolchain the image lacks.", body = ErrorBody),
         (status = 413, description = "Code or files too large.", body = ErrorBody),
-        (status = 429, description = "More function calls already wait on the node than it queues: retry after Retry-After seconds.", body = ErrorBody),
+        (status = 429, description = "More function calls already wait on the node than it queues, or the project's quota can never admit the call (max_fncalls 0, max_memory below its memory).", body = ErrorBody),
         (status = 503, description = "No node answered.", body = ErrorBody),
         (status = 504, description = "No worker became free (or the project's quota left no room) before the call's deadline, its compile and run timeouts together: SandboxFusion's clients retry it.", body = ErrorBody)),
     security(("api_key" = [])))]
