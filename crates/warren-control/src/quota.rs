@@ -90,6 +90,24 @@ fn ancestry(project: &str) -> impl Iterator<Item = &str> {
     })
 }
 
+/// What subtree `path` holds: its sandboxes' requests in the nodes' view, this replica's
+/// creates counted on top, and the memory of its function calls running through this replica.
+fn held(
+    sums: &HashMap<String, Totals>,
+    pending: &HashMap<u64, Pending>,
+    calls: &HashMap<String, Calls>,
+    path: &str,
+) -> Totals {
+    let mut used = sums.get(path).copied().unwrap_or_default();
+    for e in pending.values() {
+        if within(&e.project, path) {
+            used.add(e.ask);
+        }
+    }
+    used.memory += calls.get(path).map_or(0, |c| c.memory);
+    used
+}
+
 /// A create counted against quotas until dropped (failed) or [`Reserved::made`].
 pub struct Reserved {
     usage: Arc<Usage>,
@@ -152,30 +170,15 @@ impl Usage {
         project: &str,
         ask: Totals,
     ) -> Result<Reserved, ApiError> {
-        self.rebuild(nodes);
+        self.refresh(nodes);
         let sums = self.subtree.read().unwrap_or_else(|p| p.into_inner());
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        // Creates made here that the view now reflects (its node's changes were asked for
-        // since), or long ago, no longer count on top.
-        pending.1.retain(|_, e| match &e.done {
-            None => true,
-            Some((id, at)) => {
-                at.elapsed() < DONE_KEPT
-                    && !nodes.get(&id.node()).is_some_and(|n| n.view_since(*at))
-            }
-        });
+        let calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
         for (path, q) in quotas {
             if !within(project, path) {
                 continue;
             }
-            let mut used = sums.1.get(path).copied().unwrap_or_default();
-            for e in pending.1.values() {
-                if within(&e.project, path) {
-                    used.add(e.ask);
-                }
-            }
-            // Function calls running in it hold their memory while they run.
-            used.memory += self.calls_memory(path);
+            let used = held(&sums.1, &pending.1, &calls, path);
             let over = |what: &str, used: u64, ask: u64, limit: Option<i64>| match limit {
                 Some(l) if used.saturating_add(ask) > l.max(0) as u64 => Some(ApiError::capacity(
                     format!(
@@ -213,19 +216,24 @@ impl Usage {
 }
 
 impl Usage {
-    /// Memory function calls in flight through this replica hold in subtree `path`.
-    fn calls_memory(&self, path: &str) -> u64 {
-        self.calls
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(path)
-            .map_or(0, |c| c.memory)
-    }
-
-    /// Remakes the sums by subtree if they are older than a quarter second (before
-    /// [`Usage::take_calls`], whose memory check reads them).
+    /// Remakes the sums by subtree if they are older than a quarter second, and stops
+    /// counting on top the creates made here that the view now reflects (before
+    /// [`Usage::reserve`] and [`Usage::take_calls`], which read both).
     pub fn refresh(&self, nodes: &Nodes) {
         self.rebuild(nodes);
+        // Creates made here that the view now reflects (its node's changes were asked for
+        // since), or long ago, no longer count on top.
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .retain(|_, e| match &e.done {
+                None => true,
+                Some((id, at)) => {
+                    at.elapsed() < DONE_KEPT
+                        && !nodes.get(&id.node()).is_some_and(|n| n.view_since(*at))
+                }
+            });
     }
 
     /// Counts up to `want` function calls (at least one) of `memory` each, of `project`, in
@@ -269,12 +277,7 @@ impl Usage {
             }
             if let Some(limit) = q.max_memory {
                 let limit = limit.max(0) as u64;
-                let mut used = sums.1.get(path).map_or(0, |t| t.memory) + now.memory;
-                for e in pending.1.values() {
-                    if within(&e.project, path) {
-                        used += e.ask.memory;
-                    }
-                }
+                let used = held(&sums.1, &pending.1, &calls, path).memory;
                 let room = limit.saturating_sub(used) / memory.max(1);
                 if room == 0 {
                     return Err(ApiError::capacity(

@@ -95,13 +95,18 @@ impl Node {
             .project
             .clone()
             .unwrap_or_else(warren_types::project::root);
+        // What its pool's workers start from: the image and limits, not the call's files.
         let template = Template {
             call: NodeCall {
+                image: call.image.clone(),
+                resolved: call.resolved.clone(),
+                memory: call.memory,
                 spec: warren_types::guest::CallSpec {
                     pids: call.spec.pids,
                     ..Default::default()
                 },
-                ..call.clone()
+                project: None,
+                wait_ms: None,
             },
         };
         let _in_flight = self.fncall.enter(&key, template.clone());

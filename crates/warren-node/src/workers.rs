@@ -125,6 +125,8 @@ struct Queue {
     turn: VecDeque<String>,
     by: HashMap<String, VecDeque<Waiter>>,
     len: usize,
+    /// How many wait for each pool.
+    per_pool: HashMap<Key, usize>,
 }
 
 impl Queue {
@@ -133,8 +135,20 @@ impl Queue {
         if q.is_empty() {
             self.turn.push_back(project.to_string());
         }
+        *self.per_pool.entry(w.key.clone()).or_default() += 1;
         q.push_back(w);
         self.len += 1;
+    }
+
+    /// One call of pool `key` left the queue.
+    fn left(&mut self, key: &Key) {
+        self.len -= 1;
+        if let Some(n) = self.per_pool.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_pool.remove(key);
+            }
+        }
     }
 
     /// The call whose turn it is.
@@ -153,8 +167,8 @@ impl Queue {
         } else {
             self.turn.push_back(p);
         }
-        if w.is_some() {
-            self.len -= 1;
+        if let Some(w) = &w {
+            self.left(&w.key);
         }
         w
     }
@@ -169,21 +183,18 @@ impl Queue {
             return false;
         };
         let q = self.by.get_mut(&p).expect("found above");
-        q.remove(i);
+        let w = q.remove(i).expect("found above");
         if q.is_empty() {
             self.by.remove(&p);
             self.turn.retain(|t| *t != p);
         }
-        self.len -= 1;
+        self.left(&w.key);
         true
     }
 
+    /// How many wait for pool `key`.
     fn of(&self, key: &Key) -> usize {
-        self.by
-            .values()
-            .flat_map(|q| q.iter())
-            .filter(|w| w.key == *key)
-            .count()
+        self.per_pool.get(key).copied().unwrap_or(0)
     }
 }
 
@@ -611,17 +622,11 @@ impl Workers {
     /// need (their templates, to start from).
     pub(crate) fn upkeep(&self) -> (Vec<SandboxId>, Vec<(Key, Template)>) {
         let mut m = self.lock();
+        let Inner { pools, queue, .. } = &mut *m;
         let mut kill = Vec::new();
         let mut start = Vec::new();
-        let queued: HashMap<Key, usize> = {
-            let mut q: HashMap<Key, usize> = HashMap::new();
-            for w in m.queue.by.values().flat_map(|q| q.iter()) {
-                *q.entry(w.key.clone()).or_default() += 1;
-            }
-            q
-        };
-        for (k, p) in m.pools.iter_mut() {
-            let cap = (self.budget / k.memory.max(1)) as usize;
+        for (k, p) in pools.iter_mut() {
+            let cap = self.cap(k.memory);
             p.idle.retain(|(id, at)| {
                 let keep = at.elapsed() < IDLE_TTL;
                 if !keep {
@@ -635,14 +640,14 @@ impl Workers {
                 p.idle.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
                 kill.extend(p.idle.drain(keep..).map(|(id, _)| id));
             }
-            let n = Self::starts(p, queued.get(k).copied().unwrap_or(0), cap);
+            let n = Self::starts(p, queue.of(k), cap);
             if let Some(t) = p.template.as_ref().filter(|_| n > 0) {
                 start.extend(std::iter::repeat_n((k.clone(), t.clone()), n));
             } else {
                 p.starting -= n;
             }
         }
-        m.pools.retain(|_, p| {
+        pools.retain(|_, p| {
             !p.idle.is_empty() || p.in_flight > 0 || p.starting > 0 || !p.wanting.is_empty()
         });
         (kill, start)
@@ -656,12 +661,8 @@ impl Workers {
     /// Every pool as `GET /v1/nodes` shows it, by image and memory.
     pub fn stats(&self) -> Vec<warren_types::api::FnCallPool> {
         let mut m = self.lock();
-        let mut queued: HashMap<Key, usize> = HashMap::new();
-        for w in m.queue.by.values().flat_map(|q| q.iter()) {
-            *queued.entry(w.key.clone()).or_default() += 1;
-        }
-        let mut out: Vec<_> = m
-            .pools
+        let Inner { pools, queue, .. } = &mut *m;
+        let mut out: Vec<_> = pools
             .iter_mut()
             .map(|(k, p)| warren_types::api::FnCallPool {
                 // The image as calls name it (the layers after `@` tell pools of one name
@@ -674,9 +675,9 @@ impl Workers {
                 memory: warren_types::ByteSize(k.memory),
                 idle: p.idle.len() as u32,
                 busy: p.running as u32,
-                queued: (queued.get(k).copied().unwrap_or(0) + p.wanting.len()) as u32,
+                queued: (queue.of(k) + p.wanting.len()) as u32,
                 starting: p.starting as u32,
-                keep: p.keep((self.budget / k.memory.max(1)) as usize) as u32,
+                keep: p.keep(self.cap(k.memory)) as u32,
                 calls: p.calls,
                 cold_calls: p.cold_calls,
                 workers_started: p.started,
@@ -830,6 +831,7 @@ mod tests {
         gone.abort();
         let _ = gone.await;
         assert_eq!(w.queued(), 4);
+        assert_eq!(w.lock().queue.of(&k), 4, "counted by pool as well");
         drop((g1, g2));
         for t in tasks {
             t.await.unwrap();
@@ -842,6 +844,7 @@ mod tests {
         );
         // Everything given back, on the budget and on the node's admission.
         assert_eq!((w.held(), a.usage().memory), (0, 0));
+        assert_eq!(w.lock().queue.of(&k), 0);
     }
 
     #[tokio::test]

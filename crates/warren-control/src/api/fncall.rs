@@ -159,12 +159,11 @@ fn invalid(m: impl Into<String>) -> Error {
 }
 
 fn seconds(v: Option<f64>, default: f64, what: &str) -> Result<Duration, Error> {
-    let s = v.unwrap_or(default);
-    let most = if what == "queue_timeout" {
-        MAX_QUEUE_WAIT.as_secs_f64()
-    } else {
-        MAX_TIMEOUT
-    };
+    seconds_within(v.unwrap_or(default), what, MAX_TIMEOUT)
+}
+
+/// `s` seconds, above 0 and at most `most`.
+fn seconds_within(s: f64, what: &str, most: f64) -> Result<Duration, Error> {
     if !(s.is_finite() && s > 0.0 && s <= most) {
         return Err(invalid(format!(
             "{what} {s} is not a number of seconds above 0 and at most {most}"
@@ -208,9 +207,8 @@ fn plan(c: &Control, req: &FnCallRequest) -> Result<Planned, Error> {
     let compile_timeout = seconds(req.compile_timeout, 30.0, "compile_timeout")?;
     let wait = req
         .queue_timeout
-        .map(|_| seconds(req.queue_timeout, 0.0, "queue_timeout"))
-        .transpose()?
-        .map(|d| d.min(MAX_QUEUE_WAIT));
+        .map(|s| seconds_within(s, "queue_timeout", MAX_QUEUE_WAIT.as_secs_f64()))
+        .transpose()?;
     let memory = req.memory.map_or(512 << 20, |m| m.bytes());
     if !(MIN_MEMORY..=MAX_MEMORY).contains(&memory) {
         return Err(invalid(format!(
